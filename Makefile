@@ -1,0 +1,46 @@
+# radixcache: `make run` starts a worker and streams a reply; `make test` runs the suite.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+# The CPU build of torch; installing it first means the `torch>=` range in pyproject adds nothing heavier.
+TORCH  ?= torch==2.13.0
+STAMP  := $(VENV)/.installed
+
+.PHONY: setup test test-fast lint proto proto-check run bench gpu-check clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip "setuptools>=70" wheel
+	$(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q -e ".[test,bench]"
+	touch $(STAMP)
+
+test: setup
+	$(PY) -m pytest -q -p no:cacheprovider
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+# Regenerates the gRPC stubs from proto/; proto-check fails if the committed stubs drifted from the .proto files.
+proto: setup
+	$(PY) -m grpc_tools.protoc -I proto --python_out=. --pyi_out=. --grpc_python_out=. proto/radixcache/v1/*.proto
+
+proto-check: setup
+	@tmp=$$(mktemp -d); $(PY) -m grpc_tools.protoc -I proto --python_out=$$tmp --pyi_out=$$tmp --grpc_python_out=$$tmp proto/radixcache/v1/*.proto \
+	  && for f in $$tmp/radixcache/v1/*; do diff -q $$f radixcache/v1/$$(basename $$f) || { echo "stubs drifted: run make proto"; exit 1; }; done; rm -rf $$tmp
+
+run: setup
+	$(PY) -m radixcache memory --layers 32 --kv-heads 8 --head-dim 128 --dtype bf16 --tokens 4000 --budget 16GiB
+
+bench: setup
+	$(PY) bench/tree_bench.py --quick
+
+# For a machine with CUDA: flashinfer against the torch backend, then a timing table. Without CUDA it says so.
+gpu-check:
+	PYTHONPATH=$${PYTHONPATH:+$$PYTHONPATH:}. $(PYTHON) scripts/gpu_check.py
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache .hypothesis

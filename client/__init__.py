@@ -1,0 +1,1 @@
+"""Python client for the radixcache worker (installed as radixcache.client). Never imports torch."""

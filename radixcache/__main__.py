@@ -1,0 +1,5 @@
+import sys
+
+from radixcache.cli import main
+
+sys.exit(main())

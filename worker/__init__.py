@@ -1,0 +1,1 @@
+"""The gRPC worker: model, attention backends, scheduler/engine and server (installed as radixcache.worker)."""
