@@ -1,0 +1,107 @@
+"""What the server hands the engine (Request, SamplingParams) and what the engine streams back (RequestOutput).
+
+Validation lives here, in __post_init__, so every entry point (gRPC, in-process, benchmarks) rejects the same bad
+input with the same message, before anything is allocated. Messages name the field and the allowed range.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+MAX_STOP_STRINGS = 16
+MAX_STOP_STRING_CHARS = 256
+MAX_TOP_LOGPROBS = 20
+
+
+class FinishReason(str, enum.Enum):
+    STOP_TOKEN = "stop_token"  # an EOS or one of stop_token_ids was sampled
+    STOP_STRING = "stop_string"  # the text reached one of the stop strings (not included in the output)
+    LENGTH = "length"  # max_tokens reached, or the context is full
+    ABORTED = "aborted"  # cancelled by the client, Abort(), or shutdown without drain
+    ERROR = "error"  # a failure inside this request; others are unaffected
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Defaults: greedy (temperature 0), 16 tokens, no top-k/top-p/min-p filtering."""
+
+    max_tokens: int = 16
+    temperature: float = 0.0
+    top_k: int = -1  # -1 = off
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: int | None = None  # same seed, same output, regardless of the rest of the batch
+    stop_token_ids: tuple[int, ...] = ()
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    logprobs: bool = False  # the log-probability of each sampled token
+    top_logprobs: int = 0  # and this many alternatives per position
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if not self.temperature >= 0.0:  # also rejects NaN
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < -1 or self.top_k == 0:
+            raise ValueError(f"top_k must be -1 (off) or >= 1, got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if len(self.stop) > MAX_STOP_STRINGS:
+            raise ValueError(f"stop allows at most {MAX_STOP_STRINGS} strings, got {len(self.stop)}")
+        for s in self.stop:
+            if not s or len(s) > MAX_STOP_STRING_CHARS:
+                raise ValueError(f"each stop string must have 1..{MAX_STOP_STRING_CHARS} characters, got {len(s)}")
+        if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt_ids: list[int]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    namespace: str = ""  # the tenant; set by the server from the caller's identity, never from the request body
+
+    def __post_init__(self) -> None:
+        if not self.request_id:
+            raise ValueError("request_id must not be empty")
+        if not self.prompt_ids:
+            raise ValueError("the prompt is empty: give at least one token")
+
+
+@dataclass
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)  # (token_id, logprob), best first
+
+
+@dataclass
+class RequestOutput:
+    """One engine step's worth of a request: the tokens that became ready, and the text they complete.
+
+    prompt_tokens / cached_tokens are set on every output; finish_reason only on the last one.
+    """
+
+    request_id: str
+    token_ids: list[int]
+    text: str
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+    error: str | None = None  # set with FinishReason.ERROR
+    time_to_first_token: float | None = None  # seconds, on the first output that carries a token
+    time_per_output_token: float | None = None  # seconds, on the last output
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
