@@ -1,0 +1,128 @@
+"""Tiny random Hugging Face checkpoints (Llama, Mistral, Qwen2) saved to disk, for parity and loader tests.
+
+Every checkpoint is a real folder (config.json, model.safetensors, tokenizer.json, tokenizer_config.json) built
+with transformers' save_pretrained and a byte-level BPE trained here with `tokenizers`, so load_checkpoint runs
+its real path. Weights are drawn with a large std so the logits are far from uniform (greedy ties impossible).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+VOCAB = 320
+CORPUS = [
+    "the quick brown fox jumps over the lazy dog",
+    "a prefix cache shares pages between requests that start the same way",
+    "paged attention reads keys and values through a block table",
+    "héllo wörld, ça va? 日本語のテキスト and emoji 🙂 too",
+] * 8
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}{% if m['role'] not in ['system', 'user', 'assistant'] %}"
+    "{{ raise_exception('unknown role ' + m['role']) }}{% endif %}"
+    "<|{{ m['role'] }}|>{{ m['content'] }}{{ eos_token }}{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def build_tokenizer_files(folder: Path, with_chat_template: bool = True) -> None:
+    """Train a tiny byte-level BPE (vocab <= VOCAB) and write tokenizer.json + tokenizer_config.json."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB - 8,
+        special_tokens=["<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(CORPUS, trainer=trainer)
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", tok.token_to_id("<s>"))]
+    )
+    folder.mkdir(parents=True, exist_ok=True)
+    tok.save(str(folder / "tokenizer.json"))
+    cfg = {"bos_token": "<s>", "eos_token": {"content": "</s>"}, "add_bos_token": True}
+    if with_chat_template:
+        cfg["chat_template"] = CHAT_TEMPLATE
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
+
+
+def hf_config(arch: str, **overrides: object):  # noqa: ANN201 (transformers config class)
+    """A tiny transformers config of `arch` (hidden 64, 2 layers, 4 heads over 2 KV heads)."""
+    import transformers
+
+    common = dict(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        rms_norm_eps=1e-5,
+        bos_token_id=0,
+        eos_token_id=1,
+        initializer_range=0.25,
+    )
+    if arch == "LlamaForCausalLM":
+        common.update(
+            tie_word_embeddings=True,
+            attention_bias=True,
+            rope_theta=50000.0,
+            rope_scaling={
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 32,
+            },
+        )
+        cls = transformers.LlamaConfig
+    elif arch == "MistralForCausalLM":
+        common.update(sliding_window=None, head_dim=32, rope_theta=1e6)  # head_dim != hidden/heads
+        cls = transformers.MistralConfig
+    elif arch == "Qwen2ForCausalLM":
+        common.update(num_key_value_heads=1, rope_theta=1e6)  # GQA ratio 4, q/k/v bias
+        cls = transformers.Qwen2Config
+    else:
+        raise ValueError(arch)
+    common.update(overrides)
+    cfg = cls(**common)
+    cfg.architectures = [arch]
+    return cfg
+
+
+def build_checkpoint(folder: Path, arch: str, seed: int = 0, **overrides: object):  # noqa: ANN201
+    """Save a seeded random `arch` checkpoint into `folder`; returns the transformers model (fp32, eval)."""
+    import transformers
+
+    torch.manual_seed(seed)
+    cfg = hf_config(arch, **overrides)
+    model = getattr(transformers, arch)(cfg).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            # Default init leaves biases at 0 and norms at 1: randomise them so loading them is tested too.
+            if name.endswith("bias"):
+                param.normal_(0.0, 0.2)
+            elif "norm" in name:
+                param.uniform_(0.5, 1.5)
+    model.save_pretrained(folder, safe_serialization=True)
+    build_tokenizer_files(folder)
+    return model
+
+
+def hf_greedy(model, prompt: list[int], max_new: int) -> tuple[list[int], torch.Tensor]:  # noqa: ANN001
+    """transformers' greedy continuation (recomputing the whole sequence each step) and the float32 logits
+    [len(prompt) + max_new - 1, vocab] of every position of the final sequence."""
+    tokens = list(prompt)
+    with torch.no_grad():
+        for _ in range(max_new):
+            logits = model(torch.tensor([tokens])).logits[0]
+            tokens.append(int(logits[-1].argmax()))
+        logits = model(torch.tensor([tokens[:-1]])).logits[0].float()
+    return tokens[len(prompt) :], logits

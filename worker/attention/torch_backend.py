@@ -1,0 +1,125 @@
+"""Pure-torch paged attention: runs on any device, the reference every other backend is checked against.
+
+Per step, begin_step turns the page tables into flat row indices for every token of every sequence: a layer
+[pages, 2, page_size, KVH, D] viewed as rows [pages*2*page_size, KVH, D] (a view, no copy) holds token (page, slot)'s
+K at row page*2*page_size + slot and its V page_size rows later. Sequences that add one token (decode) are attended to together: their K/V are gathered into a
+padded [B, Lmax] batch and one batched matmul runs with a length mask. Sequences that add several tokens
+(prefill chunks) are attended to one at a time with a causal mask (their cost is compute, not Python overhead).
+Scores, softmax and the weighted sum run in float32 whatever the pool dtype.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from radixcache.worker.attention.base import AttentionBackend
+from radixcache.worker.attention.layout import BatchLayout
+
+
+@dataclass
+class _Plan:
+    decode_rows: torch.Tensor | None  # [Bd] rows of q that belong to decode sequences
+    decode_slots: torch.Tensor | None  # [Bd, Lmax] K row of each position (padding repeats a valid row)
+    decode_pad: torch.Tensor | None  # [Bd, 1, 1, Lmax] True where a position is padding
+    prefills: list[tuple[int, int, torch.Tensor, torch.Tensor]]  # (q_start, q_end, slots[L], mask[n, L])
+
+
+def _flat_slots(layout: BatchLayout, seqs: list[int], width: int, device: torch.device) -> torch.Tensor:
+    """[len(seqs), width] K row of positions 0..width-1 of each sequence (V is page_size rows later)."""
+    ps = layout.page_size
+    sel = torch.tensor(seqs, dtype=torch.int64, device=device)
+    start = layout.kv_indptr[:-1].to(torch.int64)[sel]
+    last = layout.kv_indptr[1:].to(torch.int64)[sel] - 1
+    pos = torch.arange(width, device=device)
+    page_idx = torch.minimum(start[:, None] + pos // ps, last[:, None])
+    pages = layout.kv_indices.to(torch.int64)[page_idx]
+    return pages * (2 * ps) + pos % ps
+
+
+class TorchAttentionBackend(AttentionBackend):
+    name = "torch"
+
+    def __init__(self, device: str | torch.device = "cpu", **options: object) -> None:
+        super().__init__(device, **options)  # type: ignore[arg-type]
+        self._plan: _Plan | None = None
+        self._layout: BatchLayout | None = None
+
+    def begin_step(self, layout: BatchLayout) -> None:
+        device = layout.positions.device
+        decode = [b for b, n in enumerate(layout.num_new) if n == 1]
+        starts = [0]
+        for n in layout.num_new:
+            starts.append(starts[-1] + n)
+        decode_rows = decode_slots = decode_pad = None
+        if decode:
+            lmax = max(layout.seq_lens[b] for b in decode)
+            decode_rows = torch.tensor([starts[b] for b in decode], dtype=torch.int64, device=device)
+            decode_slots = _flat_slots(layout, decode, lmax, device)
+            lens = torch.tensor([layout.seq_lens[b] for b in decode], device=device)
+            decode_pad = (torch.arange(lmax, device=device)[None, :] >= lens[:, None])[:, None, None, :]
+        prefills = []
+        for b, n in enumerate(layout.num_new):
+            if n == 1:
+                continue
+            total = layout.seq_lens[b]
+            slots = _flat_slots(layout, [b], total, device)[0]
+            q_pos = torch.arange(total - n, total, device=device)
+            future = torch.arange(total, device=device)[None, :] > q_pos[:, None]  # [n, L] True = masked
+            prefills.append((starts[b], starts[b + 1], slots, future))
+        self._plan = _Plan(decode_rows, decode_slots, decode_pad, prefills)
+        self._layout = layout
+
+    def forward(
+        self,
+        layer_idx: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_layer: torch.Tensor,
+        layout: BatchLayout,
+    ) -> torch.Tensor:
+        if self._layout is not layout or self._plan is None:
+            self.begin_step(layout)
+        plan = self._plan
+        assert plan is not None
+        self.write_kv(k, v, kv_layer, layout)
+        _, _, page_size, kvh, dim = kv_layer.shape
+        # Rows view of the layer; K rows are the plan's indices, V rows the same shifted by page_size.
+        rows = kv_layer.view(-1, kvh, dim)
+        k_flat, v_flat = rows, rows[page_size:]
+        num_tokens, heads, _ = q.shape
+        group = heads // kvh
+        qf = q.float() * (1.0 / math.sqrt(dim))
+        if plan.decode_rows is not None and not plan.prefills and plan.decode_rows.numel() == num_tokens:
+            return self._decode(qf, k_flat, v_flat, plan, group).to(q.dtype)
+        out = torch.empty(num_tokens, heads, dim, dtype=torch.float32, device=q.device)
+        if plan.decode_rows is not None:
+            out[plan.decode_rows] = self._decode(qf[plan.decode_rows], k_flat, v_flat, plan, group)
+        for start, end, slots, future in plan.prefills:
+            n = end - start
+            keys = k_flat[slots].float().permute(1, 2, 0)  # [KVH, D, L]
+            values = v_flat[slots].float().permute(1, 0, 2)  # [KVH, L, D]
+            qs = qf[start:end].view(n, kvh, group, dim).permute(1, 2, 0, 3)  # [KVH, G, n, D]
+            scores = torch.matmul(qs, keys[:, None])  # [KVH, G, n, L]
+            scores.masked_fill_(future, float("-inf"))
+            probs = torch.softmax(scores, dim=-1)
+            o = torch.matmul(probs, values[:, None])  # [KVH, G, n, D]
+            out[start:end] = o.permute(2, 0, 1, 3).reshape(n, heads, dim)
+        return out.to(q.dtype)
+
+    @staticmethod
+    def _decode(qf: torch.Tensor, k_flat: torch.Tensor, v_flat: torch.Tensor, plan: _Plan, group: int) -> torch.Tensor:
+        """One query per sequence, all sequences in one padded batched matmul. Returns float32 [Bd, H, D]."""
+        assert plan.decode_slots is not None and plan.decode_pad is not None
+        bd, heads, dim = qf.shape
+        kvh = heads // group
+        keys = k_flat[plan.decode_slots].float().permute(0, 2, 3, 1)  # [Bd, KVH, D, L]
+        values = v_flat[plan.decode_slots].float().transpose(1, 2)  # [Bd, KVH, L, D]
+        qs = qf.view(bd, kvh, group, dim)
+        scores = torch.matmul(qs, keys)  # [Bd, KVH, G, L]
+        scores.masked_fill_(plan.decode_pad, float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        return torch.matmul(probs, values).reshape(bd, heads, dim)

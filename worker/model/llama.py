@@ -1,0 +1,239 @@
+"""Llama-family decoder (Llama 2/3, Mistral, Qwen2) in plain torch, reading and writing K/V through a KVPool.
+
+One forward = one engine step over a BatchLayout: the step's new tokens of every sequence, flattened to [T].
+Parameter names follow Hugging Face's (model.embed_tokens, model.layers.N.self_attn.*, model.norm, lm_head) except
+two fused projections: qkv_proj = [q_proj; k_proj; v_proj] and gate_up_proj = [gate_proj; up_proj].
+`load_weights` takes HF tensor names and writes them into the right slices.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from radixcache.pool import KVPool
+from radixcache.worker.attention.base import AttentionBackend
+from radixcache.worker.attention.layout import BatchLayout
+from radixcache.worker.model.config import ModelConfig
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in float32 and cast back before the weight, as the reference implementation does.
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
+    """Per-pair rotation frequencies [head_dim/2] (float32), with llama3 frequency scaling when configured."""
+    dim = config.head_dim
+    assert dim is not None
+    exponents = torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").float() / dim
+    inv_freq = 1.0 / (config.rope_theta**exponents)
+    scaling = config.rope_scaling
+    if scaling is None:
+        return inv_freq
+    factor = float(scaling["factor"])
+    low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+    old_len = float(scaling["original_max_position_embeddings"])
+    wavelen = 2 * math.pi / inv_freq
+    # Long wavelengths (low frequencies) are slowed by `factor`, short ones kept, the band between interpolated.
+    scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+    return torch.where(medium, blended, scaled)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE on [T, heads, D] with cos/sin [T, 1, D] (half-split pairing: element i pairs with i + D/2)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
+        self.q_size, self.kv_size = config.q_size, config.kv_size
+        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.qkv_bias)
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=config.o_bias)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        layout: BatchLayout,
+        kv_layer: torch.Tensor,
+        backend: AttentionBackend,
+    ) -> torch.Tensor:
+        t = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = rotate(q.view(t, self.num_heads, self.head_dim), cos, sin)
+        k = rotate(k.view(t, self.num_kv_heads, self.head_dim), cos, sin)
+        v = v.view(t, self.num_kv_heads, self.head_dim)
+        out = backend.forward(self.layer_idx, q, k, v, kv_layer, layout)
+        return self.o_proj(out.reshape(t, self.q_size))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.intermediate = config.intermediate_size
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=config.mlp_bias)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config, layer_idx)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(self, x, cos, sin, layout, kv_layer, backend):  # noqa: ANN001, ANN201 (hot path, typed above)
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, layout, kv_layer, backend)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Backbone(nn.Module):
+    """Holds the HF `model.*` submodules so parameter names match checkpoints."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+# HF name suffix -> (fused parameter suffix, index of the slice among the fused parts)
+_FUSED = {
+    "self_attn.q_proj": ("self_attn.qkv_proj", 0),
+    "self_attn.k_proj": ("self_attn.qkv_proj", 1),
+    "self_attn.v_proj": ("self_attn.qkv_proj", 2),
+    "mlp.gate_proj": ("mlp.gate_up_proj", 0),
+    "mlp.up_proj": ("mlp.gate_up_proj", 1),
+}
+
+
+class CausalLM(nn.Module):
+    """Decoder + LM head over the paged KV pool.
+
+    forward(input_ids[T], layout, kv_pool, backend, all_logits=False):
+      - input_ids are the step's new tokens in layout order (sequence by sequence);
+      - calls backend.begin_step(layout), then for every layer writes K/V of the new tokens into kv_pool at the
+        layout's write positions and attends over each sequence's prefix + new tokens;
+      - returns float32 logits [B, vocab] for the rows at layout.logits_indices (each sequence's last new
+        token), or [T, vocab] for every token with all_logits=True.
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = Backbone(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        # A plain attribute, not a buffer: module.to(bf16) must not round the frequencies.
+        self._inv_freq = rope_inv_freq(config)
+
+    def tie_weights(self) -> None:
+        """Re-share lm_head with the embedding (needed after `to_empty`, which breaks the sharing)."""
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [T, 1, D] for the step's positions: computed once per step, shared by every layer."""
+        if self._inv_freq.device != positions.device:
+            self._inv_freq = self._inv_freq.to(positions.device)
+        freqs = positions.float()[:, None] * self._inv_freq[None, :]
+        angles = torch.cat((freqs, freqs), dim=-1)
+        return angles.cos().to(dtype)[:, None, :], angles.sin().to(dtype)[:, None, :]
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        layout: BatchLayout,
+        kv_pool: KVPool,
+        backend: AttentionBackend,
+        all_logits: bool = False,
+    ) -> torch.Tensor:
+        if input_ids.shape[0] != layout.num_tokens:
+            raise ValueError(f"{input_ids.shape[0]} input ids for a layout of {layout.num_tokens} tokens")
+        backend.begin_step(layout)
+        x = self.model.embed_tokens(input_ids)
+        cos, sin = self.rope(layout.positions, x.dtype)
+        for i, layer in enumerate(self.model.layers):
+            x = layer(x, cos, sin, layout, kv_pool.layer(i), backend)
+        if not all_logits:
+            x = x[layout.logits_indices]
+        return self.lm_head(self.model.norm(x)).float()
+
+    @torch.no_grad()
+    def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Copy HF-named tensors into the parameters (slicing fused ones). Returns the parameter slices filled,
+        named as in the checkpoint, so the caller can report anything missing; unknown names raise ValueError."""
+        params = dict(self.named_parameters(remove_duplicate=False))
+        filled: set[str] = set()
+        for name, tensor in tensors:
+            if "rotary_emb." in name:
+                continue  # some checkpoints store inv_freq; it is recomputed from the config
+            if name == "lm_head.weight" and self.config.tie_word_embeddings:
+                continue
+            target, part = name, None
+            for hf, (fused, index) in _FUSED.items():
+                if f".{hf}." in name:
+                    target, part = name.replace(hf, fused), index
+                    break
+            if target not in params:
+                raise ValueError(f"checkpoint tensor {name!r} has no place in {self.config.architecture}")
+            param = params[target]
+            dest = param if part is None else self._fused_slice(param, target, part)
+            if tuple(dest.shape) != tuple(tensor.shape):
+                raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model {tuple(dest.shape)}")
+            dest.copy_(tensor)
+            filled.add(name)
+        return filled
+
+    def expected_weights(self) -> set[str]:
+        """Every HF tensor name a checkpoint must provide for this config."""
+        parts: dict[str, list[str]] = {}
+        for hf, (fused, _) in _FUSED.items():
+            parts.setdefault(fused, []).append(hf)
+        names = set()
+        for name, _ in self.named_parameters():
+            if name == "lm_head.weight" and self.config.tie_word_embeddings:
+                continue
+            for fused, hf_names in parts.items():
+                if f".{fused}." in name:
+                    names.update(name.replace(fused, hf) for hf in hf_names)
+                    break
+            else:
+                names.add(name)
+        return names
+
+    def _fused_slice(self, param: torch.Tensor, name: str, part: int) -> torch.Tensor:
+        c = self.config
+        if ".qkv_proj." in name:
+            bounds = [0, c.q_size, c.q_size + c.kv_size, c.q_size + 2 * c.kv_size]
+        else:
+            bounds = [0, c.intermediate_size, 2 * c.intermediate_size]
+        return param[bounds[part] : bounds[part + 1]]

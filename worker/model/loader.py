@@ -1,0 +1,140 @@
+"""Load a local Hugging Face checkpoint folder, or build a model with seeded random weights.
+
+A checkpoint folder holds config.json, the weights (model.safetensors, or shards listed in
+model.safetensors.index.json), tokenizer.json and optionally tokenizer_config.json / generation_config.json.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from tqdm import tqdm
+
+from radixcache.pool import parse_dtype
+from radixcache.worker.model.config import ModelConfig
+from radixcache.worker.model.llama import CausalLM, rope_inv_freq
+from radixcache.worker.model.tokenizer import Tokenizer
+
+PROGRESS_BAR_BYTES = 256 * 1024 * 1024  # show a progress bar when the weights are at least this large
+
+
+@dataclass
+class LoadedModel:
+    model: CausalLM
+    config: ModelConfig
+    tokenizer: Tokenizer | None  # None only for random_model
+    path: Path | None
+
+
+def _empty_model(config: ModelConfig, device: torch.device, dtype: torch.dtype) -> CausalLM:
+    """Allocate parameters without initialising them (initialisation of a 7B model on CPU takes minutes)."""
+    with torch.device("meta"):
+        model = CausalLM(config)
+    model = model.to_empty(device=device).to(dtype)
+    model.tie_weights()
+    model._inv_freq = rope_inv_freq(config).to(device)
+    return model.eval().requires_grad_(False)
+
+
+def _weight_files(path: Path) -> list[Path]:
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        files = sorted(set(weight_map.values()))
+        missing = [f for f in files if not (path / f).is_file()]
+        if missing:
+            raise FileNotFoundError(f"shards listed in {index} are missing in {path}: {', '.join(missing)}")
+        return [path / f for f in files]
+    single = path / "model.safetensors"
+    if single.is_file():
+        return [single]
+    found = sorted(path.glob("*.safetensors"))
+    if found:
+        return found
+    raise FileNotFoundError(
+        f"no weights in {path}: expected model.safetensors or model.safetensors.index.json with its shards "
+        "(.bin / .pt checkpoints are not supported; convert them to safetensors)"
+    )
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+
+def load_checkpoint(
+    path: str | Path, device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None
+) -> LoadedModel:
+    """Load config, weights and tokenizer from a local checkpoint folder.
+
+    dtype None uses the checkpoint's own dtype (config.json "dtype"/"torch_dtype"), float32 when unstated.
+    Raises FileNotFoundError naming the missing file and folder, ValueError for an unsupported architecture or
+    a checkpoint whose tensors do not match the config (naming the tensors).
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"checkpoint folder {path} does not exist")
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise FileNotFoundError(f"config.json is missing in {path}")
+    hf = json.loads(config_file.read_text(encoding="utf-8"))
+    config = ModelConfig.from_hf_config(hf)
+    files = _weight_files(path)
+    generation = _read_json(path / "generation_config.json")
+    gen_eos = generation.get("eos_token_id")
+    extra_eos = set(config.eos_token_ids) | set(
+        gen_eos if isinstance(gen_eos, list) else [gen_eos] * (gen_eos is not None)
+    )
+    tokenizer = Tokenizer.from_dir(path, extra_eos_ids=extra_eos, bos_token_id=config.bos_token_id)
+
+    device = torch.device(device)
+    dtype = parse_dtype(dtype or hf.get("dtype") or hf.get("torch_dtype") or torch.float32)
+    model = _empty_model(config, device, dtype)
+    total = sum(f.stat().st_size for f in files)
+
+    def tensors() -> Iterator[tuple[str, torch.Tensor]]:
+        with tqdm(
+            total=total, unit="B", unit_scale=True, desc="loading weights", disable=total < PROGRESS_BAR_BYTES
+        ) as bar:
+            for file in files:
+                with safe_open(str(file), framework="pt", device="cpu") as f:
+                    for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
+                        tensor = f.get_tensor(name)
+                        bar.update(tensor.numel() * tensor.element_size())
+                        yield name, tensor
+
+    filled = model.load_weights(tensors())
+    missing = model.expected_weights() - filled
+    if missing:
+        shown = ", ".join(sorted(missing)[:8]) + (" ..." if len(missing) > 8 else "")
+        raise ValueError(f"checkpoint {path} lacks {len(missing)} tensors the config needs: {shown}")
+    return LoadedModel(model=model, config=config, tokenizer=tokenizer, path=path)
+
+
+def random_model(
+    config: ModelConfig,
+    seed: int = 0,
+    device: str | torch.device = "cpu",
+    dtype: str | torch.dtype = torch.float32,
+    std: float = 0.02,
+) -> LoadedModel:
+    """A model with seeded random weights (normal(0, std) matrices, unit norms, zero biases) for tests and
+    benchmarks; the same seed gives the same weights on every device. No tokenizer."""
+    dtype = parse_dtype(dtype)
+    device = torch.device(device)
+    model = _empty_model(config, device, dtype)
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.fill_(1.0)
+            elif name.endswith(".bias"):
+                param.zero_()
+            else:
+                param.copy_(torch.randn(param.shape, generator=gen) * std)
+    return LoadedModel(model=model, config=config, tokenizer=None, path=None)
