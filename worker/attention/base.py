@@ -109,9 +109,13 @@ def resolve_backend_name(name: str) -> str:
 def create_backend(name: str = "auto", device: str | torch.device = "cpu", **options: object) -> AttentionBackend:
     """Create a backend by name ("auto" | "torch" | "flashinfer").
 
+    auto = flashinfer when CUDA is available, flashinfer imports and dtype is float16/bfloat16; otherwise torch.
     options: num_heads, num_kv_heads, head_dim, dtype (the flashinfer backend needs them to plan; torch ignores them).
     """
-    resolved = resolve_backend_name(name)
+    if name == "auto" and options.get("dtype") not in (None, torch.float16, torch.bfloat16):
+        resolved = "torch"  # flashinfer kernels run 16-bit only; float32 models use the torch backend
+    else:
+        resolved = resolve_backend_name(name)
     target = _REGISTRY[resolved]
     if isinstance(target, str):
         module_name, _, attr = target.partition(":")

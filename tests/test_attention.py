@@ -1,0 +1,144 @@
+"""The torch attention backend against a naive dense reference, on random paged layouts."""
+
+from __future__ import annotations
+
+import math
+import random
+import sys
+
+import pytest
+import torch
+
+from radixcache.pool import KVPool, KVShape
+from radixcache.worker.attention import BatchLayout, SequenceSlice, create_backend
+from radixcache.worker.attention.base import AttentionBackend
+
+
+def dense_reference(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, num_cached: int) -> torch.Tensor:
+    """One sequence, float64, explicit causal mask: q [n, H, D], keys/values [L, KVH, D] for positions 0..L-1."""
+    n, heads, dim = q.shape
+    group = heads // keys.shape[1]
+    out = torch.empty(n, heads, dim, dtype=torch.float64)
+    for h in range(heads):
+        kh, vh = keys[:, h // group].double(), values[:, h // group].double()
+        scores = q[:, h].double() @ kh.T / math.sqrt(dim)
+        for i in range(n):
+            scores[i, num_cached + i + 1 :] = float("-inf")
+        out[:, h] = torch.softmax(scores, dim=-1) @ vh
+    return out
+
+
+def random_case(rng: random.Random, page_size: int, heads: int, kv_heads: int, dim: int, kinds: str):
+    """Random batch: kinds is a string of 'p' (prefill chunk, maybe on a cached prefix) and 'd' (decode)."""
+    num_pages = 400
+    pool = KVPool(KVShape(1, kv_heads, dim), page_size=page_size, num_pages=num_pages)
+    pool.kv.normal_()  # stale garbage everywhere: only the right slots may be read
+    free = list(range(num_pages))
+    rng.shuffle(free)  # block tables are scattered, not contiguous
+    slices, dense_k, dense_v = [], [], []
+    for kind in kinds:
+        cached = rng.randint(0, 40) if kind == "p" else rng.randint(1, 60)
+        new = rng.randint(2, 30) if kind == "p" else 1
+        total = cached + new
+        pages = [free.pop() for _ in range(-(-total // page_size) + rng.randint(0, 1))]  # maybe one spare page
+        keys, values = torch.randn(total, kv_heads, dim), torch.randn(total, kv_heads, dim)
+        for pos in range(cached):  # the cached prefix lives in the pages already
+            pool.kv[0, pages[pos // page_size], 0, pos % page_size] = keys[pos]
+            pool.kv[0, pages[pos // page_size], 1, pos % page_size] = values[pos]
+        slices.append(SequenceSlice(pages, cached, new))
+        dense_k.append(keys)
+        dense_v.append(values)
+    layout = BatchLayout.build(slices, page_size)
+    q = torch.randn(layout.num_tokens, heads, dim)
+    k = torch.cat([keys[s.num_cached :] for keys, s in zip(dense_k, slices, strict=True)])
+    v = torch.cat([vals[s.num_cached :] for vals, s in zip(dense_v, slices, strict=True)])
+    return pool, layout, slices, q, k, v, dense_k, dense_v
+
+
+@pytest.mark.parametrize("page_size", [1, 4, 16])
+@pytest.mark.parametrize("group", [1, 4])
+@pytest.mark.parametrize("kinds", ["p", "d", "dddd", "pdpd", "ddpdp"])
+def test_torch_backend_matches_dense_reference(page_size: int, group: int, kinds: str) -> None:
+    torch.manual_seed(0)
+    rng = random.Random(f"{page_size}-{group}-{kinds}")
+    kv_heads, dim = 2, 16
+    pool, layout, slices, q, k, v, dense_k, dense_v = random_case(
+        rng, page_size, kv_heads * group, kv_heads, dim, kinds
+    )
+    backend = create_backend("torch")
+    backend.begin_step(layout)
+    out = backend.forward(0, q, k, v, pool.layer(0), layout)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    start = 0
+    for s, keys, values in zip(slices, dense_k, dense_v, strict=True):
+        want = dense_reference(q[start : start + s.num_new], keys, values, s.num_cached)
+        torch.testing.assert_close(out[start : start + s.num_new].double(), want, atol=1e-5, rtol=1e-5)
+        # The new K/V landed in the pages at their positions.
+        for pos in range(s.num_cached, s.total):
+            page, slot = s.pages[pos // page_size], pos % page_size
+            assert torch.equal(pool.kv[0, page, 0, slot], keys[pos])
+            assert torch.equal(pool.kv[0, page, 1, slot], values[pos])
+        start += s.num_new
+
+
+def test_torch_backend_bfloat16_close_to_float32() -> None:
+    torch.manual_seed(0)
+    rng = random.Random(1)
+    pool, layout, _, q, k, v, _, _ = random_case(rng, 16, 8, 2, 32, "pdd")
+    backend = create_backend("torch")
+    backend.begin_step(layout)
+    ref = backend.forward(0, q, k, v, pool.layer(0), layout)
+    pool16 = KVPool(KVShape(1, 2, 32), page_size=16, num_pages=pool.num_pages, dtype=torch.bfloat16)
+    pool16.kv.copy_(pool.kv)
+    out = backend.forward(0, q.bfloat16(), k.bfloat16(), v.bfloat16(), pool16.layer(0), layout)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), ref, atol=3e-2, rtol=3e-2)
+
+
+@pytest.mark.parametrize("page_size", [1, 4, 16])
+def test_copy_prefix_copies_k_slots_in_every_layer(page_size: int) -> None:
+    torch.manual_seed(0)
+    pool = KVPool(KVShape(3, 2, 8), page_size=page_size, num_pages=6)
+    pool.kv.normal_()
+    before = pool.kv.clone()
+    k = max(1, page_size - 1)
+    pool.copy_prefix(1, 4, k)
+    assert torch.equal(pool.kv[:, 4, :, :k], before[:, 1, :, :k])
+    assert torch.equal(pool.kv[:, 4, :, k:], before[:, 4, :, k:])  # the rest of the destination is untouched
+    others = [p for p in range(6) if p != 4]
+    assert torch.equal(pool.kv[:, others], before[:, others])
+
+
+def test_mid_page_hit_via_copy_prefix_attends_like_a_cold_run() -> None:
+    """A sequence whose first 21 tokens come from another's pages (16 shared + 5 copied) equals a cold run."""
+    torch.manual_seed(0)
+    page_size, kvh, heads, dim, total = 16, 2, 8, 16, 40
+    keys, values, q = torch.randn(total, kvh, dim), torch.randn(total, kvh, dim), torch.randn(total, heads, dim)
+    backend = create_backend("torch")
+    cold = KVPool(KVShape(1, kvh, dim), page_size=page_size, num_pages=8)
+    layout = BatchLayout.build([SequenceSlice([0, 1, 2], 0, total)], page_size)
+    backend.begin_step(layout)
+    want = backend.forward(0, q, keys, values, cold.layer(0), layout)
+    # Warm: pages 0, 1 hold the first sequence; the reader shares page 0 and copies 5 slots of page 1 into page 5.
+    cold.copy_prefix(1, 5, 5)
+    layout = BatchLayout.build([SequenceSlice([0, 5, 6], 21, total - 21)], page_size)
+    backend.begin_step(layout)
+    got = backend.forward(0, q[21:], keys[21:], values[21:], cold.layer(0), layout)
+    torch.testing.assert_close(got, want[21:], atol=1e-6, rtol=1e-6)
+
+
+def test_create_backend_resolution() -> None:
+    assert create_backend("auto").name == "torch"  # no CUDA here (or float32): torch
+    assert isinstance(create_backend("torch", "cpu"), AttentionBackend)
+    with pytest.raises(ValueError, match="unknown attention backend"):
+        create_backend("nope")
+
+
+def test_flashinfer_module_imports_without_flashinfer() -> None:
+    import radixcache.worker.attention.flashinfer_backend as fb
+
+    assert fb.FlashInferAttentionBackend.name == "flashinfer"
+    if not torch.cuda.is_available():
+        assert "flashinfer" not in sys.modules
+        with pytest.raises(ValueError, match="CUDA"):
+            create_backend("flashinfer", "cpu", num_heads=4, num_kv_heads=2, head_dim=16, dtype=torch.bfloat16)

@@ -1,0 +1,143 @@
+"""FlashInfer paged attention (CUDA only). flashinfer is imported inside the class, never at module import,
+so this module loads on machines without CUDA or flashinfer.
+
+Per step: begin_step plans one wrapper (decode wrapper when every sequence adds one token, else the prefill
+wrapper, which also handles mixed prefill + decode batches); forward writes the new K/V into the pages with a
+torch index_put at (write_pages, write_slots) and runs the planned kernel on the layer's NHD paged tensor
+[pages, 2, page_size, KVH, D].
+
+Documented pitfalls handled here:
+- prefill plan() defaults to causal=False and q_data_type float16: both are always passed explicitly.
+- plan() stages its metadata in a pinned host buffer and copies it to the device asynchronously; planning the
+  same wrapper again before that copy ran would overwrite it. Prefill and decode use separate wrappers, and a
+  wrapper waits on an event recorded after its previous plan before planning again.
+- run() inside CUDA-graph capture needs wrappers built with use_cuda_graph=True: this backend does not capture
+  graphs, so it builds plain wrappers.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from radixcache.worker.attention.base import AttentionBackend
+from radixcache.worker.attention.layout import BatchLayout
+
+WORKSPACE_BYTES = 128 * 1024 * 1024
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
+
+
+class FlashInferAttentionBackend(AttentionBackend):
+    name = "flashinfer"
+
+    def __init__(
+        self,
+        device: str | torch.device = "cuda",
+        *,
+        num_heads: int | None = None,
+        num_kv_heads: int | None = None,
+        head_dim: int | None = None,
+        dtype: torch.dtype | None = None,
+        kv_dtype: torch.dtype | None = None,
+        workspace_bytes: int = WORKSPACE_BYTES,
+    ) -> None:
+        super().__init__(device, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype)
+        if self.device.type != "cuda":
+            raise ValueError(f"the flashinfer backend needs a CUDA device, got {self.device}; use backend 'torch'")
+        if None in (num_heads, num_kv_heads, head_dim, dtype):
+            raise ValueError("the flashinfer backend needs num_heads, num_kv_heads, head_dim and dtype to plan")
+        if dtype not in SUPPORTED_DTYPES:
+            raise ValueError(f"flashinfer runs float16/bfloat16, not {dtype}; use backend 'torch' for {dtype}")
+        try:
+            import flashinfer
+        except ImportError as exc:
+            raise ImportError("the flashinfer backend needs `pip install flashinfer-python` (CUDA only)") from exc
+        self.kv_dtype = kv_dtype or dtype
+        self.sm_scale = 1.0 / math.sqrt(head_dim)
+        group = num_heads // num_kv_heads
+        # Separate workspaces and wrappers: their plans never share a pinned staging buffer.
+        self._prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+            torch.empty(workspace_bytes, dtype=torch.uint8, device=self.device), "NHD"
+        )
+        self._decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            torch.empty(workspace_bytes, dtype=torch.uint8, device=self.device),
+            "NHD",
+            # The CUDA-core decode kernels are specialised for group sizes 1, 2, 3, 4, 8; tensor cores take any.
+            use_tensor_cores=group not in (1, 2, 3, 4, 8),
+        )
+        self._planned: dict[str, torch.cuda.Event] = {}
+        self._layout: BatchLayout | None = None
+        self._use_decode = False
+
+    def _wait_previous_plan(self, which: str) -> None:
+        event = self._planned.get(which)
+        if event is not None:
+            event.synchronize()
+
+    def _mark_planned(self, which: str) -> None:
+        event = torch.cuda.Event()
+        event.record()
+        self._planned[which] = event
+
+    def begin_step(self, layout: BatchLayout) -> None:
+        ps = layout.page_size
+        # Host-side indptr / last_page_len from the layout's host lists: plan() reads them on the host, and
+        # passing device tensors would force a device->host copy (a sync) per step.
+        pages = [-(-n // ps) for n in layout.seq_lens]
+        kv_indptr = torch.tensor([0, *torch.tensor(pages).cumsum(0).tolist()], dtype=torch.int32)
+        last_len = torch.tensor(
+            [n - (p - 1) * ps for n, p in zip(layout.seq_lens, pages, strict=True)], dtype=torch.int32
+        )
+        self._use_decode = layout.is_decode
+        if self._use_decode:
+            self._wait_previous_plan("decode")
+            self._decode.plan(
+                kv_indptr,
+                layout.kv_indices,
+                last_len,
+                self.num_heads,
+                self.num_kv_heads,
+                self.head_dim,
+                ps,
+                pos_encoding_mode="NONE",
+                q_data_type=self.dtype,
+                kv_data_type=self.kv_dtype,
+                sm_scale=self.sm_scale,
+            )
+            self._mark_planned("decode")
+        else:
+            qo_indptr = torch.tensor([0, *torch.tensor(layout.num_new).cumsum(0).tolist()], dtype=torch.int32)
+            self._wait_previous_plan("prefill")
+            self._prefill.plan(
+                qo_indptr,
+                kv_indptr,
+                layout.kv_indices,
+                last_len,
+                self.num_heads,
+                self.num_kv_heads,
+                self.head_dim,
+                ps,
+                causal=True,
+                pos_encoding_mode="NONE",
+                sm_scale=self.sm_scale,
+                q_data_type=self.dtype,
+                kv_data_type=self.kv_dtype,
+            )
+            self._mark_planned("prefill")
+        self._layout = layout
+
+    def forward(
+        self,
+        layer_idx: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_layer: torch.Tensor,
+        layout: BatchLayout,
+    ) -> torch.Tensor:
+        if self._layout is not layout:
+            raise RuntimeError("flashinfer backend: begin_step(layout) must be called before forward with it")
+        self.write_kv(k, v, kv_layer, layout)
+        wrapper = self._decode if self._use_decode else self._prefill
+        return wrapper.run(q.contiguous(), kv_layer)
