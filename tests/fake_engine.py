@@ -1,0 +1,220 @@
+"""A test double of worker.engine.Engine (the API in docs/MODULES.md), for server-only behaviour.
+
+It runs one loop thread like the real engine and streams one RequestOutput per step per request, but computes
+nothing: token i of a completion is letter i of the alphabet. A byte-level tokenizer (id = byte + 3) and a
+prefix "cache" per namespace (the longest prefix of an earlier sequence, capped at len(prompt) - 1) are enough to
+exercise streaming order, cancellation, deadlines, tenants, pins and shutdown without a model.
+
+Prompts containing b"SLOW" take `slow_prefill` seconds before their first token (abortable); prompts containing
+b"BOOM" end with FinishReason.ERROR after one token.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+from radixcache.worker.request import FinishReason, Request, RequestOutput
+from radixcache.worker.servicer import RequestTooLargeError
+
+BOS, EOS, OFFSET = 1, 2, 3
+
+
+class ByteTokenizer:
+    vocab_size = 256 + OFFSET
+    eos_token_ids = (EOS,)
+    bos_token_id = BOS
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        ids = [b + OFFSET for b in text.encode("utf-8")]
+        return [BOS, *ids] if add_special_tokens else ids
+
+    def decode(self, ids: list[int]) -> str:
+        return bytes(i - OFFSET for i in ids if i >= OFFSET).decode("utf-8", "replace")
+
+    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        text = "\x01" + "".join(f"<{m['role']}>{m['content']}</s>" for m in messages)
+        return text + ("<assistant>" if add_generation_prompt else "")
+
+
+@dataclass
+class _Seq:
+    request: Request
+    on_output: Callable[[RequestOutput], None]
+    cached: int
+    started: float = field(default_factory=time.monotonic)
+    generated: list[int] = field(default_factory=list)
+    aborted: bool = False
+    first_at: float | None = None
+
+
+class FakeEngine:
+    def __init__(self, *, context_length: int = 512, num_pages: int = 256, page_size: int = 4, step_s: float = 0.005):
+        self.tokenizer = ByteTokenizer()
+        self.model_config = SimpleNamespace(vocab_size=ByteTokenizer.vocab_size, max_position_embeddings=context_length)
+        self.context_length = context_length
+        self.page_size = page_size
+        self.num_pages = num_pages
+        self.kv_bytes = num_pages * page_size * 64
+        self.step_s = step_s
+        self.slow_prefill = 2.0
+        self.pins: dict[tuple[str, tuple[int, ...]], float | None] = {}
+        self.steps = 0
+        self.submitted: list[Request] = []
+        self._seen: dict[str, list[list[int]]] = {}  # namespace -> sequences "cached"
+        self._seqs: dict[str, _Seq] = {}
+        self._lock = threading.Condition()
+        self._draining = False
+        self._stopped = False
+        self._thread = threading.Thread(target=self._loop, name="fake-engine", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    # -- API ---------------------------------------------------------------------------------------------------
+    def submit(self, request: Request, on_output: Callable[[RequestOutput], None]) -> None:
+        with self._lock:
+            if self._draining or self._stopped:
+                raise RuntimeError("the engine is shutting down")
+            if request.request_id in self._seqs:
+                raise ValueError(f"duplicate request id {request.request_id!r}")
+            total = len(request.prompt_ids) + request.sampling.max_tokens
+            if total > self.context_length:
+                raise ValueError(f"prompt + max_tokens = {total} exceeds the context length {self.context_length}")
+            if -(-total // self.page_size) > self.num_pages:
+                raise RequestTooLargeError(f"{total} tokens can never fit in {self.num_pages} pages")
+            cached = 0
+            for seq in self._seen.get(request.namespace, []):
+                n = 0
+                for a, b in zip(seq, request.prompt_ids, strict=False):
+                    if a != b:
+                        break
+                    n += 1
+                cached = max(cached, n)
+            cached = min(cached, len(request.prompt_ids) - 1)
+            self.submitted.append(request)
+            self._seqs[request.request_id] = _Seq(request, on_output, cached)
+            self._lock.notify_all()
+
+    def abort(self, request_id: str) -> bool:
+        with self._lock:
+            seq = self._seqs.get(request_id)
+            if seq is None or seq.aborted:
+                return False
+            seq.aborted = True
+            self._lock.notify_all()
+            return True
+
+    def stats(self) -> SimpleNamespace:
+        with self._lock:
+            running = len(self._seqs)
+            cache = SimpleNamespace(
+                pages_total=self.num_pages,
+                pages_free=self.num_pages - running,
+                pages_cached=0,
+                pages_evictable=0,
+                pages_pinned=len(self.pins),
+                pages_in_use=running,
+                queried_tokens=sum(len(r.prompt_ids) for r in self.submitted),
+                hit_tokens=0,
+                evicted_pages=0,
+                live_leases=running,
+            )
+            return SimpleNamespace(running=running, waiting=0, preemptions=0, steps=self.steps, cache=cache)
+
+    def flush_cache(self) -> int:
+        with self._lock:
+            n = sum(len(v) for v in self._seen.values())
+            self._seen.clear()
+            return n
+
+    def pin(self, token_ids: list[int], namespace: str = "", ttl_s: float | None = None) -> int:
+        with self._lock:
+            if not any(s[: len(token_ids)] == list(token_ids) for s in self._seen.get(namespace, [])):
+                return 0
+            self.pins[(namespace, tuple(token_ids))] = ttl_s
+            return len(token_ids) // self.page_size * self.page_size
+
+    def unpin(self, token_ids: list[int], namespace: str = "") -> int:
+        with self._lock:
+            if self.pins.pop((namespace, tuple(token_ids)), "absent") == "absent":
+                return 0
+            return len(token_ids) // self.page_size * self.page_size
+
+    def shutdown(self, drain: bool = True, timeout: float | None = None) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            self._draining = True
+            while drain and self._seqs:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    break
+                self._lock.wait(left)
+            for seq in self._seqs.values():
+                seq.aborted = True
+            self._stopped = True
+            self._lock.notify_all()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    # -- loop ----------------------------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                while not self._seqs and not self._stopped:
+                    self._lock.wait()
+                if self._stopped and not self._seqs:
+                    return
+                seqs = list(self._seqs.values())
+                self.steps += 1
+            for seq in seqs:
+                self._step(seq)
+            time.sleep(self.step_s)
+
+    def _emit(self, seq: _Seq, ids: list[int], reason: FinishReason | None, error: str | None = None) -> None:
+        r = seq.request
+        now = time.monotonic()
+        ttft = None
+        if ids and seq.first_at is None:
+            seq.first_at = now
+            ttft = now - seq.started
+        tpot = None
+        if reason is not None:
+            tpot = (now - (seq.first_at or now)) / max(1, len(seq.generated))
+            with self._lock:
+                del self._seqs[r.request_id]
+                if reason is not FinishReason.ERROR:
+                    self._seen.setdefault(r.namespace, []).append(list(r.prompt_ids) + seq.generated)
+                self._lock.notify_all()
+        out = RequestOutput(
+            request_id=r.request_id,
+            token_ids=ids,
+            text=self.tokenizer.decode(ids),
+            prompt_tokens=len(r.prompt_ids),
+            cached_tokens=seq.cached,
+            completion_tokens=len(seq.generated),
+            finish_reason=reason,
+            error=error,
+            time_to_first_token=ttft,
+            time_per_output_token=tpot,
+        )
+        seq.on_output(out)
+
+    def _step(self, seq: _Seq) -> None:
+        r = seq.request
+        if seq.aborted:
+            return self._emit(seq, [], FinishReason.ABORTED)
+        if not seq.generated and b"SLOW" in bytes(i - OFFSET for i in r.prompt_ids if i >= OFFSET):
+            if time.monotonic() - seq.started < self.slow_prefill:
+                return None  # still "prefilling"
+        token = ord("a") + len(seq.generated) % 26 + OFFSET
+        seq.generated.append(token)
+        if b"BOOM" in bytes(i - OFFSET for i in r.prompt_ids if i >= OFFSET):
+            return self._emit(seq, [token], FinishReason.ERROR, "injected failure")
+        if token in r.sampling.stop_token_ids:
+            return self._emit(seq, [token], FinishReason.STOP_TOKEN)
+        done = len(seq.generated) >= r.sampling.max_tokens
+        return self._emit(seq, [token], FinishReason.LENGTH if done else None)

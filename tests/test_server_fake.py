@@ -1,0 +1,345 @@
+"""The gRPC server over real loopback sockets, against FakeEngine (server-only behaviour: validation, streaming,
+cancellation, deadlines, auth, health, reflection, shutdown). The real engine is exercised in test_e2e_*."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import threading
+import time
+import urllib.request
+
+import grpc
+import pytest
+from fake_engine import FakeEngine
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from worker_harness import ThreadedWorker
+
+from radixcache.client import AsyncClient, Chat, Client
+from radixcache.v1 import radixcache_pb2 as pb
+from radixcache.v1 import radixcache_pb2_grpc as pb_grpc
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def wait_until(pred, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.01)
+    return pred()
+
+
+@pytest.fixture
+def worker():
+    w = ThreadedWorker(FakeEngine()).start()
+    try:
+        yield w
+    finally:
+        w.stop()
+
+
+@pytest.fixture
+def client(worker):
+    with Client(worker.target) as c:
+        yield c
+
+
+def test_streaming_order_and_completeness(client, worker):
+    chunks = list(client.generate("hello", max_tokens=10))
+    assert len(chunks) == 10  # one message per engine step
+    assert [c.completion_tokens for c in chunks] == list(range(1, 11))
+    assert all(c.prompt_tokens == 6 for c in chunks)  # BOS + 5 bytes
+    assert [c.finish_reason for c in chunks] == [None] * 9 + ["length"]
+    assert "".join(c.text for c in chunks) == "abcdefghij"
+    assert len({c.request_id for c in chunks}) == 1 and chunks[0].request_id
+    done = client.generate_text("hello", max_tokens=3, request_id="mine")
+    assert (done.text, done.request_id, done.completion_tokens) == ("abc", "mine", 3)
+    # the default max_tokens is SamplingParams' (16)
+    assert client.generate_text(token_ids=[5, 6, 7]).completion_tokens == 16
+
+
+BAD = [
+    (dict(), "no input"),
+    (dict(text=""), "text must not be empty"),
+    (dict(token_ids=[]), "token_ids.ids must hold"),
+    (dict(token_ids=[5, 259]), "token_ids.ids[1] = 259 is outside the vocabulary [0, 259)"),
+    (dict(token_ids=[5, -1]), "outside the vocabulary"),
+    (dict(text="x", max_tokens=0), "max_tokens must be >= 1"),
+    (dict(text="x", max_tokens=10_000), "max_tokens must be in [1, 510]"),
+    (dict(text="x" * 600), "the context allows at most 511"),
+    (dict(text="x", temperature=-0.5), "temperature must be >= 0"),
+    (dict(text="x", temperature=float("nan")), "temperature must be >= 0"),
+    (dict(text="x", top_p=0.0), "top_p must be in (0, 1]"),
+    (dict(text="x", top_p=1.5), "top_p must be in (0, 1]"),
+    (dict(text="x", top_k=-2), "top_k must be -1 (off) or >= 1"),
+    (dict(text="x", min_p=1.5), "min_p must be in [0, 1]"),
+    (dict(text="x", min_p=-0.1), "min_p must be in [0, 1]"),
+    (dict(messages=[{"role": "wizard", "content": "hi"}]), "messages[0].role must be one of system, user"),
+    (dict(messages=[]), "messages must hold at least one"),
+    (dict(text="x", stop=["s"] * 17), "stop allows at most 16"),
+    (dict(text="x", stop=["s" * 257]), "each stop string must have 1..256"),
+    (dict(text="x", stop=[""]), "each stop string must have 1..256"),
+    (dict(text="x", stop_token_ids=[999]), "stop_token_ids[0] = 999 is outside"),
+    (dict(text="x", top_logprobs=21), "top_logprobs must be in [0, 20]"),
+    (dict(text="x", request_id="r" * 129), "request_id must have at most 128"),
+]
+
+
+@pytest.mark.parametrize("kwargs,message", BAD, ids=[m for _, m in BAD])
+def test_bad_input_is_invalid_argument_and_the_worker_still_serves(worker, kwargs, message):
+    stub = pb_grpc.RadixCacheStub(grpc.insecure_channel(worker.target))
+    req = pb.GenerateRequest(request_id=kwargs.pop("request_id", ""))
+    if "text" in kwargs:
+        req.text = kwargs.pop("text")
+    if "token_ids" in kwargs:
+        req.token_ids.ids.extend(kwargs.pop("token_ids"))
+    if "messages" in kwargs:
+        msgs = kwargs.pop("messages")
+        req.messages.SetInParent()
+        for m in msgs:
+            req.messages.messages.add(**m)
+    for k, v in kwargs.items():
+        if isinstance(v, list):
+            getattr(req, k).extend(v)
+        else:
+            setattr(req, k, v)
+    with pytest.raises(grpc.RpcError) as e:
+        list(stub.Generate(req, timeout=5))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert message in e.value.details()
+    assert worker.engine.submitted == []  # rejected before anything reached the engine
+    with Client(worker.target) as c:
+        assert c.generate_text("still here", max_tokens=2).text == "ab"
+
+
+def test_oversized_message_is_resource_exhausted():
+    with ThreadedWorker(FakeEngine(), max_message_bytes=64 * 1024) as w, Client(w.target) as c:
+        with pytest.raises(grpc.RpcError) as e:
+            c.generate_text("x" * 100_000, max_tokens=1)
+        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED  # gRPC's own check of the receive limit
+        assert c.generate_text("ok", max_tokens=1).text == "a"
+
+
+def test_request_that_can_never_fit_is_resource_exhausted():
+    engine = FakeEngine(num_pages=8, page_size=4)  # 32 tokens of KV
+    with ThreadedWorker(engine) as w, Client(w.target) as c:
+        with pytest.raises(grpc.RpcError) as e:
+            c.generate_text("y" * 40, max_tokens=4)
+        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "never fit" in e.value.details()
+
+
+def test_error_in_one_request_is_internal_and_others_are_unaffected(client):
+    other = client.generate("fine", max_tokens=30)
+    first = next(other)
+    with pytest.raises(grpc.RpcError) as e:
+        client.generate_text("BOOM", max_tokens=30)
+    assert e.value.code() == grpc.StatusCode.INTERNAL and "injected failure" in e.value.details()
+    rest = list(other)
+    assert first.completion_tokens + len(rest) == 30 and rest[-1].finish_reason == "length"
+
+
+def test_cancel_mid_decode_aborts_and_frees(client, worker):
+    stream = client.generate("decode", max_tokens=400)
+    assert next(stream).completion_tokens == 1
+    stream.close()  # leaving the loop cancels the call
+    assert wait_until(lambda: client.stats()["live_leases"] == 0 and client.stats()["running"] == 0)
+    assert client.stats()["pages_in_use"] == 0
+
+
+def test_cancel_mid_prefill_aborts_and_frees(worker):
+    stub = pb_grpc.RadixCacheStub(grpc.insecure_channel(worker.target))
+    call = stub.Generate(pb.GenerateRequest(text="SLOW prefill", max_tokens=5))
+    assert wait_until(lambda: worker.engine.stats().running == 1)
+    call.cancel()
+    assert wait_until(lambda: worker.engine.stats().running == 0, timeout=1.0)  # well before the 2 s "prefill"
+    with Client(worker.target) as c:
+        assert c.stats()["live_leases"] == 0
+
+
+def test_deadline_exceeded_aborts(client, worker):
+    t0 = time.monotonic()
+    with pytest.raises(grpc.RpcError) as e:
+        list(client.generate("SLOW prefill", max_tokens=5, timeout=0.3))
+    assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert time.monotonic() - t0 < 1.5
+    assert wait_until(lambda: worker.engine.stats().running == 0, timeout=1.0)
+
+
+def test_abort_rpc_and_duplicate_request_id(client, worker):
+    stream = client.generate("long", max_tokens=400, request_id="job-1")
+    next(stream)
+    with pytest.raises(grpc.RpcError) as e:
+        next(client.generate("again", request_id="job-1"))
+    assert e.value.code() == grpc.StatusCode.ALREADY_EXISTS
+    assert client.abort("job-1") is True
+    last = list(stream)[-1]
+    assert last.finish_reason == "aborted"
+    assert client.abort("job-1") is False
+    assert client.abort("never-was") is False
+
+
+def test_tokenize_model_info_stats_flush(client):
+    assert client.tokenize("hi") == [1, ord("h") + 3, ord("i") + 3]
+    chat_ids = client.tokenize(messages=[{"role": "user", "content": "hi"}])
+    assert chat_ids[0] == 4  # the template's "\x01", encoded without an extra BOS
+    info = client.model_info()
+    assert info["vocab_size"] == 259 and info["context_length"] == 512 and info["page_size"] == 4
+    assert info["kv_pages"] == 256 and info["eos_token_ids"] == [2] and info["model_name"] == "fake"
+    client.generate_text("fill", max_tokens=2)
+    s = client.stats()
+    assert s["pages_total"] == 256 and s["live_leases"] == 0 and s["queried_tokens"] == 5
+    assert client.flush() == 1
+
+
+def test_pin_computes_then_pins_and_unpin(client, worker):
+    assert client.pin("a system prompt", ttl_seconds=60) == 16  # 16 of 16 tokens: computed first, then pinned
+    assert len(worker.engine.submitted) == 1 and worker.engine.submitted[0].sampling.max_tokens == 1
+    assert client.pin("a system prompt") == 16  # cached now: pinned without computing
+    assert len(worker.engine.submitted) == 1
+    assert client.unpin("a system prompt") == 16
+    with pytest.raises(grpc.RpcError) as e:
+        client.pin("x", ttl_seconds=-1)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "ttl_seconds must be > 0" in e.value.details()
+
+
+def test_chat_second_turn_hits_the_whole_first_turn(client):
+    chat = Chat(client, system="be brief", max_tokens=5)
+    first = chat.send("hello")
+    second = chat.send("and again")
+    assert first.cached_tokens == 0
+    assert second.cached_tokens == first.prompt_tokens + first.completion_tokens
+    assert [m["role"] for m in chat.messages] == ["system", "user", "assistant", "user", "assistant"]
+
+
+def test_health_transitions_and_reflection():
+    w = ThreadedWorker(FakeEngine(step_s=0.01)).start(attach=False)
+    try:
+        ch = grpc.insecure_channel(w.target)
+        health = health_pb2_grpc.HealthStub(ch)
+        check = lambda service="": health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5).status  # noqa: E731
+        assert check() == health_pb2.HealthCheckResponse.NOT_SERVING
+        with pytest.raises(grpc.RpcError) as e:
+            Client(w.target).generate_text("x")
+        assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+        w.attach()
+        assert check() == check("radixcache.v1.RadixCache") == health_pb2.HealthCheckResponse.SERVING
+
+        from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+
+        services = ProtoReflectionDescriptorDatabase(ch).get_services()
+        assert "radixcache.v1.RadixCache" in services and "grpc.health.v1.Health" in services
+
+        # draining: NOT_SERVING while the in-flight stream finishes
+        stream = Client(w.target).generate("busy", max_tokens=60)
+        next(stream)
+        stopper = threading.Thread(target=w.server and (lambda: w.run(w.server.stop(10), timeout=20)))
+        stopper.start()
+        assert wait_until(lambda: check() == health_pb2.HealthCheckResponse.NOT_SERVING)
+        rest = list(stream)
+        assert rest[-1].finish_reason == "length" and rest[-1].completion_tokens == 60
+        stopper.join(20)
+    finally:
+        w.stop()
+
+
+def test_graceful_stop_under_load_completes_streams():
+    w = ThreadedWorker(FakeEngine(step_s=0.01)).start()
+    try:
+        with Client(w.target) as c:
+            streams = [c.generate(f"load {i}", max_tokens=40) for i in range(4)]
+            for s in streams:
+                next(s)
+            results: list = []
+            readers = [threading.Thread(target=lambda s=s: results.append(list(s)[-1])) for s in streams]
+            for t in readers:
+                t.start()
+            w.run(w.server.stop(10), timeout=20)
+            for t in readers:
+                t.join(10)
+            assert [r.finish_reason for r in results] == ["length"] * 4
+            with pytest.raises(grpc.RpcError):
+                c.generate_text("after", max_tokens=1, timeout=2)
+    finally:
+        w.stop()
+
+
+TOKENS = {"tok-alice": "alice", "tok-bob": "bob"}
+
+
+def test_auth_and_tenant_isolation():
+    with ThreadedWorker(FakeEngine(), auth_tokens=TOKENS) as w:
+        for token in (None, "wrong"):
+            with Client(w.target, token=token) as c, pytest.raises(grpc.RpcError) as e:
+                c.generate_text("x")
+            assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            with Client(w.target, token=token) as c, pytest.raises(grpc.RpcError) as e:
+                c.stats()
+            assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        Client(w.target).wait_ready(5)  # health stays open
+        prompt = "the shared system prompt " * 4
+        with Client(w.target, token="tok-alice") as alice, Client(w.target, token="tok-bob") as bob:
+            assert alice.generate_text(prompt, max_tokens=2).cached_tokens == 0
+            assert bob.generate_text(prompt, max_tokens=2).cached_tokens == 0
+            assert alice.generate_text(prompt, max_tokens=2).cached_tokens > 0
+            # the namespace comes from the token, and a tenant cannot abort another's request
+            stream = alice.generate("mine", max_tokens=300, request_id="r1")
+            next(stream)
+            assert bob.abort("r1") is False
+            assert alice.abort("r1") is True
+            assert list(stream)[-1].finish_reason == "aborted"
+        assert {r.namespace for r in w.engine.submitted} == {"alice", "bob"}
+        assert {r.request_id.split("/")[0] for r in w.engine.submitted} == {"alice", "bob"}
+
+
+def test_metrics_endpoint():
+    with ThreadedWorker(FakeEngine(), metrics_port=0) as w, Client(w.target) as c:
+        c.generate_text("measure me", max_tokens=4)
+        body = urllib.request.urlopen(f"http://127.0.0.1:{w.server.metrics_port}/metrics", timeout=5).read().decode()
+        for name in (
+            "radixcache_time_to_first_token_seconds_count 1.0",
+            "radixcache_time_per_output_token_seconds_count 1.0",
+            'radixcache_requests_total{finish_reason="length"} 1.0',
+            "radixcache_prompt_tokens_total 11.0",
+            'radixcache_cache_pages{state="free"}',
+            "radixcache_cache_hit_rate",
+            "radixcache_requests_running 0.0",
+            "radixcache_preemptions_total",
+        ):
+            assert name in body, name
+
+
+def test_async_client(worker):
+    async def go() -> None:
+        async with AsyncClient(worker.target) as c:
+            await c.wait_ready(5)
+            chunks = [ch async for ch in c.generate("async", max_tokens=5)]
+            assert "".join(ch.text for ch in chunks) == "abcde" and chunks[-1].finish_reason == "length"
+            assert (await c.generate_text("x", max_tokens=2)).text == "ab"
+            assert (await c.stats())["live_leases"] == 0
+            assert (await c.model_info())["vocab_size"] == 259
+            assert await c.tokenize("a") == [1, 100]
+            gen = c.generate("cancel me", max_tokens=400)
+            await gen.__anext__()
+            await gen.aclose()
+
+    asyncio.run(go())
+    assert wait_until(lambda: worker.engine.stats().running == 0)
+
+
+def test_tls(tmp_path):
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    r = subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert, "-days", "1",
+         "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
+        capture_output=True,
+    )  # fmt: skip
+    if r.returncode != 0:
+        pytest.skip(f"openssl could not make a certificate: {r.stderr[-200:]!r}")
+    with ThreadedWorker(FakeEngine(), tls_cert=str(cert), tls_key=str(key)) as w:
+        with Client(w.target, tls_ca=str(cert)) as c:
+            assert c.generate_text("secure", max_tokens=3).text == "abc"
+        with Client(w.target) as plain, pytest.raises(grpc.RpcError):
+            plain.generate_text("x", timeout=2)

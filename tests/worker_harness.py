@@ -1,0 +1,61 @@
+"""Runs a WorkerServer in this process, on its own event-loop thread, on a free loopback port (for server tests)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Coroutine
+from typing import Any
+
+from radixcache.worker.server import ServerOptions, WorkerServer, describe
+
+
+class ThreadedWorker:
+    """start() binds 127.0.0.1:<free port> and serves `engine`; stop() always tears everything down."""
+
+    def __init__(self, engine: Any, **options: Any) -> None:
+        self.engine = engine
+        self.options = ServerOptions(host="127.0.0.1", port=0, **options)
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="test-worker-loop", daemon=True)
+        self.server: WorkerServer | None = None
+        self.port = 0
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def run(self, coro: Coroutine[Any, Any, Any], timeout: float = 30) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def start(self, *, attach: bool = True) -> ThreadedWorker:
+        self.thread.start()
+
+        async def make() -> WorkerServer:
+            return WorkerServer(self.options)
+
+        self.server = self.run(make())
+        self.port = self.run(self.server.start())
+        if attach:
+            self.attach()
+        return self
+
+    def attach(self) -> None:
+        assert self.server is not None
+        self.engine.start()
+        self.run(self.server.attach(self.engine, describe(self.engine, model_name="fake", backend="fake")))
+
+    def stop(self, grace: float = 0.0) -> None:
+        try:
+            if self.server is not None:
+                self.run(self.server.stop(grace), timeout=grace + 30)
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(10)
+            self.loop.close()
+
+    def __enter__(self) -> ThreadedWorker:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

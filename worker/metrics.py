@@ -1,0 +1,131 @@
+"""Prometheus metrics of one worker, in a private registry (so a test process can run several workers).
+
+Request-level metrics (tokens, finish reasons, time to first token, time per output token) are recorded by the
+server as streams finish; cache and scheduler gauges are read from `engine.stats()` at scrape time.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from radixcache.worker.request import RequestOutput
+
+PAGE_STATES = ("free", "cached", "evictable", "pinned", "in_use")
+
+
+def flatten_stats(stats: Any) -> dict[str, float]:
+    """engine.stats() (EngineStats with a nested radixcache CacheStats) -> one flat dict with stable names.
+
+    Missing fields read as 0, so a worker with an older engine still answers.
+    """
+    cache = getattr(stats, "cache", None)
+
+    def c(name: str) -> float:
+        return float(getattr(cache, name, 0) or 0)
+
+    def e(name: str) -> float:
+        return float(getattr(stats, name, 0) or 0)
+
+    queried, hit = c("queried_tokens"), c("hit_tokens")
+    return {
+        "pages_total": c("pages_total"),
+        "pages_free": c("pages_free"),
+        "pages_cached": c("pages_cached"),
+        "pages_evictable": c("pages_evictable"),
+        "pages_pinned": c("pages_pinned"),
+        "pages_in_use": c("pages_in_use"),
+        "queried_tokens": queried,
+        "hit_tokens": hit,
+        "hit_rate": hit / queried if queried else 0.0,
+        "evicted_pages": c("evicted_pages"),
+        "live_leases": c("live_leases"),
+        "preemptions": e("preemptions"),
+        "running": e("running"),
+        "waiting": e("waiting"),
+        "steps": e("steps"),
+    }
+
+
+class _EngineCollector(Collector):
+    def __init__(self, stats: Callable[[], Any | None]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        raw = self._stats()
+        if raw is None:  # still loading the model
+            return
+        s = flatten_stats(raw)
+        pages = GaugeMetricFamily("radixcache_cache_pages", "KV pages by state", labels=["state"])
+        for state in PAGE_STATES:
+            pages.add_metric([state], s[f"pages_{state}"])
+        yield pages
+        yield GaugeMetricFamily("radixcache_cache_pages_total", "KV pages in the pool", value=s["pages_total"])
+        yield GaugeMetricFamily("radixcache_cache_hit_rate", "hit tokens / queried tokens", value=s["hit_rate"])
+        yield CounterMetricFamily(
+            "radixcache_cache_queried_tokens", "prompt tokens looked up", value=s["queried_tokens"]
+        )
+        yield CounterMetricFamily("radixcache_cache_hit_tokens", "prompt tokens found cached", value=s["hit_tokens"])
+        yield CounterMetricFamily("radixcache_cache_evicted_pages", "pages evicted for room", value=s["evicted_pages"])
+        yield CounterMetricFamily("radixcache_preemptions", "requests preempted", value=s["preemptions"])
+        yield GaugeMetricFamily("radixcache_requests_running", "requests in the batch", value=s["running"])
+        yield GaugeMetricFamily("radixcache_requests_waiting", "requests waiting for admission", value=s["waiting"])
+        yield GaugeMetricFamily(
+            "radixcache_cache_live_leases", "running sequences' cache leases", value=s["live_leases"]
+        )
+
+
+class WorkerMetrics:
+    """The metrics of one worker. `stats` returns engine.stats(), or None while there is no engine yet."""
+
+    def __init__(self, stats: Callable[[], Any | None]) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("radixcache_requests", "finished requests", ["finish_reason"], registry=r)
+        self.prompt_tokens = Counter("radixcache_prompt_tokens", "prompt tokens of admitted requests", registry=r)
+        self.cached_tokens = Counter("radixcache_cached_tokens", "prompt tokens served from the cache", registry=r)
+        self.completion_tokens = Counter("radixcache_completion_tokens", "generated tokens", registry=r)
+        self.ttft = Histogram(
+            "radixcache_time_to_first_token_seconds",
+            "from submission to the first generated token",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+            registry=r,
+        )
+        self.tpot = Histogram(
+            "radixcache_time_per_output_token_seconds",
+            "mean time between generated tokens, per request",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+            registry=r,
+        )
+        r.register(_EngineCollector(stats))
+        self._http: Any = None
+        self._thread: threading.Thread | None = None
+
+    def observe(self, out: RequestOutput, *, first: bool) -> None:
+        """Record one RequestOutput of a stream (first: the stream's first output)."""
+        if first:
+            self.prompt_tokens.inc(out.prompt_tokens)
+            self.cached_tokens.inc(out.cached_tokens)
+        if out.time_to_first_token is not None:
+            self.ttft.observe(out.time_to_first_token)
+        if out.finish_reason is not None:
+            self.requests.labels(finish_reason=out.finish_reason.value).inc()
+            self.completion_tokens.inc(out.completion_tokens)
+            if out.time_per_output_token is not None:
+                self.tpot.observe(out.time_per_output_token)
+
+    def serve_http(self, port: int, host: str = "127.0.0.1") -> int:
+        """Serve /metrics on host:port (0 = a free port) from a daemon thread; returns the port."""
+        self._http, self._thread = start_http_server(port, addr=host, registry=self.registry)
+        return int(self._http.server_port)
+
+    def stop_http(self) -> None:
+        if self._http is not None:
+            self._http.shutdown()
+            self._http.server_close()
+            self._http = None

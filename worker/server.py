@@ -1,0 +1,209 @@
+"""The worker's gRPC server: lifecycle, health, reflection, TLS, limits, metrics and graceful shutdown.
+
+Life of a worker: bind the port (health NOT_SERVING) -> load and warm up the engine -> SERVING -> on stop():
+NOT_SERVING, refuse new RPCs, let in-flight streams finish within the grace period while the engine drains, abort
+what is left, close.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from radixcache.v1 import radixcache_pb2 as pb
+from radixcache.v1 import radixcache_pb2_grpc as pb_grpc
+from radixcache.worker.auth import Authenticator
+from radixcache.worker.metrics import WorkerMetrics
+from radixcache.worker.servicer import RadixCacheServicer
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["RadixCache"].full_name
+MiB = 1 << 20
+
+
+@dataclass
+class ServerOptions:
+    host: str = "127.0.0.1"
+    port: int = 0  # 0: pick a free port
+    tls_cert: str | None = None  # PEM files; both or neither
+    tls_key: str | None = None
+    auth_tokens: dict[str, str] | None = None  # token -> tenant; None: no auth, every caller is tenant ""
+    metrics_port: int | None = None  # None: no metrics endpoint; 0: a free port
+    grace_period: float = 30.0  # seconds in-flight streams get to finish on shutdown
+    max_message_bytes: int = 16 * MiB
+    max_concurrent_rpcs: int = 1024  # beyond it gRPC answers RESOURCE_EXHAUSTED
+
+
+def grpc_server_options(max_message_bytes: int) -> list[tuple[str, Any]]:
+    return [
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+        # A long prefill sends nothing for a while: keep pinging idle connections, and accept clients' keepalive
+        # pings (every >= 10 s, even with no call in flight) instead of answering them with GOAWAY too_many_pings.
+        ("grpc.keepalive_time_ms", 60_000),
+        ("grpc.keepalive_timeout_ms", 20_000),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
+        ("grpc.http2.max_ping_strikes", 0),
+        ("grpc.so_reuseport", 0),  # a second worker on the same port must fail to bind, not share it
+    ]
+
+
+class WorkerServer:
+    """One gRPC server in front of one engine. Use from the asyncio loop that will run it."""
+
+    def __init__(self, options: ServerOptions) -> None:
+        self.options = options
+        self.servicer = RadixCacheServicer(Authenticator(options.auth_tokens))
+        self.metrics = WorkerMetrics(lambda: self.servicer.engine.stats() if self.servicer.engine else None)
+        self.servicer.metrics = self.metrics
+        self.health = health.aio.HealthServicer()
+        self.port = 0
+        self.metrics_port: int | None = None
+        self._server: grpc.aio.Server | None = None
+        self._stopped = False
+
+    async def start(self) -> int:
+        """Bind and start serving (health NOT_SERVING until attach()); returns the bound port."""
+        o = self.options
+        server = grpc.aio.server(
+            options=grpc_server_options(o.max_message_bytes), maximum_concurrent_rpcs=o.max_concurrent_rpcs
+        )
+        pb_grpc.add_RadixCacheServicer_to_server(self.servicer, server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+        for service in ("", SERVICE_NAME):
+            await self.health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+        address = f"{o.host}:{o.port}"
+        if bool(o.tls_cert) != bool(o.tls_key):
+            raise ValueError("TLS needs both --tls-cert and --tls-key")
+        if o.tls_cert and o.tls_key:
+            with open(o.tls_key, "rb") as k, open(o.tls_cert, "rb") as c:
+                creds = grpc.ssl_server_credentials([(k.read(), c.read())])
+            self.port = server.add_secure_port(address, creds)
+        else:
+            self.port = server.add_insecure_port(address)
+        if self.port == 0:
+            raise OSError(f"could not bind {address}")
+        await server.start()
+        self._server = server
+        if o.metrics_port is not None:
+            self.metrics_port = self.metrics.serve_http(o.metrics_port, o.host)
+        return self.port
+
+    async def attach(self, engine: Any, model_info: pb.ModelInfo) -> None:
+        """Serve `engine` (already started and warmed up): health turns SERVING."""
+        self.servicer.attach(engine, model_info)
+        for service in ("", SERVICE_NAME):
+            await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Drain, then close. Idempotent.
+
+        Health turns NOT_SERVING and new Generate calls get UNAVAILABLE at once, but the port stays open while the
+        engine finishes the requests it runs (up to `grace` seconds, then it aborts the rest): load balancers can
+        still read NOT_SERVING, and in-flight streams receive their last messages. Then the server closes.
+        """
+        if self._stopped:
+            return
+        self._stopped = True
+        grace = self.options.grace_period if grace is None else grace
+        deadline = time.monotonic() + grace
+        await self.health.enter_graceful_shutdown()
+        self.servicer.draining = True
+        engine = self.servicer.engine
+        if engine is not None:
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, lambda: engine.shutdown(drain=True, timeout=grace))
+        if self._server is not None:
+            # Every engine request has ended; the handlers only have their last messages left to write.
+            await self._server.stop(max(1.0, deadline - time.monotonic()))
+        self.metrics.stop_http()
+
+    async def wait_for_termination(self) -> None:
+        if self._server is not None:
+            await self._server.wait_for_termination()
+
+
+async def run_worker(
+    options: ServerOptions,
+    load_engine: Callable[[], tuple[Any, pb.ModelInfo]],
+    *,
+    on_listening: Callable[[str, int], None] | None = None,
+    stop_event: asyncio.Event | None = None,
+) -> int:
+    """Run a worker until SIGTERM/SIGINT (or stop_event): bind, load the engine in a thread, serve, drain, exit 0.
+
+    load_engine builds, starts and warms up the engine (it runs in a worker thread, while health says NOT_SERVING).
+    """
+    loop = asyncio.get_running_loop()
+    stop = stop_event or asyncio.Event()
+    installed = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # not the main thread / Windows
+            loop.add_signal_handler(sig, stop.set)
+            installed.append(sig)
+    server = WorkerServer(options)
+    try:
+        port = await server.start()
+        if on_listening is not None:
+            on_listening(options.host, port)
+        loading = loop.run_in_executor(None, load_engine)
+        stopping = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({loading, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if loading.done():
+            engine, info = loading.result()
+            await server.attach(engine, info)
+            await stopping
+        else:  # stopped while loading: the load must finish before its engine can be shut down
+            stopping.cancel()
+            engine, info = await loading
+            server.servicer.engine = engine
+        await server.stop()
+    finally:
+        await server.stop(0)
+        for sig in installed:
+            loop.remove_signal_handler(sig)
+    return 0
+
+
+def describe(
+    engine: Any,
+    *,
+    model_name: str = "",
+    model_path: str = "",
+    backend: str = "",
+    dtype: str = "",
+    device: str = "",
+    cache_enabled: bool = True,
+) -> pb.ModelInfo:
+    """The ModelInfo of an engine; what the engine knows about itself wins over the arguments."""
+    cfg = engine.model_config
+    eos = getattr(engine.tokenizer, "eos_token_ids", None) or getattr(cfg, "eos_token_ids", ())
+    model = getattr(engine, "model", None)
+    if model is not None:
+        dtype = str(next(model.parameters()).dtype)
+    config = getattr(engine, "config", None)
+    return pb.ModelInfo(
+        model_name=model_name,
+        model_path=model_path,
+        architecture=str(getattr(cfg, "architecture", "")),
+        vocab_size=int(cfg.vocab_size),
+        context_length=int(engine.context_length),
+        page_size=int(engine.page_size),
+        kv_pages=int(engine.num_pages),
+        kv_bytes=int(engine.kv_bytes),
+        backend=str(getattr(getattr(engine, "backend", None), "name", "") or backend),
+        dtype=dtype.removeprefix("torch."),
+        device=str(getattr(engine, "device", "") or device),
+        cache_enabled=bool(getattr(config, "cache_enabled", cache_enabled)),
+        eos_token_ids=sorted(int(t) for t in eos),
+    )
