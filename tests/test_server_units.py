@@ -1,0 +1,62 @@
+"""Small pieces of the worker: token files, the authenticator, size parsing, the random model's tokenizer."""
+
+from __future__ import annotations
+
+import argparse
+import random
+
+import pytest
+
+from radixcache.worker.auth import Authenticator, load_tokens
+from radixcache.worker.cli import char_tokenizer, parse_bytes
+
+
+def test_load_tokens_json_and_lines(tmp_path):
+    j = tmp_path / "t.json"
+    j.write_text('{"s3cret": "alice", "other": "bob"}')
+    assert load_tokens(j) == {"s3cret": "alice", "other": "bob"}
+    t = tmp_path / "t.txt"
+    t.write_text("# comment\n\ns3cret alice\nother  bob\n")
+    assert load_tokens(t) == {"s3cret": "alice", "other": "bob"}
+    t.write_text("s3cret alice extra\n")
+    with pytest.raises(ValueError, match="t.txt:1: expected '<token> <tenant>'"):
+        load_tokens(t)
+    t.write_text("s3cret ali/ce\n")
+    with pytest.raises(ValueError, match="tenant 'ali/ce' must be"):
+        load_tokens(t)
+    t.write_text("# nothing\n")
+    with pytest.raises(ValueError, match="no tokens"):
+        load_tokens(t)
+
+
+def test_authenticator():
+    off = Authenticator(None)
+    assert not off.enabled and off.tenant([]) == ""
+    auth = Authenticator({"s3cret": "alice"})
+    assert auth.tenant([("authorization", "Bearer s3cret")]) == "alice"
+    assert auth.tenant([("Authorization", b"bearer s3cret")]) == "alice"
+    assert auth.tenant([("authorization", "Bearer wrong")]) is None
+    assert auth.tenant([("authorization", "Basic s3cret")]) is None
+    assert auth.tenant([("x-other", "s3cret")]) is None
+    assert auth.tenant(None) is None
+
+
+def test_parse_bytes():
+    assert parse_bytes("512MiB") == 512 * 2**20
+    assert parse_bytes("2GB") == 2 * 10**9
+    assert parse_bytes("1.5GiB") == int(1.5 * 2**30)
+    assert parse_bytes("4096") == 4096
+    with pytest.raises(argparse.ArgumentTypeError):
+        parse_bytes("lots")
+
+
+def test_char_tokenizer_round_trips_any_ids():
+    tok = char_tokenizer()
+    assert tok.encode("hi") == [0, tok.encode("h", add_special_tokens=False)[0], tok.encode("i", False)[0]]
+    ids = [random.Random(0).randrange(3, tok.vocab_size) for _ in range(500)]
+    assert tok.encode(tok.decode(ids), add_special_tokens=False) == ids
+    one = tok.apply_chat_template([{"role": "user", "content": "a"}])
+    two = tok.apply_chat_template(
+        [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}]
+    )
+    assert two.startswith(one + "b")  # turn N+1's prompt extends turn N's prompt + reply

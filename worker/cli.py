@@ -1,0 +1,185 @@
+"""`radixcache serve`: load a model, start the engine and serve it over gRPC until SIGTERM/SIGINT.
+
+Prints "listening on HOST:PORT" (one flushed line on stdout) as soon as the port is bound; health says NOT_SERVING
+until the model is loaded and warmed up, then SERVING. On SIGTERM it drains in-flight streams for --grace-period
+seconds and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("radixcache.serve")
+
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6, "mib": 2**20}
+_UNITS |= {"g": 10**9, "gb": 10**9, "gib": 2**30, "t": 10**12, "tb": 10**12, "tib": 2**40}
+
+# The chat template of --random-model's character tokenizer: each turn closed by </s>, so that turn N+1's prompt
+# extends turn N's prompt + reply.
+CHAR_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}</s>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+
+def parse_bytes(text: str) -> int:
+    """'512MiB' -> 536870912; '2GB' -> 2e9; plain numbers are bytes."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 512MiB, 2GiB or a number of bytes)")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def default_model_path() -> Path:
+    import radixcache.worker.default_model as default_model
+
+    return Path(default_model.__file__).parent
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="radixcache serve", description="Run a radixcache gRPC worker.")
+    m = p.add_argument_group("model")
+    m.add_argument("--model", type=Path, help="HF checkpoint folder (default: the embedded default model)")
+    m.add_argument("--random-model", action="store_true", help="a seeded random tiny Llama with a character tokenizer")
+    m.add_argument("--seed", type=int, default=0, help="seed of --random-model (default 0)")
+    m.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: cuda when available)")
+    m.add_argument("--dtype", default=None, help="float32, bfloat16, float16 (default: the checkpoint's)")
+    e = p.add_argument_group("engine")
+    e.add_argument("--page-size", type=int, default=16, help="tokens per KV page (default 16)")
+    kv = e.add_mutually_exclusive_group()
+    kv.add_argument("--kv-memory", type=parse_bytes, help="KV pool size, e.g. 512MiB (default 512MiB)")
+    kv.add_argument("--kv-pages", type=int, help="KV pool size in pages")
+    e.add_argument("--max-step-tokens", type=int, default=512, help="token budget of one engine step")
+    e.add_argument("--max-running", type=int, default=64, help="requests in the batch at most")
+    e.add_argument("--backend", choices=("auto", "torch", "flashinfer"), default="auto")
+    e.add_argument("--no-cache", action="store_true", help="disable prefix caching (same kernels; a baseline)")
+    s = p.add_argument_group("server")
+    s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    s.add_argument("--port", type=int, default=50051, help="port (default 50051; 0 picks a free one)")
+    s.add_argument("--tls-cert", help="PEM certificate chain: serve TLS (with --tls-key)")
+    s.add_argument("--tls-key", help="PEM private key")
+    s.add_argument("--auth-tokens", type=Path, help='bearer tokens: JSON {"token": "tenant"} or "token tenant" lines')
+    s.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port (0: a free one)")
+    s.add_argument("--grace-period", type=float, default=30.0, help="seconds to drain streams on SIGTERM")
+    s.add_argument("--max-concurrent-rpcs", type=int, default=1024)
+    s.add_argument("--max-message-mib", type=int, default=16, help="largest request/response message, MiB")
+    s.add_argument("--log-level", default="INFO")
+    return p
+
+
+def char_tokenizer() -> Any:
+    """A one-token-per-character tokenizer with a small chat template, for --random-model.
+
+    Every id decodes to printable text that encodes back to the same id, so a random model's replies survive the
+    round trip through a chat history (turn N+1 then hits the whole of turn N in the cache). 191 characters:
+    printable ASCII, newline, tab and printable Latin-1; anything else is <unk>.
+    """
+    from tokenizers import Regex, decoders, models, pre_tokenizers, processors
+    from tokenizers import Tokenizer as HFTokenizer
+
+    from radixcache.worker.model.tokenizer import Tokenizer
+
+    chars = ["\n", "\t"] + [chr(c) for c in range(32, 127)] + [chr(c) for c in range(161, 256) if c != 173]
+    vocab = {"<s>": 0, "</s>": 1, "<unk>": 2} | {ch: i + 3 for i, ch in enumerate(chars)}
+    tok = HFTokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("[\\s\\S]"), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tok.add_special_tokens(["<s>", "</s>", "<unk>"])
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
+    return Tokenizer(tok, bos_token="<s>", eos_token="</s>", chat_template=CHAR_CHAT_TEMPLATE)
+
+
+def load_model(args: argparse.Namespace) -> tuple[Any, str, str]:
+    """(LoadedModel, model name, model path) as the options ask."""
+    import torch
+
+    from radixcache.worker.model.config import ModelConfig
+    from radixcache.worker.model.loader import load_checkpoint, random_model
+
+    device = args.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.random_model:
+        tokenizer = char_tokenizer()
+        config = ModelConfig(
+            vocab_size=tokenizer.vocab_size,
+            hidden_size=64,
+            intermediate_size=128,
+            num_layers=2,
+            num_heads=4,
+            num_kv_heads=2,
+            max_position_embeddings=2048,
+            bos_token_id=0,
+            eos_token_ids=(1,),
+        )
+        loaded = random_model(config, seed=args.seed, device=device, dtype=args.dtype or "float32")
+        loaded.tokenizer = tokenizer
+        return loaded, f"random-seed{args.seed}", ""
+    path = args.model or default_model_path()
+    loaded = load_checkpoint(path, device=device, dtype=args.dtype)
+    return loaded, Path(path).resolve().name, str(Path(path).resolve())
+
+
+def main(argv: list[str]) -> int:
+    args = parser().parse_args(argv[1:])
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    from radixcache.worker.auth import load_tokens
+    from radixcache.worker.server import ServerOptions, run_worker
+
+    try:
+        tokens = load_tokens(args.auth_tokens) if args.auth_tokens else None
+    except (OSError, ValueError) as e:
+        print(f"radixcache serve: --auth-tokens: {e}", file=sys.stderr)
+        return 2
+    if bool(args.tls_cert) != bool(args.tls_key):
+        print("radixcache serve: TLS needs both --tls-cert and --tls-key", file=sys.stderr)
+        return 2
+    options = ServerOptions(
+        host=args.host,
+        port=args.port,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        auth_tokens=tokens,
+        metrics_port=args.metrics_port,
+        grace_period=args.grace_period,
+        max_message_bytes=args.max_message_mib << 20,
+        max_concurrent_rpcs=args.max_concurrent_rpcs,
+    )
+
+    def load_engine() -> tuple[Any, Any]:
+        from radixcache.worker.engine import Engine, EngineConfig
+        from radixcache.worker.server import describe
+
+        loaded, name, path = load_model(args)
+        config = EngineConfig(
+            page_size=args.page_size,
+            kv_pages=args.kv_pages,
+            kv_memory_bytes=args.kv_memory,
+            max_step_tokens=args.max_step_tokens,
+            max_running=args.max_running,
+            cache_enabled=not args.no_cache,
+            backend=args.backend,
+        )
+        engine = Engine(loaded, config)
+        engine.start()  # warm-up forward, then the engine thread
+        info = describe(engine, model_name=name, model_path=path, cache_enabled=not args.no_cache)
+        log.info(
+            "serving %s: %d KV pages of %d tokens (%.1f MiB), backend %s, %s on %s",
+            name, info.kv_pages, info.page_size, info.kv_bytes / 2**20, info.backend, info.dtype, info.device,
+        )  # fmt: skip
+        return engine, info
+
+    def on_listening(host: str, port: int) -> None:
+        print(f"listening on {host}:{port}", flush=True)
+
+    try:
+        return asyncio.run(run_worker(options, load_engine, on_listening=on_listening))
+    except OSError as e:
+        print(f"radixcache serve: {e}", file=sys.stderr)
+        return 1
