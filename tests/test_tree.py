@@ -1,0 +1,250 @@
+import itertools
+import random
+
+import pytest
+
+from radixcache.tree import RadixTree, decode, encode
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def snapshot(tree: RadixTree) -> list:
+    return sorted(tree.items()), sorted((n.id, n.key, tuple(n.pages)) for n in tree.nodes())
+
+
+def seq(*tokens: int) -> bytes:
+    return encode(list(tokens))
+
+
+def test_key_format_roundtrip_and_order() -> None:
+    tokens = [0, 1, 255, 256, 31999, 2**32 - 1]
+    assert decode(encode(tokens)) == tokens
+    assert len(encode(tokens)) == 4 * len(tokens)
+    # bytes order is token order (partial-page lookup relies on it)
+    pairs = [[1, 2], [1, 300], [2, 0], [256, 1]]
+    assert sorted(pairs) == sorted(pairs, key=encode)
+    assert decode(encode(b"\x05\x06")) == [5, 6]  # a bytes object is token ids, not a raw key
+    with pytest.raises(ValueError, match="token ids"):
+        encode([-1])
+
+
+def test_insert_match_compressed_and_split() -> None:
+    tree = RadixTree(2)
+    r = tree.insert(seq(1, 2, 3, 4, 5, 6), [10, 11, 12])
+    assert r.new_pages == [10, 11, 12] and r.existing == 0 and r.duplicates == []
+    assert len(list(tree.nodes())) == 2  # root + one compressed edge
+    r = tree.insert(seq(1, 2, 3, 4, 7, 8), [20, 21, 22])
+    assert r.new_pages == [22] and r.existing == 2 and r.duplicates == [20, 21]
+    assert len(list(tree.nodes())) == 4  # the edge was split after two pages
+    m = tree.match(seq(1, 2, 3, 4, 7, 8, 9, 9))
+    assert m.pages == [10, 11, 22] and m.tokens == 6 and m.partial_tokens == 0
+    assert m.node is r.node
+    assert tree.match(seq(1, 2, 3, 4, 5, 6), "other").pages == []  # other namespace: a miss
+    tree.check()
+
+
+def test_insert_of_a_prefix_stores_nothing_and_does_not_split() -> None:
+    tree = RadixTree(1)
+    tree.insert(seq(1, 2, 3, 4), [0, 1, 2, 3])
+    r = tree.insert(seq(1, 2), [0, 1])
+    assert r.new_pages == [] and r.existing == 2 and r.duplicates == []
+    assert r.node is not None and r.node.pages == [0, 1, 2, 3]
+    assert len(list(tree.nodes())) == 2
+    assert tree.insert(seq(), []).node is None
+    with pytest.raises(ValueError, match="need"):
+        tree.insert(seq(1), [0, 1])
+    tree.check()
+
+
+def test_match_never_changes_structure() -> None:
+    tree = RadixTree(4)
+    rng = random.Random(1)
+    pages = itertools.count()
+    for _ in range(30):
+        n = rng.randrange(1, 6)
+        toks = [rng.randrange(3) for _ in range(4 * n)]
+        tree.insert(encode(toks), [next(pages) for _ in range(n)])
+    before = snapshot(tree)
+    for _ in range(200):
+        toks = [rng.randrange(3) for _ in range(rng.randrange(0, 25))]
+        tree.match(encode(toks))
+        tree.match(encode(toks), touch=False)
+    assert snapshot(tree) == before
+    tree.check()
+
+
+def test_partial_page_hit_at_a_node_boundary_and_mid_edge() -> None:
+    tree = RadixTree(4)
+    tree.insert(seq(1, 2, 3, 4, 5, 6, 7, 8), [0, 1])
+    tree.insert(seq(1, 2, 3, 4, 5, 6, 9, 9), [0, 2])
+    tree.insert(seq(1, 2, 3, 4, 7, 7, 7, 7), [0, 3])
+    # boundary: after page 0 the best of three children shares 3 tokens (5 6 7)
+    m = tree.match(seq(1, 2, 3, 4, 5, 6, 7, 0))
+    assert m.pages == [0] and (m.partial_page, m.partial_tokens) == (1, 3) and m.tokens == 7
+    assert m.partial_node is not None and m.partial_node.parent is m.node
+    # a query that ends inside a page: its tail matches the first slots
+    m = tree.match(seq(1, 2, 3, 4, 5, 6))
+    assert m.pages == [0] and m.partial_tokens == 2 and m.partial_page in (1, 2)
+    # mid-edge: a tail shorter than a page inside a compressed edge
+    tree2 = RadixTree(4)
+    tree2.insert(seq(*range(1, 13)), [7, 8, 9])
+    m = tree2.match(seq(1, 2, 3, 4, 5, 6, 99))
+    assert m.pages == [7] and (m.partial_page, m.partial_tokens) == (8, 2) and m.partial_node is m.node
+    assert tree2.match(seq(5, 6)).tokens == 0
+    # page size 1 never reports a partial page
+    tree3 = RadixTree(1)
+    tree3.insert(seq(1, 2), [0, 1])
+    assert tree3.match(seq(1, 3)).partial_tokens == 0
+
+
+def test_partial_page_picks_the_longest_of_many_children() -> None:
+    tree = RadixTree(8)
+    rng = random.Random(3)
+    best = None
+    query = [5] * 8 + [1, 2, 3, 4, 5, 6, 7, 8]
+    for page in range(1, 200):
+        tail = [rng.randrange(4) + 1 for _ in range(8)]
+        tree.insert(encode([5] * 8 + tail), [0, page])
+        common = next((i for i, (a, b) in enumerate(zip(tail, query[8:], strict=True)) if a != b), 8)
+        if best is None or common > best[0]:
+            best = (common, page)
+    m = tree.match(encode(query))
+    if best[0] == 8:
+        assert m.pages == [0, best[1]]
+    else:
+        assert m.partial_tokens == best[0] and m.pages == [0]
+    tree.check()
+
+
+def test_lru_eviction_order_skips_locked_and_pinned_leaves() -> None:
+    tree = RadixTree(1)
+    a = tree.insert(seq(1, 1), [0, 1]).node
+    tree.insert(seq(2, 2), [2, 3])
+    tree.insert(seq(3, 3), [4, 5])
+    tree.insert(seq(4, 4), [6, 7])
+    tree.match(seq(1, 1))  # a is now the most recently used
+    tree.lock(tree.match(seq(2, 2)).node)  # locked: never evicted
+    tree.pin(seq(3, 3))  # pinned: never evicted
+    assert tree.evictable_pages == 4
+    assert tree.evict(2) == [6, 7]  # the LRU unlocked, unpinned leaf
+    assert tree.evict(1) == [1]  # the tail of `a` first: exactly the pages asked for
+    assert a.pages == [0] and not a.evicted
+    assert tree.evict(10) == [0]
+    assert tree.evictable_pages == 0 and tree.evict(10) == []
+    tree.check()
+
+
+def test_eviction_is_leaf_first() -> None:
+    tree = RadixTree(1)
+    tree.insert(seq(1, 2, 3), [0, 1, 2])
+    tree.insert(seq(1, 2, 4), [0, 1, 3])
+    tree.match(seq(1, 2, 3))
+    assert tree.evict(1) == [3]
+    assert tree.evict(1) == [2]  # the other leaf; only then the shared parent
+    assert sorted(tree.evict(2)) == [0, 1]
+    assert tree.cached_pages == 0
+    tree.check()
+
+
+def test_lock_protects_the_whole_path_and_unlock_releases_it() -> None:
+    tree = RadixTree(2)
+    leaf = tree.insert(seq(1, 2, 3, 4), [0, 1]).node
+    tree.insert(seq(1, 2, 9, 9), [0, 2])  # splits: leaf keeps the lower half, its lock must cover the upper
+    tree.lock(leaf)
+    assert tree.evictable_pages == 1 and tree.evict(5) == [2]
+    assert tree.cached_pages == 2
+    tree.unlock(leaf)
+    with pytest.raises(ValueError, match="no lock"):
+        tree.unlock(leaf)
+    assert sorted(tree.evict(5)) == [0, 1]
+    tree.check()
+
+
+def test_pins_with_ttl_and_unpin() -> None:
+    clock = FakeClock()
+    tree = RadixTree(2, clock=clock)
+    tree.insert(seq(1, 2, 3, 4, 5, 6), [0, 1, 2])
+    assert tree.pin(seq(1, 2, 3, 4, 7), ttl=10) == 4  # whole cached pages only; splits at the pin boundary
+    assert tree.pinned_pages == 2 and tree.evictable_pages == 1
+    assert tree.evict(3) == [2]
+    clock.now += 5
+    assert tree.pin(seq(1, 2), ttl=20) == 2  # extends page 0 to t+25; page 1 still expires at t+10
+    clock.now += 6
+    assert tree.evictable_pages == 1 and tree.pinned_pages == 1
+    assert tree.evict(3) == [1]
+    tree.check()
+    assert tree.pin(seq(1, 2)) == 2  # no TTL: forever
+    clock.now += 1000
+    assert tree.evictable_pages == 0
+    assert tree.unpin(seq(1, 2, 3, 4)) == 2 and tree.unpin(seq(1, 2)) == 0
+    assert tree.evict(3) == [0]
+    assert tree.pin(seq(8, 8)) == 0
+    with pytest.raises(ValueError, match="ttl"):
+        tree.pin(seq(1, 2), ttl=0)
+    tree.check()
+
+
+def test_flush_drops_pins_and_unlocked_nodes_only() -> None:
+    tree = RadixTree(1)
+    locked = tree.insert(seq(1, 2), [0, 1]).node
+    tree.insert(seq(1, 2, 3), [0, 1, 2])
+    tree.insert(seq(5), [5])
+    tree.pin(seq(5))
+    tree.lock(locked)
+    assert sorted(tree.flush()) == [2, 5]
+    assert tree.pinned_pages == 0 and tree.cached_pages == 2
+    assert tree.match(seq(1, 2)).pages == [0, 1]
+    tree.unlock(locked)
+    assert sorted(tree.flush()) == [0, 1]
+    tree.check()
+
+
+def test_namespaces_never_share_nodes() -> None:
+    tree = RadixTree(1)
+    tree.insert(seq(1, 2), [0, 1], "alice")
+    assert tree.match(seq(1, 2), "bob").tokens == 0
+    assert tree.match(seq(1, 2)).tokens == 0
+    r = tree.insert(seq(1, 2), [2, 3], "bob")
+    assert r.new_pages == [2, 3]
+    assert tree.match(seq(1, 2), "alice").pages == [0, 1]
+    assert tree.match(seq(1, 2), "bob").pages == [2, 3]
+    assert sorted(tree.namespaces()) == ["alice", "bob"]
+    tree.check()
+
+
+def test_evictable_list_follows_access_time() -> None:
+    tree = RadixTree(16)
+    rng = random.Random(0)
+    keys = [encode([rng.randrange(100) for _ in range(32)]) for _ in range(50)]
+    for i, key in enumerate(keys):
+        tree.insert(key, [2 * i, 2 * i + 1])
+    order = list(range(50))
+    rng.shuffle(order)
+    for i in order:
+        tree.match(keys[i])
+    tree.check()
+    evicted = [tree.evict(2) for _ in range(50)]
+    assert [pages[0] // 2 for pages in evicted] == order
+
+
+def test_partial_lookup_after_children_were_evicted() -> None:
+    tree = RadixTree(4)
+    tree.insert(seq(9, 9, 9, 9), [0])
+    tree.pin(seq(9, 9, 9, 9))
+    for i in range(1, 41):
+        tree.insert(seq(9, 9, 9, 9, i, i, i, i), [0, i])
+    tree.match(seq(9, 9, 9, 9, 7, 7, 7, 7))  # the newest: evicted last
+    assert len(tree.evict(39)) == 39
+    tree.check()  # stale sorted keys stay bounded
+    m = tree.match(seq(9, 9, 9, 9, 7, 7, 0))
+    assert m.partial_page == 7 and m.partial_tokens == 2
+    assert tree.match(seq(9, 9, 9, 9, 8, 8)).partial_tokens == 0
+    tree.insert(seq(9, 9, 9, 9, 8, 8, 8, 8), [0, 50])  # a key whose stale entry is still listed
+    assert tree.match(seq(9, 9, 9, 9, 8, 8)).partial_page == 50
+    tree.check()
