@@ -156,6 +156,8 @@ async def run_worker(
         port = await server.start()
         if on_listening is not None:
             on_listening(options.host, port)
+        if server.metrics_port is not None:
+            print(f"metrics on http://{options.host}:{server.metrics_port}/metrics", flush=True)
         loading = loop.run_in_executor(None, load_engine)
         stopping = asyncio.ensure_future(stop.wait())
         await asyncio.wait({loading, stopping}, return_when=asyncio.FIRST_COMPLETED)
