@@ -12,6 +12,7 @@ worker's status code and message (INVALID_ARGUMENT names the bad field). Imports
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -310,8 +311,6 @@ class AsyncClient(_Base):
         await self._channel.close()
 
     async def wait_ready(self, timeout: float = 60.0) -> None:
-        import asyncio
-
         deadline = time.monotonic() + timeout
         while True:
             try:
