@@ -91,13 +91,15 @@ class Node:
 
 class Match:
     """Result of `RadixTree.match`: `pages` whole cached pages in token order; `node` the deepest node they reach
-    (None when nothing matched); optionally a partial page: `partial_page` holds the next `partial_tokens` tokens
-    (1..page_size-1) in its first slots and lives in `partial_node` (a descendant of or equal to `node`)."""
+    (None when nothing matched), of which the first `node_pages` pages are on the path (fewer than all when the match
+    ends inside an edge); optionally a partial page: `partial_page` holds the next `partial_tokens` tokens
+    (1..page_size-1) in its first slots and lives in `partial_node` (`node` itself, or a child of it where
+    it is the first page)."""
 
-    __slots__ = ("pages", "node", "partial_node", "partial_page", "partial_tokens", "page_size")
+    __slots__ = ("pages", "node", "node_pages", "partial_node", "partial_page", "partial_tokens", "page_size")
 
-    def __init__(self, pages: list[int], node: Node | None, pnode: Node | None, ppage: int, k: int, ps: int) -> None:
-        self.pages, self.node, self.partial_node = pages, node, pnode
+    def __init__(self, pages: list[int], node: Node | None, used: int, pnode: Node | None, ppage: int, k: int, ps: int):
+        self.pages, self.node, self.node_pages, self.partial_node = pages, node, used, pnode
         self.partial_page, self.partial_tokens, self.page_size = ppage, k, ps
 
     @property
@@ -179,8 +181,8 @@ class RadixTree:
         pages: list[int] = []
         cur = self._roots.get(namespace)
         if cur is None:
-            return Match(pages, None, None, -1, 0, ps)
-        root, off = cur, 0
+            return Match(pages, None, 0, None, -1, 0, ps)
+        root, off, used = cur, 0, -1
         pnode: Node | None = None
         ppage, k = -1, 0
         while True:
@@ -197,7 +199,7 @@ class RadixTree:
                 cur = child
                 continue
             common = _common(key[off : off + len(edge)], edge)
-            j = common // bpp
+            used = j = common // bpp
             pages += child.pages[:j]
             cur = child
             k = (common - j * bpp) // TOKEN_BYTES
@@ -213,7 +215,8 @@ class RadixTree:
                 walk = walk.parent
             if low is not None and low.ev_key is not None:  # only the lowest node on a path can be a leaf
                 self._touch(low)
-        return Match(pages, node, pnode, ppage, k, ps)
+        used = 0 if node is None else len(node.pages) if used < 0 else used
+        return Match(pages, node, used, pnode, ppage, k, ps)
 
     def _best_child(self, node: Node, rem: bytes) -> tuple[Node | None, int]:
         # In bytes order the longest common prefix with `rem` is a neighbour of rem's insertion point.
@@ -266,13 +269,11 @@ class RadixTree:
                 node = child
                 continue
             j = _common(key[off : off + len(edge)], edge) // bpp
-            if off + j * bpp == end:  # the key ends inside this edge: nothing new, no split needed
-                segments.append((start, child.pages[:j]))
-                node = child
-                break
-            node = self._split(child, j)
+            node = self._split(child, j)  # the returned node ends exactly where the key does or diverges
             segments.append((start, node.pages))
             off += j * bpp
+            if off == end:  # the key ended inside the edge: nothing new
+                break
         return InsertResult(node if n else None, new_pages, pages, segments)
 
     def _attach(self, key: bytes, pages: list[int], parent: Node, tick: int) -> Node:
@@ -293,6 +294,11 @@ class RadixTree:
         node.ev_key = RECENT  # the newest tick: listed last
         self._ev_recent[node.id] = node
         return node
+
+    def cut(self, node: Node, j: int) -> Node:
+        """The node holding the first j pages of `node`'s edge and ending there: `node` itself when j covers it,
+        else a new upper part split off. Locks then protect exactly that prefix, not the rest of the edge."""
+        return node if j >= len(node.pages) else self._split(node, j)
 
     def _split(self, node: Node, j: int) -> Node:
         """Cut `node` after its first j pages; returns the new upper node. `node` keeps the lower part (and so its

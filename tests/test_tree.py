@@ -49,13 +49,14 @@ def test_insert_match_compressed_and_split() -> None:
     tree.check()
 
 
-def test_insert_of_a_prefix_stores_nothing_and_does_not_split() -> None:
+def test_insert_of_a_prefix_stores_nothing_and_ends_at_a_node() -> None:
     tree = RadixTree(1)
     tree.insert(seq(1, 2, 3, 4), [0, 1, 2, 3])
     r = tree.insert(seq(1, 2), [0, 1])
     assert r.new_pages == [] and r.existing == 2 and r.duplicates == []
-    assert r.node is not None and r.node.pages == [0, 1, 2, 3]
-    assert len(list(tree.nodes())) == 2
+    assert r.node is not None and r.node.pages == [0, 1]  # split, so a lock there covers exactly [1, 2]
+    assert len(list(tree.nodes())) == 3
+    assert tree.cut(r.node, 2) is r.node and tree.cut(r.node, 1).pages == [0]
     assert tree.insert(seq(), []).node is None
     with pytest.raises(ValueError, match="need"):
         tree.insert(seq(1), [0, 1])

@@ -1,0 +1,347 @@
+"""PrefixCache: the facade the engine uses. match -> lease -> allocate -> publish -> release; stats; check().
+
+Holders and refcounts: a page's refcount is the number of its holders: 1 for the tree node that stores it, plus 1 per
+live lease whose `pages` list it (plus 1 for a lease's pending copy source, see `acquire`). Pages return to the free
+list when the last holder lets go.
+
+Locks: a lease locks its deepest tree node; the lock counts up to the root, so nothing on the path the lease reads
+can be evicted. Pins protect paths the same way until unpinned or expired. Eviction only drops unlocked, unpinned
+leaves, least recently used first, and only when an allocation is short of free pages (or on `evict`/`flush`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from radixcache.pages import PageAllocator
+from radixcache.tree import TOKEN_BYTES, Node, RadixTree, encode
+
+Tokens = Sequence[int]
+
+
+class CacheFullError(RuntimeError):
+    """An allocation is impossible even after evicting everything evictable. Nothing was changed."""
+
+
+@dataclass(eq=False)
+class Lease:
+    """One running sequence's hold on the cache. Compare by identity; treat the fields as read-only.
+
+    pages: the block table in token order: shared (tree) pages first, then private pages (allocated by this lease;
+    freed at release unless published). copy_from: (src_page, dst_page, k) when the hit ends k tokens into a cached
+    page: the engine copies the first k slots of src into dst (== pages[-1]) before its next call on this lease.
+    """
+
+    owner: str
+    namespace: str
+    pages: list[int] = field(default_factory=list)
+    cached_tokens: int = 0
+    copy_from: tuple[int, int, int] | None = None
+    released: bool = False
+    _id: int = field(default=0, repr=False)
+    _node: Node | None = field(default=None, repr=False)  # the node this lease locks
+    _cover: int = field(default=0, repr=False)  # leading pages of `pages` that must stay under the lock
+    _src: int | None = field(default=None, repr=False)  # copy source page, held until the next publish/extend/release
+
+
+@dataclass
+class CacheStats:
+    pages_total: int
+    pages_free: int
+    pages_cached: int  # stored in the tree
+    pages_evictable: int  # cached pages that eviction could drop now (not locked by a lease, not pinned)
+    pages_pinned: int
+    pages_in_use: int  # distinct pages held by live leases (shared or private)
+    queried_tokens: int  # prompt tokens looked up by acquire
+    hit_tokens: int  # of those, served from the cache (whole pages + partial-page copies)
+    copied_tokens: int  # hit tokens served by copying the first slots of a partially matching page
+    extended_pages: int  # pages adopted in flight by extend (published by another request meanwhile)
+    published_pages: int  # pages newly stored in the tree by publish
+    evicted_pages: int  # dropped to make room (allocate) or by evict()
+    flushed_pages: int  # dropped by flush()
+    live_leases: int
+    evictable_leaves: int
+    namespaces: int
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hit_tokens / self.queried_tokens if self.queried_tokens else 0.0
+
+
+class PrefixCache:
+    """Prefix-sharing KV page cache. Page ids match a KVPool with the same num_pages and page_size.
+
+    Not thread-safe: one engine thread owns it. With `enabled=False` it is a plain page allocator with the same API
+    (acquire matches nothing, publish stores nothing, release frees), so the engine runs the same kernels either way.
+    """
+
+    def __init__(
+        self, num_pages: int, page_size: int, *, clock: Callable[[], float] = time.monotonic, enabled: bool = True
+    ) -> None:
+        self.num_pages, self.page_size, self.enabled = num_pages, page_size, enabled
+        self.allocator = PageAllocator(num_pages)
+        self.tree = RadixTree(page_size, clock=clock)
+        self._leases: dict[int, Lease] = {}
+        self._lease_ids = itertools.count(1)
+        self._queried = self._hit = self._copied = self._extended = self._published = 0
+        self._evicted = self._flushed = 0
+
+    # ---- the request path ------------------------------------------------------------------------------------
+    def acquire(self, owner: str, tokens: Tokens, namespace: str = "", max_cached: int | None = None) -> Lease:
+        """Match `tokens` (at most `max_cached` of them) and hold what matched.
+
+        Locks the deepest matched node and increfs the shared whole pages, which become `lease.pages`. If the match
+        ends k tokens inside a cached page, allocates one private page for the copy (evicting if needed) and sets
+        copy_from; the source page stays locked and held until the next publish/extend/release. If that page cannot
+        be allocated, the partial hit is dropped instead of failing. Never raises CacheFullError.
+        """
+        if not owner:
+            raise ValueError("a lease needs an owner (the request id), so that a leak can name it")
+        lease = Lease(owner, namespace, _id=next(self._lease_ids))
+        self._leases[lease._id] = lease
+        self._queried += len(tokens)
+        if not self.enabled:
+            return lease
+        limit = len(tokens) if max_cached is None else max(0, min(max_cached, len(tokens)))
+        key = encode(tokens if limit == len(tokens) else tokens[:limit])
+        m = self.tree.match(key, namespace)
+        lease.pages, lease._cover = m.pages, len(m.pages)
+        self.allocator.incref(m.pages)
+        cached = len(m.pages) * self.page_size
+        tree, node, used = self.tree, m.node, m.node_pages
+        if m.partial_tokens:
+            # Lock exactly the pages read (cut the edges there): the rest of a long edge stays evictable.
+            if m.partial_node is node:
+                node = tree.cut(node, used + 1)
+                self._lock(lease, node)
+            else:
+                self._lock(lease, tree.cut(m.partial_node, 1))
+            try:
+                (dst,) = self._alloc(1)
+            except CacheFullError:
+                self._lock(lease, tree.cut(node, used) if node is not None else None)
+            else:
+                self.allocator.incref([m.partial_page])
+                lease._src, lease.copy_from = m.partial_page, (m.partial_page, dst, m.partial_tokens)
+                lease.pages.append(dst)
+                cached += m.partial_tokens
+                self._copied += m.partial_tokens
+        elif node is not None:
+            self._lock(lease, tree.cut(node, used))
+        lease.cached_tokens = cached
+        self._hit += cached
+        return lease
+
+    def extend(self, lease: Lease, tokens: Tokens) -> int:
+        """In-flight sharing: adopt the tree's whole pages of `tokens` beyond len(lease.pages) pages (published by
+        another request meanwhile). Call it only when every page in lease.pages is fully computed. Increfs and locks
+        what it adopts; returns the tokens gained (a multiple of page_size)."""
+        self._live(lease)
+        held = len(lease.pages)
+        if not self.enabled or len(tokens) < (held + 1) * self.page_size:
+            return 0
+        m = self.tree.match(encode(tokens), lease.namespace)
+        if len(m.pages) <= held:
+            return 0
+        new = m.pages[held:]
+        self.allocator.incref(new)
+        lease.pages += new
+        self._drop_src(lease)
+        self._lock(lease, self.tree.cut(m.node, m.node_pages))
+        lease._cover = len(lease.pages)
+        self._extended += len(new)
+        return len(new) * self.page_size
+
+    def allocate(self, lease: Lease, n: int) -> list[int]:
+        """n more private pages (refcount 1, held by the lease) appended to lease.pages. Evicts LRU unlocked,
+        unpinned leaves when the free list is short; raises CacheFullError, changing nothing, if that cannot help."""
+        self._live(lease)
+        if n < 0:
+            raise ValueError(f"cannot allocate a negative number of pages ({n})")
+        pages = self._alloc(n)
+        lease.pages += pages
+        return pages
+
+    def publish(self, lease: Lease, tokens: Tokens) -> int:
+        """Store the whole pages of `tokens` (the lease's computed tokens, in order) in the tree.
+
+        Pages the tree already holds win (dedup): the lease keeps reading its own copy, freed at release. New pages
+        gain the tree's reference. The lock moves to the deepest published node. Returns the number of pages added.
+        """
+        self._live(lease)
+        n = len(tokens) // self.page_size
+        if n > len(lease.pages):
+            raise ValueError(f"{len(tokens)} computed tokens need {n} pages; the lease holds {len(lease.pages)}")
+        if not self.enabled or n == 0:
+            return 0
+        self._drop_src(lease)
+        key = encode(tokens)
+        result = self.tree.insert(key[: n * self.page_size * TOKEN_BYTES], lease.pages[:n], lease.namespace)
+        self.allocator.incref(result.new_pages)
+        if n >= lease._cover:  # never move the lock up above pages the lease already reads from the tree
+            self._lock(lease, result.node)
+            lease._cover = n
+        self._published += len(result.new_pages)
+        return len(result.new_pages)
+
+    def release(self, lease: Lease, tokens: Tokens | None = None) -> None:
+        """Optionally publish `tokens` first, then unlock and drop the lease's reference on every page it holds
+        (private pages nobody else holds become free). Idempotent: releasing twice does nothing."""
+        if lease.released:
+            return
+        try:
+            if tokens is not None:
+                self.publish(lease, tokens)
+        finally:
+            self._drop_src(lease)
+            self._lock(lease, None)
+            self.allocator.decref(lease.pages)
+            lease.pages, lease.released = [], True
+            del self._leases[lease._id]
+
+    # ---- admission, admin ------------------------------------------------------------------------------------
+    def available_pages(self) -> int:
+        """Pages an allocation could get now: free + evictable."""
+        return self.allocator.num_free + self.tree.evictable_pages
+
+    def match_length(self, tokens: Tokens, namespace: str = "") -> int:
+        """Tokens `acquire` would serve from the cache (whole pages + partial page). Read-only: not even LRU."""
+        if not self.enabled:
+            return 0
+        return self.tree.match(encode(tokens), namespace, touch=False).tokens
+
+    def pin(self, tokens: Tokens, namespace: str = "", ttl: float | None = None) -> int:
+        """Pin the cached whole-page prefix of `tokens` (for `ttl` seconds, or until unpin). Returns tokens pinned."""
+        return self.tree.pin(encode(tokens), namespace, ttl) if self.enabled else 0
+
+    def unpin(self, tokens: Tokens, namespace: str = "") -> int:
+        """Unpin the cached whole-page prefix of `tokens`. Returns the tokens that were pinned."""
+        return self.tree.unpin(encode(tokens), namespace) if self.enabled else 0
+
+    def flush(self) -> int:
+        """Drop every pin and every cached page no lease reads; returns pages freed. Live leases stay correct:
+        the paths they lock stay cached until they release."""
+        freed = self.tree.flush()
+        self.allocator.decref(freed)
+        self._flushed += len(freed)
+        return len(freed)
+
+    def evict(self, num_pages: int) -> int:
+        """Evict up to `num_pages` pages from LRU unlocked, unpinned leaves; returns pages freed."""
+        freed = self.tree.evict(num_pages)
+        self.allocator.decref(freed)
+        self._evicted += len(freed)
+        return len(freed)
+
+    def stats(self) -> CacheStats:
+        in_use = set()
+        for lease in self._leases.values():
+            in_use.update(lease.pages)
+        return CacheStats(
+            pages_total=self.num_pages,
+            pages_free=self.allocator.num_free,
+            pages_cached=self.tree.cached_pages,
+            pages_evictable=self.tree.evictable_pages,
+            pages_pinned=self.tree.pinned_pages,
+            pages_in_use=len(in_use),
+            queried_tokens=self._queried,
+            hit_tokens=self._hit,
+            copied_tokens=self._copied,
+            extended_pages=self._extended,
+            published_pages=self._published,
+            evicted_pages=self._evicted,
+            flushed_pages=self._flushed,
+            live_leases=len(self._leases),
+            evictable_leaves=self.tree.evictable_leaves,
+            namespaces=len(self.tree.namespaces()),
+        )
+
+    def leases(self) -> list[Lease]:
+        return list(self._leases.values())
+
+    def check(self, *, idle: bool = False) -> None:
+        """Assert every invariant of the cache; raise AssertionError naming the broken one (and the owner of any
+        lease involved). With `idle=True` (no request running), any live lease is a leak and is named."""
+        self.allocator.check()
+        self.tree.check()
+        expected = [0] * self.num_pages
+        in_tree: dict[int, Node] = {}
+        for node in self.tree.nodes():
+            for page in node.pages:
+                expected[page] += 1
+                in_tree[page] = node
+        locks: dict[int, int] = {}
+        readers: dict[int, list[str]] = {}
+        for lease in self._leases.values():
+            who = f"lease of {lease.owner!r}"
+            assert lease.owner, "a live lease has no owner"
+            assert not lease.released, f"{who} is released but still registered"
+            held = lease.pages + ([lease._src] if lease._src is not None else [])
+            for page in held:
+                expected[page] += 1
+                readers.setdefault(page, []).append(lease.owner)
+                node = in_tree.get(page)
+                assert node is None or node.lock > 0, f"{who} reads page {page} in unlocked node {node.id}"
+            node = lease._node
+            if node is not None:
+                assert not node.evicted, f"{who} locks evicted node {node.id}"
+                locks[node.id] = locks.get(node.id, 0) + 1
+                while node.parent is not None:
+                    node = node.parent
+                root = self.tree._roots.get(lease.namespace)
+                assert node is root, f"{who} (namespace {lease.namespace!r}) locks a node of another namespace"
+        for node in self.tree.nodes():
+            assert node.own_locks == locks.get(node.id, 0), f"node {node.id}: {node.own_locks} locks recorded, " + (
+                f"{locks.get(node.id, 0)} leases hold one"
+            )
+        for page, want in enumerate(expected):
+            got = self.allocator.refcount(page)
+            if got != want:
+                tree = "the tree" if page in in_tree else "not the tree"
+                raise AssertionError(
+                    f"page {page}: refcount {got} but {want} holders ({tree}; leases: {readers.get(page, [])}); "
+                    + ("leaked page" if got > want else "a holder lost its reference")
+                )
+        if idle and self._leases:
+            owners = sorted({lease.owner for lease in self._leases.values()})
+            raise AssertionError(f"{len(self._leases)} leases leaked while idle, owned by {owners}")
+
+    # ---- internals -------------------------------------------------------------------------------------------
+    def _live(self, lease: Lease) -> None:
+        if lease.released or self._leases.get(lease._id) is not lease:
+            raise ValueError(f"the lease of {lease.owner!r} is released or belongs to another cache")
+
+    def _lock(self, lease: Lease, node: Node | None) -> None:
+        """Move the lease's lock to `node` (None: no lock). Locks the new node before unlocking the old one."""
+        old = lease._node
+        if node is old:
+            return
+        if node is not None:
+            self.tree.lock(node)
+        if old is not None:
+            self.tree.unlock(old)
+        lease._node = node
+
+    def _drop_src(self, lease: Lease) -> None:
+        if lease._src is not None:
+            self.allocator.decref([lease._src])
+            lease._src = None
+
+    def _alloc(self, n: int) -> list[int]:
+        free = self.allocator.num_free
+        if n > free:
+            evictable = self.tree.evictable_pages
+            if n > free + evictable:
+                held = self.tree.cached_pages - evictable
+                raise CacheFullError(
+                    f"the KV cache needs {n} pages but has {free} free and {evictable} evictable "
+                    f"(of {self.num_pages}; {held} cached pages are locked by {len(self._leases)} live leases or "
+                    f"pinned, the rest are private to running requests)"
+                )
+            freed = self.tree.evict(n - free)
+            self.allocator.decref(freed)
+            self._evicted += len(freed)
+        return self.allocator.alloc(n)

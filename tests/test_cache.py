@@ -1,0 +1,288 @@
+import pytest
+
+from radixcache.cache import CacheFullError, PrefixCache
+from radixcache.tree import encode
+
+
+def list_key(tokens) -> bytes:
+    return encode(list(tokens))
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def serve(cache: PrefixCache, owner: str, tokens: list[int], namespace: str = "", publish: bool = True):
+    """What the engine does for one request: acquire, copy, allocate the rest, publish, release."""
+    lease = cache.acquire(owner, tokens, namespace, max_cached=len(tokens) - 1)
+    need = -(-len(tokens) // cache.page_size) - len(lease.pages)
+    cache.allocate(lease, need)
+    cache.release(lease, tokens if publish else None)
+    return lease
+
+
+def test_miss_publish_then_hit_shares_pages() -> None:
+    cache = PrefixCache(16, 2)
+    prompt = [1, 2, 3, 4, 5, 6, 7]
+    a = cache.acquire("a", prompt, max_cached=6)
+    assert a.pages == [] and a.cached_tokens == 0 and a.copy_from is None
+    cache.allocate(a, 4)
+    assert cache.publish(a, prompt) == 3  # whole pages only
+    assert cache.publish(a, prompt) == 0  # again: nothing new
+    b = cache.acquire("b", prompt, max_cached=6)
+    assert b.pages == a.pages[:3] and b.cached_tokens == 6
+    assert all(cache.allocator.refcount(p) == 3 for p in b.pages)  # tree + a + b
+    cache.check()
+    cache.release(a)
+    cache.release(b)
+    assert cache.stats().pages_cached == 3 and cache.stats().pages_free == 13
+    cache.check(idle=True)
+
+
+def test_hit_ending_inside_a_page_copies_its_first_slots() -> None:
+    cache = PrefixCache(16, 4)
+    serve(cache, "a", list(range(12)))  # pages of 0..3, 4..7, 8..11 (the last is published: 12 tokens computed)
+    lease = cache.acquire("b", list(range(10)) + [99, 98], max_cached=11)
+    src = cache.tree.match(list_key(range(12))).pages[2]
+    assert lease.cached_tokens == 10
+    assert lease.copy_from == (src, lease.pages[-1], 2)
+    assert len(lease.pages) == 3 and cache.allocator.refcount(lease.pages[-1]) == 1
+    assert cache.allocator.refcount(src) == 2  # the tree and the pending copy
+    cache.check()
+    cache.allocate(lease, 0)
+    assert cache.publish(lease, list(range(10)) + [99, 98]) == 1  # its own third page: a new branch
+    assert cache.allocator.refcount(src) == 1  # the copy source is no longer held
+    cache.release(lease)
+    cache.check(idle=True)
+    # a fully cached prompt: max_cached = len - 1 leaves one token to compute, so the last page is copied
+    full = cache.acquire("c", list(range(12)), max_cached=11)
+    assert full.cached_tokens == 11 and full.copy_from is not None and full.copy_from[2] == 3
+    cache.release(full)
+    assert cache.stats().copied_tokens == 5
+    cache.check(idle=True)
+
+
+def test_partial_hit_is_dropped_when_no_page_can_be_allocated() -> None:
+    cache = PrefixCache(2, 2)
+    serve(cache, "a", [1, 2, 3, 4])
+    lease = cache.acquire("b", [1, 2, 3, 9], max_cached=3)  # would copy page 2, but both pages are its path
+    assert lease.cached_tokens == 2 and lease.copy_from is None and len(lease.pages) == 1
+    cache.check()
+    cache.release(lease)
+    cache.check(idle=True)
+
+
+def test_publish_dedup_keeps_the_tree_page_and_frees_the_copy_at_release() -> None:
+    cache = PrefixCache(16, 2)
+    prompt = [5, 6, 7, 8, 9]
+    a = cache.acquire("a", prompt, max_cached=4)
+    b = cache.acquire("b", prompt, max_cached=4)  # both miss: computed twice, concurrently
+    cache.allocate(a, 3)
+    cache.allocate(b, 3)
+    assert cache.publish(a, prompt[:4]) == 2
+    assert cache.publish(b, prompt[:4]) == 0  # duplicates: the tree keeps a's pages
+    assert cache.tree.match(list_key(prompt[:4])).pages == a.pages[:2]
+    free_before = cache.allocator.num_free
+    cache.release(b)
+    assert cache.allocator.num_free == free_before + 3  # all of b's pages were private
+    cache.release(a, prompt)
+    cache.check(idle=True)
+    assert cache.stats().pages_cached == 2
+
+
+def test_release_is_idempotent_and_a_released_lease_is_dead() -> None:
+    cache = PrefixCache(8, 1)
+    lease = cache.acquire("r1", [1, 2, 3])
+    cache.allocate(lease, 3)
+    cache.release(lease, [1, 2, 3])
+    cache.release(lease)
+    cache.release(lease, [1, 2, 3])
+    assert lease.released and lease.pages == []
+    with pytest.raises(ValueError, match="r1"):
+        cache.allocate(lease, 1)
+    with pytest.raises(ValueError, match="released"):
+        cache.publish(lease, [1])
+    cache.check(idle=True)
+    assert cache.stats().pages_cached == 3 and cache.stats().pages_free == 5
+    with pytest.raises(ValueError, match="owner"):
+        cache.acquire("", [1])
+
+
+def test_publish_more_tokens_than_pages_is_refused() -> None:
+    cache = PrefixCache(8, 2)
+    lease = cache.acquire("r", [1, 2, 3, 4])
+    cache.allocate(lease, 1)
+    with pytest.raises(ValueError, match="need 2 pages"):
+        cache.publish(lease, [1, 2, 3, 4])
+    cache.release(lease)
+    cache.check(idle=True)
+
+
+def test_allocate_evicts_lru_and_fails_cleanly_when_full() -> None:
+    cache = PrefixCache(6, 1)
+    serve(cache, "old", [1, 2])
+    serve(cache, "new", [3, 4])
+    serve(cache, "newer", [5, 6])
+    cache.match_length([1, 2])  # read-only: does not refresh "old"
+    lease = cache.acquire("x", [9, 9, 9])
+    assert cache.allocate(lease, 2) and cache.stats().evicted_pages == 2
+    assert cache.match_length([1, 2]) == 0 and cache.match_length([3, 4]) == 2
+    reader = cache.acquire("reader", [3, 4, 0], max_cached=2)  # locks [3, 4]
+    assert reader.cached_tokens == 2
+    before = (cache.stats(), sorted(cache.tree.items()), list(lease.pages))
+    with pytest.raises(CacheFullError, match=r"needs 5 pages but has 0 free and 2 evictable"):
+        cache.allocate(lease, 5)
+    assert (cache.stats(), sorted(cache.tree.items()), list(lease.pages)) == before  # nothing changed
+    assert cache.available_pages() == 2
+    cache.allocate(lease, 2)  # evicts [5, 6], never the locked [3, 4]
+    assert cache.match_length([3, 4]) == 2 and cache.match_length([5, 6]) == 0
+    cache.check()
+    cache.release(lease)
+    cache.release(reader)
+    cache.check(idle=True)
+
+
+def test_extend_adopts_pages_published_in_flight() -> None:
+    cache = PrefixCache(16, 2)
+    prompt = list(range(10))
+    first = cache.acquire("first", prompt, max_cached=9)
+    second = cache.acquire("second", prompt, max_cached=9)
+    cache.allocate(first, 5)
+    assert cache.extend(second, prompt) == 0  # nothing published yet
+    cache.publish(first, prompt[:8])
+    assert cache.extend(second, prompt) == 8
+    assert second.pages == first.pages[:4]
+    assert cache.stats().extended_pages == 4
+    cache.check()
+    cache.release(first)
+    assert cache.evict(100) == 0  # second locks the path
+    cache.allocate(second, 1)
+    cache.release(second, prompt)
+    cache.check(idle=True)
+    assert cache.stats().pages_cached == 5
+
+
+def test_flush_with_live_leases_keeps_them_correct() -> None:
+    cache = PrefixCache(16, 2)
+    serve(cache, "a", [1, 2, 3, 4, 5])
+    serve(cache, "b", [7, 7, 7, 7, 7])
+    cache.pin([7, 7, 7, 7])
+    live = cache.acquire("live", [1, 2, 3, 4, 9], max_cached=4)
+    cache.allocate(live, 1)
+    freed = cache.flush()
+    assert freed == 2 and cache.stats().pages_pinned == 0  # b's pages; a's path is read by `live`
+    assert cache.stats().pages_evictable == 0
+    cache.check()
+    assert live.pages[:2] == cache.tree.match(list_key([1, 2, 3, 4])).pages
+    cache.publish(live, [1, 2, 3, 4, 9, 9])
+    cache.release(live)
+    cache.check(idle=True)
+    assert cache.flush() == 3 and cache.stats().pages_free == 16
+    assert cache.stats().flushed_pages == 5
+
+
+def test_pin_ttl_expires_on_the_injected_clock() -> None:
+    clock = FakeClock()
+    cache = PrefixCache(4, 2, clock=clock)
+    serve(cache, "sys", [1, 1, 1, 1, 0])
+    assert cache.pin([1, 1, 1, 1, 5], ttl=30) == 4
+    lease = cache.acquire("x", [2, 2, 2, 2])
+    with pytest.raises(CacheFullError, match="0 evictable"):
+        cache.allocate(lease, 3)  # 2 free; the pinned 2 cannot go
+    clock.now = 29.9
+    assert cache.stats().pages_pinned == 2
+    clock.now = 30.0
+    assert cache.stats().pages_pinned == 0 and cache.available_pages() == 4
+    cache.allocate(lease, 3)
+    cache.release(lease)
+    cache.check(idle=True)
+    assert cache.unpin([1, 1]) == 0
+
+
+def test_unpin_and_pin_without_ttl() -> None:
+    cache = PrefixCache(4, 1)
+    serve(cache, "sys", [1, 2, 3])
+    assert cache.pin([1, 2, 3]) == 3
+    assert cache.evict(10) == 0
+    assert cache.unpin([1, 2]) == 2
+    assert cache.evict(10) == 0  # [3] is still pinned, so [1, 2] is not a leaf
+    assert cache.stats().pages_pinned == 1 and cache.stats().pages_evictable == 0
+    assert cache.unpin([1, 2, 3]) == 1
+    assert cache.evict(10) == 3
+    cache.check(idle=True)
+
+
+def test_namespaces_are_isolated() -> None:
+    cache = PrefixCache(16, 2)
+    serve(cache, "a", [1, 2, 3, 4, 5], namespace="alice")
+    assert cache.match_length([1, 2, 3, 4], "bob") == 0
+    assert cache.match_length([1, 2, 3, 4]) == 0
+    bob = cache.acquire("b", [1, 2, 3, 4, 5], "bob", max_cached=4)
+    assert bob.cached_tokens == 0
+    alice = cache.acquire("a2", [1, 2, 3, 4, 5], "alice", max_cached=4)
+    assert alice.cached_tokens == 4
+    assert cache.pin([1, 2, 3, 4], "bob") == 0
+    cache.release(bob)
+    cache.release(alice)
+    cache.check(idle=True)
+    assert cache.stats().namespaces == 1
+
+
+def test_disabled_cache_matches_nothing_and_frees_everything() -> None:
+    cache = PrefixCache(8, 2, enabled=False)
+    for owner in ("a", "b"):
+        lease = cache.acquire(owner, [1, 2, 3, 4, 5], max_cached=4)
+        assert lease.cached_tokens == 0 and lease.pages == []
+        cache.allocate(lease, 3)
+        assert cache.publish(lease, [1, 2, 3, 4]) == 0
+        assert cache.extend(lease, [1, 2, 3, 4, 5]) == 0
+        cache.release(lease, [1, 2, 3, 4, 5])
+    assert cache.match_length([1, 2]) == 0 and cache.pin([1, 2]) == 0 and cache.unpin([1, 2]) == 0
+    stats = cache.stats()
+    assert stats.pages_free == 8 and stats.pages_cached == 0 and stats.hit_tokens == 0
+    assert stats.queried_tokens == 10
+    cache.check(idle=True)
+
+
+def test_stats_count_hits_use_and_leases() -> None:
+    cache = PrefixCache(16, 2)
+    serve(cache, "a", [1, 2, 3, 4, 5])
+    lease = cache.acquire("b", [1, 2, 3, 4, 5], max_cached=4)
+    cache.allocate(lease, 1)
+    s = cache.stats()
+    assert (s.queried_tokens, s.hit_tokens) == (10, 4) and s.hit_rate == pytest.approx(0.4)
+    assert s.pages_in_use == 3 and s.live_leases == 1 and cache.leases() == [lease]
+    assert s.pages_cached == 2 and s.pages_evictable == 0 and s.published_pages == 2
+    cache.release(lease)
+
+
+def test_check_names_the_owner_of_a_leak() -> None:
+    cache = PrefixCache(8, 1)
+    lease = cache.acquire("req-42", [1, 2])
+    cache.allocate(lease, 2)
+    cache.check()
+    with pytest.raises(AssertionError, match="req-42"):
+        cache.check(idle=True)
+    cache.allocator.incref([lease.pages[0]])  # a reference nobody owns
+    with pytest.raises(AssertionError, match=r"page \d+: refcount 2 but 1 holders .*req-42"):
+        cache.check()
+    cache.allocator.decref([lease.pages[0]])
+    cache.release(lease)
+    cache.check(idle=True)
+
+
+def test_a_lease_locks_only_the_pages_it_reads() -> None:
+    cache = PrefixCache(8, 2)
+    serve(cache, "long", list(range(12)))  # one edge of 6 pages
+    lease = cache.acquire("short", [0, 1, 2, 3, 9, 9], max_cached=5)
+    assert lease.cached_tokens == 4 and lease.copy_from is None
+    assert cache.stats().pages_evictable == 4  # the 4 pages past what it reads stay evictable
+    cache.allocate(lease, 5)  # 2 free + 3 evicted from the tail of the long edge
+    assert cache.match_length(list(range(12))) == 6
+    cache.check()
+    cache.release(lease)
+    cache.check(idle=True)
