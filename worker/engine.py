@@ -1,0 +1,418 @@
+"""The engine: one thread that owns the KV pool, the prefix cache and the model, and runs step after step.
+
+Threads: `submit`, `abort`, `stats` and the admin calls may come from any thread (the gRPC event loop); they hand
+work to the engine thread through an inbox and never touch the cache themselves. `on_output` callbacks run on the
+engine thread and must not block.
+
+One step: schedule -> build one BatchLayout -> forward -> sample -> emit -> publish/release.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from radixcache.cache import CacheStats, PrefixCache
+from radixcache.pool import KVPool, KVShape
+from radixcache.worker.attention import BatchLayout, SequenceSlice
+from radixcache.worker.attention.base import create_backend
+from radixcache.worker.model.tokenizer import IncrementalDetokenizer
+from radixcache.worker.request import FinishReason, Request, RequestOutput
+from radixcache.worker.sampling import sample_row, token_logprob
+from radixcache.worker.scheduler import Chunk, Scheduler
+from radixcache.worker.sequence import Sequence
+
+log = logging.getLogger("radixcache.engine")
+
+DEFAULT_KV_MEMORY = 512 * 2**20
+
+
+class NoText:
+    """The detokenizer of a model without a tokenizer: outputs carry token ids only."""
+
+    def push(self, token_id: int) -> str:
+        return ""
+
+    def flush(self) -> str:
+        return ""
+
+
+class RequestTooLargeError(ValueError):
+    """The request can never fit in the KV pool, whatever else is running (gRPC RESOURCE_EXHAUSTED)."""
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    page_size: int = 16
+    kv_pages: int | None = None  # exact page count; else sized from kv_memory_bytes
+    kv_memory_bytes: int | None = None  # default DEFAULT_KV_MEMORY
+    max_step_tokens: int = 512  # token budget of one step: decodes + prefill chunks
+    max_running: int = 64
+    cache_enabled: bool = True  # False: same kernels, no lookups and no publishing (the cache-off baseline)
+    backend: str = "auto"
+    aging_steps: int = 64  # a request waiting this many steps is admitted before any later arrival
+
+    def __post_init__(self) -> None:
+        if self.page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {self.page_size}")
+        if self.kv_pages is not None and self.kv_pages < 1:
+            raise ValueError(f"kv_pages must be >= 1, got {self.kv_pages}")
+        if self.kv_memory_bytes is not None and self.kv_memory_bytes < 1:
+            raise ValueError(f"kv_memory_bytes must be >= 1, got {self.kv_memory_bytes}")
+        if self.max_step_tokens < 1:
+            raise ValueError(f"max_step_tokens must be >= 1, got {self.max_step_tokens}")
+        if self.max_running < 1:
+            raise ValueError(f"max_running must be >= 1, got {self.max_running}")
+
+
+@dataclass
+class EngineStats:
+    running: int
+    waiting: int
+    preemptions: int
+    steps: int
+    finished_requests: int
+    prompt_tokens: int  # over every admitted request
+    cached_tokens: int  # of those, served from the cache
+    generated_tokens: int
+    inflight_shared_tokens: int  # cached tokens that a still-running request had just computed
+    cache: CacheStats = field(repr=False, default=None)  # type: ignore[assignment]
+
+    @property
+    def hit_rate(self) -> float:
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
+class Engine:
+    def __init__(self, loaded: Any, config: EngineConfig | None = None) -> None:
+        self.config = config or EngineConfig()
+        self.model = loaded.model
+        self.model_config = loaded.config
+        self.tokenizer = loaded.tokenizer  # None for a random test model: token ids in, token ids out
+        self._eos_ids = set(self.model_config.eos_token_ids)
+        if self.tokenizer is not None:
+            self._eos_ids |= self.tokenizer.eos_token_ids
+        self.device = next(self.model.parameters()).device
+        dtype = next(self.model.parameters()).dtype
+        mc = self.model_config
+        shape = KVShape(layers=mc.num_layers, kv_heads=mc.num_kv_heads, head_dim=mc.head_dim)
+        if self.config.kv_pages is not None:
+            self.pool = KVPool(
+                shape, page_size=self.config.page_size, num_pages=self.config.kv_pages, dtype=dtype, device=self.device
+            )
+        else:
+            self.pool = KVPool.from_budget(
+                shape,
+                page_size=self.config.page_size,
+                budget_bytes=self.config.kv_memory_bytes or DEFAULT_KV_MEMORY,
+                dtype=dtype,
+                device=self.device,
+            )
+        self.cache = PrefixCache(self.pool.num_pages, self.config.page_size, enabled=self.config.cache_enabled)
+        self.backend = create_backend(
+            self.config.backend,
+            self.device,
+            num_heads=mc.num_heads,
+            num_kv_heads=mc.num_kv_heads,
+            head_dim=mc.head_dim,
+            dtype=dtype,
+        )
+        self.scheduler = Scheduler(
+            self.cache,
+            self.pool,
+            max_step_tokens=self.config.max_step_tokens,
+            max_running=self.config.max_running,
+            aging_steps=self.config.aging_steps,
+        )
+        self._inbox: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._live_ids: set[str] = set()
+        self._ids_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._accepting = True
+        self._stop_at: float | None = None  # set by shutdown: abort what is left after this moment
+        self._max_stop_chars = 1
+        self._steps = self._finished = self._generated = 0
+
+    # --- facts the server needs -------------------------------------------------------------------------------
+    @property
+    def page_size(self) -> int:
+        return self.config.page_size
+
+    @property
+    def num_pages(self) -> int:
+        return self.pool.num_pages
+
+    @property
+    def kv_bytes(self) -> int:
+        return self.pool.nbytes
+
+    @property
+    def context_length(self) -> int:
+        return self.model_config.max_position_embeddings
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model_config.vocab_size
+
+    # --- lifecycle -------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Warm up (one forward, so the first request does not pay for lazy initialisation), then run the loop."""
+        if self._thread is not None:
+            raise RuntimeError("engine already started")
+        with torch.inference_mode():
+            self._warm_up()
+        self._thread = threading.Thread(target=self._loop, name="radixcache-engine", daemon=True)
+        self._thread.start()
+
+    def step(self) -> bool:
+        """Without the thread (tests, in-process benchmarks): take queued calls, run one step. False when idle."""
+        if self._thread is not None:
+            raise RuntimeError("step() drives an engine that was not start()ed; this one runs its own thread")
+        with torch.inference_mode():
+            self._drain_inbox(block=False)
+            if not self.scheduler.has_work():
+                return False
+            self._step()
+        return True
+
+    def run_until_idle(self, max_steps: int = 100_000) -> int:
+        """Step until nothing is running or waiting; returns the number of steps."""
+        for n in range(max_steps):
+            if not self.step():
+                return n
+        raise RuntimeError(f"still busy after {max_steps} steps")
+
+    def shutdown(self, drain: bool = True, timeout: float | None = None) -> None:
+        """Stop taking requests; with drain, let in-flight ones finish (abort what is left at `timeout`)."""
+        self._accepting = False
+        if self._thread is None:
+            return
+        deadline = time.monotonic() + (timeout if timeout is not None else 1e9) if drain else time.monotonic()
+        self._inbox.put(lambda: setattr(self, "_stop_at", deadline))
+        self._thread.join()
+        self._thread = None
+
+    # --- calls from other threads ---------------------------------------------------------------------------
+    def submit(self, request: Request, on_output: Callable[[RequestOutput], None]) -> None:
+        """Queue a request. Raises ValueError / RequestTooLargeError before anything is allocated."""
+        self._validate(request)
+        if not self._accepting:
+            raise RuntimeError("the engine is shutting down and accepts no new requests")
+        stop_ids = set(request.sampling.stop_token_ids)
+        if not request.sampling.ignore_eos:
+            stop_ids |= self._eos_ids
+        detokenizer = IncrementalDetokenizer(self.tokenizer) if self.tokenizer is not None else NoText()
+        seq = Sequence(request, on_output, detokenizer, frozenset(stop_ids))
+        with self._ids_lock:
+            if request.request_id in self._live_ids:
+                raise ValueError(f"request_id {request.request_id!r} is already running; ids must be unique")
+            self._live_ids.add(request.request_id)
+        self._inbox.put(lambda: self._add(seq))
+
+    def abort(self, request_id: str) -> bool:
+        """End a request with FinishReason.ABORTED, freeing its pages. False if it is not (or no longer) live."""
+        with self._ids_lock:
+            if request_id not in self._live_ids:
+                return False
+        self._inbox.put(lambda: self._abort(request_id))
+        return True
+
+    def call(self, fn: Callable[[], Any]) -> Any:
+        """Run fn on the engine thread (where the cache lives) and return its result."""
+        if self._thread is None:
+            return fn()
+        future: Future = Future()
+
+        def run() -> None:
+            try:
+                future.set_result(fn())
+            except BaseException as exc:  # handed back to the caller
+                future.set_exception(exc)
+
+        self._inbox.put(run)
+        return future.result()
+
+    def stats(self) -> EngineStats:
+        return self.call(self._stats)
+
+    def flush_cache(self) -> int:
+        return self.call(self.cache.flush)
+
+    def pin(self, token_ids: list[int], namespace: str = "", ttl_s: float | None = None) -> int:
+        return self.call(lambda: self.cache.pin(token_ids, namespace, ttl=ttl_s))
+
+    def unpin(self, token_ids: list[int], namespace: str = "") -> int:
+        return self.call(lambda: self.cache.unpin(token_ids, namespace))
+
+    # --- validation (caller's thread; reads only immutable facts) -------------------------------------------
+    def _validate(self, request: Request) -> None:
+        vocab, context = self.vocab_size, self.context_length
+        bad = next((t for t in request.prompt_ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ValueError(f"token id {bad} is outside the vocabulary [0, {vocab})")
+        for t in request.sampling.stop_token_ids:
+            if not 0 <= t < vocab:
+                raise ValueError(f"stop_token_ids: {t} is outside the vocabulary [0, {vocab})")
+        prompt = len(request.prompt_ids)
+        if prompt >= context:
+            raise ValueError(
+                f"the prompt has {prompt} tokens; the context holds {context}, leaving no room to generate"
+            )
+        if prompt + request.sampling.max_tokens > context:
+            raise ValueError(
+                f"max_tokens must be in [1, {context - prompt}] for this {prompt}-token prompt "
+                f"(context length {context}), got {request.sampling.max_tokens}"
+            )
+        pages = -(-(prompt + request.sampling.max_tokens) // self.page_size)
+        if pages > self.num_pages:
+            raise RequestTooLargeError(
+                f"prompt + max_tokens = {prompt + request.sampling.max_tokens} tokens need {pages} KV pages; "
+                f"this worker has {self.num_pages} pages of {self.page_size} tokens"
+            )
+
+    # --- the engine thread -----------------------------------------------------------------------------------
+    def _add(self, seq: Sequence) -> None:
+        for s in seq.request.sampling.stop:
+            self._max_stop_chars = max(self._max_stop_chars, len(s))
+        self.scheduler.add(seq)
+
+    def _abort(self, request_id: str) -> None:
+        seq = self.scheduler.find(request_id)
+        if seq is not None:
+            self._end(seq, FinishReason.ABORTED)
+
+    def _end(self, seq: Sequence, reason: FinishReason | None = None, error: str | None = None) -> None:
+        """Finish seq (release everything first, so a callback failure cannot leak), then send its last output."""
+        self.scheduler.finish(seq, reason, error)
+        self._finished += 1
+        with self._ids_lock:
+            self._live_ids.discard(seq.request_id)
+        self._emit(seq)
+
+    def _emit(self, seq: Sequence) -> None:
+        out = seq.take_output()
+        if out is None:
+            return
+        try:
+            seq.on_output(out)
+        except Exception:
+            log.exception("on_output of %s failed; aborting it", seq.request_id)
+            if out.finish_reason is None:
+                self._end(seq, FinishReason.ABORTED)
+
+    def _loop(self) -> None:
+        with torch.inference_mode():
+            while True:
+                self._drain_inbox(block=not self.scheduler.has_work())
+                if self._stop_at is not None and (not self.scheduler.has_work() or time.monotonic() >= self._stop_at):
+                    for seq in [*self.scheduler.running, *self.scheduler.waiting]:
+                        self._end(seq, FinishReason.ABORTED)
+                    self._drain_inbox(block=False)
+                    return
+                if self.scheduler.has_work():
+                    self._step()
+
+    def _drain_inbox(self, block: bool) -> None:
+        try:
+            task = self._inbox.get(timeout=0.05) if block else self._inbox.get_nowait()
+            while True:
+                task()
+                task = self._inbox.get_nowait()
+        except queue.Empty:
+            pass
+
+    def _stats(self) -> EngineStats:
+        return EngineStats(
+            running=len(self.scheduler.running),
+            waiting=len(self.scheduler.waiting),
+            preemptions=self.scheduler.preemptions,
+            steps=self._steps,
+            finished_requests=self._finished,
+            prompt_tokens=self.scheduler.prompt_tokens,
+            cached_tokens=self.scheduler.cached_tokens,
+            generated_tokens=self._generated,
+            inflight_shared_tokens=self.scheduler.inflight_shared_tokens,
+            cache=self.cache.stats(),
+        )
+
+    # --- one step ----------------------------------------------------------------------------------------------
+    def _step(self) -> None:
+        chunks, failed = self.scheduler.schedule()
+        for seq, message in failed:
+            self._end(seq, FinishReason.ERROR, message)
+        if not chunks:
+            return
+        try:
+            logits = self._forward(chunks)
+        except Exception:
+            if len(chunks) == 1:
+                log.exception("forward failed for %s", chunks[0].seq.request_id)
+                self._end(chunks[0].seq, FinishReason.ERROR, "internal error while computing this request")
+                return
+            # Find the culprit: rerun one by one, so one bad request does not fail its batch-mates.
+            for chunk in chunks:
+                try:
+                    self._advance([chunk], self._forward([chunk]))
+                except Exception:
+                    log.exception("forward failed for %s", chunk.seq.request_id)
+                    self._end(chunk.seq, FinishReason.ERROR, "internal error while computing this request")
+            self._steps += 1
+            return
+        self._advance(chunks, logits)
+        self._steps += 1
+
+    def _forward(self, chunks: list[Chunk]) -> torch.Tensor:
+        ids: list[int] = []
+        slices = []
+        for c in chunks:
+            start = c.seq.num_computed
+            ids.extend(c.seq.tokens[start : start + c.num_new])
+            slices.append(SequenceSlice(c.seq.lease.pages, start, c.num_new))
+        layout = BatchLayout.build(slices, self.page_size, self.device)
+        input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
+        return self.model(input_ids, layout, self.pool, self.backend).float().cpu()
+
+    def _advance(self, chunks: list[Chunk], logits: torch.Tensor) -> None:
+        for row, chunk in enumerate(chunks):
+            seq = chunk.seq
+            try:
+                samples = chunk.samples
+                seq.num_computed += chunk.num_new
+                self.scheduler.published(seq)
+                if samples:
+                    self._sample(seq, logits[row])
+                if seq.finish_reason is not None:
+                    self._end(seq)
+                else:
+                    self._emit(seq)
+            except Exception:
+                log.exception("request %s failed", seq.request_id)
+                self._end(seq, FinishReason.ERROR, "internal error while sampling this request")
+
+    def _sample(self, seq: Sequence, logits: torch.Tensor) -> None:
+        params = seq.request.sampling
+        if not torch.isfinite(logits).all():
+            raise FloatingPointError("non-finite logits")
+        token = sample_row(logits, params, seq.generator)
+        logprob = token_logprob(logits, token, params.top_logprobs) if params.logprobs else None
+        seq.append_token(token, logprob, self._max_stop_chars)
+        self._generated += 1
+        if seq.finish_reason is None and len(seq.tokens) >= self.context_length:
+            seq.finish_reason = FinishReason.LENGTH
+
+    def _warm_up(self) -> None:
+        lease = self.cache.acquire("warm-up", [0], "", max_cached=0)
+        try:
+            self.cache.allocate(lease, 1)
+            layout = BatchLayout.build([SequenceSlice(lease.pages, 0, 1)], self.page_size, self.device)
+            self.model(torch.zeros(1, dtype=torch.long, device=self.device), layout, self.pool, self.backend)
+        finally:
+            self.cache.release(lease)

@@ -1,0 +1,56 @@
+"""Turning one step's logits into tokens: greedy, temperature, top-k, top-p, min-p, per-request seeds, logprobs.
+
+Every row is processed on its own with its own torch.Generator, so a seeded request draws the same tokens whatever
+else shares its batch. Log-probabilities are those of the model (log_softmax of the raw logits), before any
+temperature or filtering, so they stay comparable across sampling settings.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from radixcache.worker.request import SamplingParams, TokenLogprob
+
+
+def new_generator(seed: int | None) -> torch.Generator:
+    """A CPU generator for one request: seeded for reproducibility, else from fresh OS entropy."""
+    generator = torch.Generator(device="cpu")
+    if seed is None:
+        generator.seed()
+    else:
+        generator.manual_seed(seed)
+    return generator
+
+
+def filtered_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Probabilities after temperature, top-k, top-p and min-p (float32, one row [vocab])."""
+    probs = torch.softmax(logits.float() / params.temperature, dim=-1)
+    if params.top_k > 0 and params.top_k < probs.shape[-1]:
+        kth = torch.topk(probs, params.top_k).values[-1]
+        probs = torch.where(probs >= kth, probs, 0.0)
+    if params.min_p > 0.0:
+        probs = torch.where(probs >= params.min_p * probs.max(), probs, 0.0)
+    if params.top_p < 1.0:
+        sorted_probs, order = torch.sort(probs, descending=True)
+        mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+        # Keep the smallest set whose mass reaches top_p (the first token always stays).
+        sorted_probs = torch.where(mass_before < params.top_p * sorted_probs.sum(), sorted_probs, 0.0)
+        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+    return probs / probs.sum()
+
+
+def sample_row(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
+    """One token from one row of logits [vocab]."""
+    if params.greedy:
+        return int(torch.argmax(logits))
+    probs = filtered_probs(logits, params)
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def token_logprob(logits: torch.Tensor, token_id: int, top_n: int) -> TokenLogprob:
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    top: list[tuple[int, float]] = []
+    if top_n > 0:
+        values, ids = torch.topk(logprobs, top_n)
+        top = [(int(i), float(v)) for i, v in zip(ids, values, strict=True)]
+    return TokenLogprob(token_id=token_id, logprob=float(logprobs[token_id]), top=top)

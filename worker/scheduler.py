@@ -1,0 +1,220 @@
+"""Which sequences compute which tokens in the next step, and what happens when pages run out.
+
+Policy, in order, each step:
+1. Decodes: every running sequence with one token left to compute gets it (they are latency-bound and cheap).
+2. Prefills already running continue, chunked to the step's remaining token budget.
+3. Waiting requests are admitted, ordered by cached-prefix length (longest first, so hits are taken before
+   they are evicted), with aging: a request waiting more than `aging_steps` steps goes first, in arrival order.
+   A request is admitted only if free + evictable pages cover what its prompt still needs plus a reserve of one
+   page per running sequence; a request whose prefix another running request is computing right now waits for
+   those pages to be published instead of computing them twice.
+When pages run out mid-step, the most recently admitted running sequence is preempted by recompute: its computed
+pages are published to the tree first, so its re-admission mostly hits.
+
+Every exit (finish, abort, error, preemption) goes through `_release`, which publishes what was computed and
+returns the lease: no path leaks a page.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from radixcache.cache import CacheFullError, PrefixCache
+from radixcache.pool import KVPool
+from radixcache.worker.request import FinishReason
+from radixcache.worker.sequence import SeqStatus, Sequence
+
+# Past this many waiting requests, ordering by cached prefix costs more than it saves: fall back to arrival order.
+MAX_SORTED_WAITING = 128
+
+
+@dataclass
+class Chunk:
+    seq: Sequence
+    num_new: int
+
+    @property
+    def samples(self) -> bool:
+        """The chunk reaches the end of the sequence's tokens, so its last row yields the next token."""
+        return self.seq.num_computed + self.num_new == len(self.seq.tokens)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        cache: PrefixCache,
+        pool: KVPool,
+        *,
+        max_step_tokens: int,
+        max_running: int,
+        aging_steps: int = 64,
+    ) -> None:
+        self.cache = cache
+        self.pool = pool
+        self.page_size = pool.page_size
+        self.max_step_tokens = max_step_tokens
+        self.max_running = max_running
+        self.aging_steps = aging_steps
+        self.waiting: list[Sequence] = []
+        self.running: list[Sequence] = []
+        self.preemptions = 0
+        self.inflight_shared_tokens = 0  # prompt tokens hit while the request that computed them still ran
+        self.prompt_tokens = 0  # over first admissions (a preempted request's recompute is not counted again)
+        self.cached_tokens = 0
+        self._admitted = 0
+
+    # --- bookkeeping -------------------------------------------------------------------------------------
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def find(self, request_id: str) -> Sequence | None:
+        return next((s for s in (*self.running, *self.waiting) if s.request_id == request_id), None)
+
+    def finish(self, seq: Sequence, reason: FinishReason | None = None, error: str | None = None) -> None:
+        """End a sequence for good: publish what it computed, release its lease, drop it from the queues."""
+        if reason is not None:
+            seq.finish_reason = reason
+            seq.error = error
+        self._release(seq)
+        if seq in self.running:
+            self.running.remove(seq)
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+        seq.status = SeqStatus.FINISHED
+
+    def _release(self, seq: Sequence) -> None:
+        if seq.lease is not None:
+            self.cache.release(seq.lease, seq.tokens[: seq.num_computed])
+            seq.lease = None
+        seq.num_computed = 0
+        seq.published_tokens = 0
+
+    def _pages_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.page_size)
+
+    def preempt(self, seq: Sequence) -> None:
+        """Recompute later: keep its tokens (prompt + generated so far), give back its pages to the cache."""
+        self._release(seq)
+        self.running.remove(seq)
+        seq.status = SeqStatus.WAITING
+        seq.waited_steps = self.aging_steps  # it was already admitted once: don't make it queue again
+        self.waiting.insert(0, seq)
+        self.preemptions += 1
+
+    def published(self, seq: Sequence) -> None:
+        """After a step: put newly completed pages into the tree so concurrent requests can share them."""
+        assert seq.lease is not None
+        full = seq.num_computed - seq.num_computed % self.page_size
+        if full > seq.published_tokens:
+            self.cache.publish(seq.lease, seq.tokens[:full])
+            seq.published_tokens = full
+
+    # --- one step -------------------------------------------------------------------------------------------
+    def schedule(self) -> tuple[list[Chunk], list[tuple[Sequence, str]]]:
+        """Chunks to compute this step, and sequences that must fail (they cannot fit even alone)."""
+        chunks: dict[Sequence, Chunk] = {}
+        failed: list[tuple[Sequence, str]] = []
+        budget = self.max_step_tokens
+        for seq in sorted(self.running, key=lambda s: s.admit_order):
+            if seq.status is not SeqStatus.RUNNING or budget == 0:
+                continue
+            want = min(budget, len(seq.tokens) - seq.num_computed)
+            got = self._reserve(seq, seq.num_computed + want, chunks, failed)
+            if got:
+                chunks[seq] = Chunk(seq, want)
+                budget -= want
+        budget = self.max_step_tokens - sum(c.num_new for c in chunks.values())
+        self._admit(budget, chunks, failed)
+        for seq in self.waiting:
+            seq.waited_steps += 1
+        # Decodes first, then prefills: the order rows appear in the batch does not change any result.
+        return sorted(chunks.values(), key=lambda c: (c.num_new > 1, c.seq.admit_order)), failed
+
+    def _reserve(
+        self, seq: Sequence, upto: int, chunks: dict[Sequence, Chunk], failed: list[tuple[Sequence, str]]
+    ) -> bool:
+        """Make seq's block table cover `upto` tokens, preempting newer sequences if needed. False: seq lost."""
+        assert seq.lease is not None
+        need = self._pages_for(upto) - len(seq.lease.pages)
+        while need > 0:
+            try:
+                self.cache.allocate(seq.lease, need)
+                return True
+            except CacheFullError as exc:
+                victim = max(self.running, key=lambda s: s.admit_order)
+                if victim is seq and len(self.running) == 1:
+                    failed.append((seq, f"the KV cache cannot hold this request even alone: {exc}"))
+                    return False
+                chunks.pop(victim, None)
+                self.preempt(victim)
+                if victim is seq:
+                    return False
+        return True
+
+    def _ordered_waiting(self) -> list[Sequence]:
+        if len(self.waiting) > MAX_SORTED_WAITING:
+            return sorted(self.waiting, key=lambda s: s.arrival)
+        starving = sorted((s for s in self.waiting if s.waited_steps >= self.aging_steps), key=lambda s: s.arrival)
+        rest = [s for s in self.waiting if s.waited_steps < self.aging_steps]
+        rest.sort(key=lambda s: (-self.cache.match_length(s.tokens[:-1], s.request.namespace), s.arrival))
+        return starving + rest
+
+    def _computing_our_prefix(self, seq: Sequence, cached: int) -> bool:
+        """Another running request is computing pages of seq's prefix that the cache does not hold yet."""
+        for other in self.running:
+            if other.request.namespace != seq.request.namespace or not other.prefilling:
+                continue
+            shared = min(seq.common_prefix(other), len(seq.tokens) - 1)
+            if other.num_computed < shared and shared - cached >= self.page_size:
+                return True
+        return False
+
+    def _admit(self, budget: int, chunks: dict[Sequence, Chunk], failed: list[tuple[Sequence, str]]) -> None:
+        # Pages that running prefills will still ask for: promised to them, not available to newcomers.
+        promised = sum(max(0, self._pages_for(len(s.tokens)) - len(s.lease.pages)) for s in self.running if s.lease)
+        for seq in self._ordered_waiting():
+            if budget == 0 or len(self.running) >= self.max_running:
+                return
+            ns, prompt = seq.request.namespace, seq.tokens
+            cached = self.cache.match_length(prompt[:-1], ns)
+            if self._computing_our_prefix(seq, cached):
+                continue
+            lease = self.cache.acquire(seq.request_id, prompt, ns, max_cached=len(prompt) - 1)
+            need = self._pages_for(len(prompt)) - len(lease.pages)
+            if self.cache.available_pages() - promised - need < len(self.running):
+                self.cache.release(lease)
+                if not self.running:
+                    failed.append((seq, f"the KV cache cannot hold this request: it needs {need} more pages"))
+                    continue
+                if seq.waited_steps >= self.aging_steps:
+                    return  # a starving request blocks the queue until it fits: nothing overtakes it forever
+                continue
+            if lease.copy_from is not None:
+                src, dst, k = lease.copy_from
+                self.pool.copy_prefix(src, dst, k)
+            self._start(seq, lease)
+            promised += need
+            want = min(budget, len(prompt) - seq.num_computed)
+            chunks[seq] = Chunk(seq, want)
+            budget -= want
+            if not self._reserve(seq, seq.num_computed + want, chunks, failed):
+                return
+
+    def _start(self, seq: Sequence, lease) -> None:
+        seq.lease = lease
+        seq.num_computed = lease.cached_tokens
+        if not seq.admitted_once:
+            seq.admitted_once = True
+            seq.cached_tokens = min(lease.cached_tokens, seq.num_prompt)
+            self.prompt_tokens += seq.num_prompt
+            self.cached_tokens += seq.cached_tokens
+            if any(other.common_prefix(seq) >= lease.cached_tokens > 0 for other in self.running):
+                self.inflight_shared_tokens += seq.cached_tokens
+        self.waiting.remove(seq)
+        self.running.append(seq)
+        seq.status = SeqStatus.RUNNING
+        self._admitted += 1
+        seq.admit_order = self._admitted

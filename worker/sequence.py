@@ -1,0 +1,153 @@
+"""One request's life inside the engine: its tokens, how many are computed, its lease, and its output stream.
+
+A Sequence owns the text side of generation too: incremental detokenization and stop strings, holding back any
+text that could still become the start of a stop string so a stop string is never split across two messages and
+never leaks into the output.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from radixcache.cache import Lease
+from radixcache.worker.request import FinishReason, Request, RequestOutput, TokenLogprob
+from radixcache.worker.sampling import new_generator
+
+
+def stop_prefix_at_end(text: str, stops: tuple[str, ...]) -> int:
+    """Length of the longest tail of `text` that begins some stop string: held back until we know it is not one."""
+    longest = 0
+    for stop in stops:
+        for k in range(min(len(stop) - 1, len(text)), longest, -1):
+            if text.endswith(stop[:k]):
+                longest = k
+                break
+    return longest
+
+
+class SeqStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Sequence:
+    request: Request
+    on_output: Callable[[RequestOutput], None]
+    detokenizer: object  # IncrementalDetokenizer: push(token_id) -> str, flush() -> str
+    stop_token_ids: frozenset[int]
+    tokens: list[int] = field(default_factory=list)  # prompt + generated; the last one may be uncomputed
+    num_computed: int = 0  # tokens whose K/V is in lease.pages
+    lease: Lease | None = None
+    published_tokens: int = 0  # whole pages of `tokens` already put into the tree
+    status: SeqStatus = SeqStatus.WAITING
+    cached_tokens: int = 0  # prompt tokens served from the cache at first admission (what users are told)
+    admitted_once: bool = False
+    admit_order: int = -1  # larger = admitted later; the preemption victim is the largest
+    arrival: float = field(default_factory=time.monotonic)
+    waited_steps: int = 0
+    first_token_at: float | None = None
+    generator: torch.Generator | None = None
+    text: str = ""  # everything detokenized so far
+    emitted_chars: int = 0  # how much of `text` was sent
+    pending_ids: list[int] = field(default_factory=list)  # sampled this step, not yet sent
+    pending_logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+    error: str | None = None
+    lcp_cache: dict[str, int] = field(default_factory=dict)  # other request id -> common prefix length
+
+    def __post_init__(self) -> None:
+        self.tokens = list(self.request.prompt_ids)
+        self.generator = new_generator(self.request.sampling.seed)
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def num_prompt(self) -> int:
+        return len(self.request.prompt_ids)
+
+    @property
+    def num_generated(self) -> int:
+        return len(self.tokens) - self.num_prompt
+
+    @property
+    def prefilling(self) -> bool:
+        """True while more than the one last token is left to compute (prompt, or recompute after preemption)."""
+        return len(self.tokens) - self.num_computed > 1
+
+    def common_prefix(self, other: Sequence) -> int:
+        """Length of the token prefix shared with `other` (cached: prompts never change)."""
+        known = self.lcp_cache.get(other.request_id)
+        if known is None:
+            a, b = self.request.prompt_ids, other.request.prompt_ids
+            n = min(len(a), len(b))
+            known = next((i for i in range(n) if a[i] != b[i]), n)
+            self.lcp_cache[other.request_id] = known
+        return known
+
+    # --- outputs -------------------------------------------------------------------------------------------
+    def append_token(self, token_id: int, logprob: TokenLogprob | None, max_stop_chars: int) -> None:
+        """Record a sampled token; decide whether it ends the request (stop token, stop string, length)."""
+        sampling = self.request.sampling
+        now = time.monotonic()
+        if self.first_token_at is None:
+            self.first_token_at = now
+        self.tokens.append(token_id)
+        self.pending_ids.append(token_id)
+        if logprob is not None:
+            self.pending_logprobs.append(logprob)
+        if token_id in self.stop_token_ids:
+            self.finish_reason = FinishReason.STOP_TOKEN
+            return
+        self.text += self.detokenizer.push(token_id)
+        if sampling.stop:
+            # Only the tail can newly contain a stop string: search from just before the unsent part.
+            start = max(0, self.emitted_chars - max_stop_chars)
+            hits = [i for i in (self.text.find(s, start) for s in sampling.stop) if i >= 0]
+            if hits:
+                self.text = self.text[: min(hits)]
+                self.finish_reason = FinishReason.STOP_STRING
+                return
+        if self.num_generated >= sampling.max_tokens:
+            self.finish_reason = FinishReason.LENGTH
+
+    def take_output(self) -> RequestOutput | None:
+        """What became ready since the last output, or None if nothing did and the request goes on."""
+        if self.finish_reason is not None and self.finish_reason not in (
+            FinishReason.STOP_STRING,
+            FinishReason.ABORTED,
+            FinishReason.ERROR,
+        ):
+            self.text += self.detokenizer.flush()
+        ready = len(self.text)
+        if self.finish_reason is None and self.request.sampling.stop:
+            ready = max(self.emitted_chars, ready - stop_prefix_at_end(self.text, self.request.sampling.stop))
+        delta = self.text[self.emitted_chars : ready]
+        if not self.pending_ids and not delta and self.finish_reason is None:
+            return None
+        self.emitted_chars = ready
+        out = RequestOutput(
+            request_id=self.request_id,
+            token_ids=self.pending_ids,
+            text=delta,
+            prompt_tokens=self.num_prompt,
+            cached_tokens=self.cached_tokens,
+            completion_tokens=self.num_generated,
+            logprobs=self.pending_logprobs,
+            finish_reason=self.finish_reason,
+            error=self.error,
+        )
+        if self.pending_ids and self.first_token_at is not None and self.num_generated == len(self.pending_ids):
+            out.time_to_first_token = self.first_token_at - self.arrival
+        if self.finish_reason is not None and self.first_token_at is not None and self.num_generated > 1:
+            out.time_per_output_token = (time.monotonic() - self.first_token_at) / (self.num_generated - 1)
+        self.pending_ids, self.pending_logprobs = [], []
+        return out
