@@ -1,0 +1,52 @@
+"""A tiny model with a real byte-level tokenizer, for engine and server tests.
+
+Random weights with a large init scale: logits are far from uniform, so greedy choices have a clear margin and a
+last-bit difference between batch compositions cannot flip a token.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import decoders, models, pre_tokenizers, trainers
+
+from radixcache.worker.model.config import ModelConfig
+from radixcache.worker.model.loader import LoadedModel, random_model
+from radixcache.worker.model.tokenizer import Tokenizer
+
+EOS = "<|eos|>"
+CORPUS = [
+    "the cache keeps keys and values of every token so that each step is incremental",
+    "pages of sixteen tokens are shared between requests with the same prefix",
+    "a radix tree maps token prefixes to pages and evicts the least recently used leaves",
+] * 20
+
+
+@functools.lru_cache(maxsize=1)
+def byte_tokenizer() -> Tokenizer:
+    tok = HFTokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, special_tokens=[EOS], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+    )
+    tok.train_from_iterator(CORPUS, trainer)
+    return Tokenizer(tok, eos_token=EOS)
+
+
+def tiny_model(seed: int = 0, *, with_eos: bool = True, context: int = 4096) -> LoadedModel:
+    tokenizer = byte_tokenizer()
+    config = ModelConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        max_position_embeddings=context,
+        eos_token_ids=(tokenizer.token_to_id(EOS),) if with_eos else (),
+    )
+    loaded = random_model(config, seed=seed, std=0.3)
+    loaded.tokenizer = tokenizer
+    return loaded

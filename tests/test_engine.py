@@ -1,0 +1,268 @@
+"""The engine end to end in-process: batching never changes an answer, pressure never leaks, sharing happens."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import threading
+
+import pytest
+from engine_fixtures import tiny_model
+
+from radixcache.worker.engine import Engine, EngineConfig, RequestTooLargeError
+from radixcache.worker.request import FinishReason, Request, RequestOutput, SamplingParams
+
+
+class Collector:
+    """on_output target: every output per request, in order."""
+
+    def __init__(self) -> None:
+        self.outputs: dict[str, list[RequestOutput]] = {}
+        self.done = threading.Event()
+        self.expected = 0
+
+    def __call__(self, out: RequestOutput) -> None:
+        self.outputs.setdefault(out.request_id, []).append(out)
+        if out.finished and sum(o[-1].finished for o in self.outputs.values()) == self.expected:
+            self.done.set()
+
+    def tokens(self, rid: str) -> list[int]:
+        return [t for o in self.outputs[rid] for t in o.token_ids]
+
+    def last(self, rid: str) -> RequestOutput:
+        return self.outputs[rid][-1]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model()
+
+
+def make_engine(model, **kw) -> Engine:
+    kw.setdefault("kv_pages", 512)
+    return Engine(model, EngineConfig(**kw))
+
+
+def assert_clean(engine: Engine) -> None:
+    engine.cache.check()
+    stats = engine.cache.stats()
+    assert stats.live_leases == 0
+    assert stats.pages_in_use == 0
+
+
+def run_alone(model, prompt: list[int], params: SamplingParams, page_size: int = 4) -> list[int]:
+    engine = make_engine(model, page_size=page_size, cache_enabled=False)
+    sink = Collector()
+    engine.submit(Request("alone", prompt, params), sink)
+    engine.run_until_idle()
+    return sink.tokens("alone")
+
+
+def workload(n: int, seed: int = 0) -> list[list[int]]:
+    """Prompts sharing a few prefixes (like system prompts), with suffixes of different lengths."""
+    rng = random.Random(seed)
+    prefixes = [[rng.randrange(1, 300) for _ in range(rng.randrange(20, 70))] for _ in range(3)]
+    return [prefixes[i % 3] + [rng.randrange(1, 300) for _ in range(rng.randrange(1, 40))] for i in range(n)]
+
+
+GREEDY = SamplingParams(max_tokens=24, ignore_eos=True)
+
+
+def test_mixed_batch_matches_each_request_alone_with_cache_off(model):
+    prompts = workload(16)
+    engine = make_engine(model, page_size=4, max_step_tokens=96)
+    sink = Collector()
+    # Requests arrive at different steps, so prefills, decodes and hits mix.
+    for i, prompt in enumerate(prompts):
+        engine.submit(Request(f"r{i}", prompt, GREEDY), sink)
+        if i % 3 == 2:
+            engine.step()
+    engine.run_until_idle()
+    for i, prompt in enumerate(prompts):
+        assert sink.tokens(f"r{i}") == run_alone(model, prompt, GREEDY), f"request r{i} changed in the batch"
+        assert sink.last(f"r{i}").finish_reason is FinishReason.LENGTH
+    assert sum(sink.last(f"r{i}").cached_tokens for i in range(16)) > 0
+    assert_clean(engine)
+
+
+def test_memory_pressure_preempts_and_still_gives_identical_answers(model):
+    prompts = workload(12, seed=1)
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    page = 4
+    need = sum(-(-(len(p) + params.max_tokens) // page) for p in prompts)
+    engine = make_engine(model, page_size=page, kv_pages=need // 4, max_step_tokens=256)
+    sink = Collector()
+    for i, prompt in enumerate(prompts):
+        engine.submit(Request(f"p{i}", prompt, params), sink)
+    engine.run_until_idle()
+    assert engine.stats().preemptions > 0
+    for i, prompt in enumerate(prompts):
+        assert sink.tokens(f"p{i}") == run_alone(model, prompt, params, page_size=page)
+    assert_clean(engine)
+
+
+def test_second_of_two_concurrent_requests_computes_only_its_suffix(model):
+    rng = random.Random(7)
+    prefix = [rng.randrange(1, 300) for _ in range(512)]
+    engine = make_engine(model, page_size=16, max_step_tokens=1024)
+    sink = Collector()
+    engine.submit(Request("a", prefix + [5, 6, 7], GREEDY), sink)
+    engine.submit(Request("b", prefix + [8, 9], GREEDY), sink)
+    engine.run_until_idle()
+    assert sink.last("a").cached_tokens == 0
+    assert sink.last("b").cached_tokens == 512
+    assert engine.stats().inflight_shared_tokens == 512
+    assert_clean(engine)
+
+
+def test_hit_ending_inside_a_page_gives_the_same_tokens(model):
+    rng = random.Random(3)
+    first = [rng.randrange(1, 300) for _ in range(45)]
+    second = first[:37] + [rng.randrange(1, 300) for _ in range(9)]
+    engine = make_engine(model, page_size=16)
+    sink = Collector()
+    engine.submit(Request("first", first, GREEDY), sink)
+    engine.run_until_idle()
+    engine.submit(Request("second", second, GREEDY), sink)
+    engine.run_until_idle()
+    assert sink.last("second").cached_tokens == 37  # token-exact: 2 whole pages + 5 slots copied
+    assert sink.tokens("second") == run_alone(model, second, GREEDY, page_size=16)
+    assert_clean(engine)
+
+
+def test_seeded_sampling_is_reproducible_whatever_the_batch(model):
+    params = SamplingParams(
+        max_tokens=20, temperature=0.9, top_k=50, top_p=0.95, min_p=0.01, seed=1234, ignore_eos=True
+    )
+    prompt = workload(1, seed=5)[0]
+    alone = run_alone(model, prompt, params)
+    engine = make_engine(model, page_size=4)
+    sink = Collector()
+    for i, other in enumerate(workload(6, seed=9)):
+        engine.submit(Request(f"noise{i}", other, SamplingParams(max_tokens=30, temperature=1.0)), sink)
+    engine.step()
+    engine.submit(Request("seeded", prompt, params), sink)
+    engine.run_until_idle()
+    assert sink.tokens("seeded") == alone
+    unseeded = SamplingParams(max_tokens=20, temperature=0.9, seed=4321, ignore_eos=True)
+    assert run_alone(model, prompt, unseeded) != alone
+
+
+def test_stop_conditions(model):
+    prompt = workload(1, seed=11)[0]
+    free_run = run_alone(model, prompt, SamplingParams(max_tokens=30, ignore_eos=True))
+    engine = make_engine(model, page_size=4)
+    sink = Collector()
+    stop_id = free_run[5]
+    engine.submit(Request("len", prompt, SamplingParams(max_tokens=7, ignore_eos=True)), sink)
+    engine.submit(
+        Request("tok", prompt, SamplingParams(max_tokens=30, ignore_eos=True, stop_token_ids=(stop_id,))), sink
+    )
+    engine.run_until_idle()
+    assert sink.tokens("len") == free_run[:7] and sink.last("len").finish_reason is FinishReason.LENGTH
+    cut = free_run.index(stop_id) + 1
+    assert sink.tokens("tok") == free_run[:cut] and sink.last("tok").finish_reason is FinishReason.STOP_TOKEN
+
+    tokenizer = model.tokenizer
+    full_text = tokenizer.decode(free_run)
+    stop = full_text[len(full_text) // 2 : len(full_text) // 2 + 3]
+    engine.submit(Request("str", prompt, SamplingParams(max_tokens=30, ignore_eos=True, stop=(stop,))), sink)
+    engine.run_until_idle()
+    text = "".join(o.text for o in sink.outputs["str"])
+    assert sink.last("str").finish_reason is FinishReason.STOP_STRING
+    assert text == full_text[: full_text.index(stop)]
+    assert stop not in text
+    assert_clean(engine)
+
+
+def test_eos_stops_unless_ignored(model):
+    prompt = workload(1, seed=13)[0]
+    free_run = run_alone(model, prompt, SamplingParams(max_tokens=12, ignore_eos=True))
+    # A model whose config names the 4th generated token as its EOS.
+    eos = free_run[3]
+    with_eos = dataclasses.replace(model, config=dataclasses.replace(model.config, eos_token_ids=(eos,)))
+    engine = make_engine(with_eos, page_size=4)
+    sink = Collector()
+    engine.submit(Request("eos", prompt, SamplingParams(max_tokens=12)), sink)
+    engine.submit(Request("ignored", prompt, SamplingParams(max_tokens=12, ignore_eos=True)), sink)
+    engine.run_until_idle()
+    assert sink.tokens("eos") == free_run[: free_run.index(eos) + 1]
+    assert sink.last("eos").finish_reason is FinishReason.STOP_TOKEN
+    assert sink.tokens("ignored") == free_run
+    assert sink.last("ignored").finish_reason is FinishReason.LENGTH
+
+
+@pytest.mark.parametrize("when", ["waiting", "mid_prefill", "mid_decode"])
+def test_abort_frees_everything(model, when):
+    engine = make_engine(model, page_size=4, max_step_tokens=32)
+    sink = Collector()
+    prompt = workload(1, seed=17)[0] * 3
+    engine.submit(Request("x", prompt, SamplingParams(max_tokens=50, ignore_eos=True)), sink)
+    if when == "mid_prefill":
+        engine.step()
+        assert engine.scheduler.running and engine.scheduler.running[0].prefilling
+    elif when == "mid_decode":
+        while not sink.outputs.get("x"):
+            engine.step()
+    assert engine.abort("x")
+    engine.run_until_idle()
+    assert sink.last("x").finish_reason is FinishReason.ABORTED
+    assert sum(o.finished for o in sink.outputs["x"]) == 1
+    assert not engine.abort("x")
+    assert_clean(engine)
+
+
+def test_rejections_happen_before_anything_is_allocated(model):
+    engine = make_engine(model, page_size=4, kv_pages=8)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        engine.submit(Request("v", [1, 2, 100_000], GREEDY), Collector())
+    with pytest.raises(ValueError, match="max_tokens must be in"):
+        engine.submit(Request("c", [1, 2], SamplingParams(max_tokens=5000)), Collector())
+    with pytest.raises(RequestTooLargeError, match="KV pages"):
+        engine.submit(Request("big", [1] * 40, SamplingParams(max_tokens=10)), Collector())
+    engine.submit(Request("dup", [1, 2], GREEDY), Collector())
+    with pytest.raises(ValueError, match="already running"):
+        engine.submit(Request("dup", [1, 2], GREEDY), Collector())
+    engine.run_until_idle()
+    assert_clean(engine)
+
+
+def test_a_failing_request_does_not_disturb_its_batch_mates(model, monkeypatch):
+    import radixcache.worker.engine as engine_module
+
+    real = engine_module.sample_row
+
+    def flaky(logits, params, generator):
+        if params.seed == 666:
+            raise RuntimeError("boom")
+        return real(logits, params, generator)
+
+    monkeypatch.setattr(engine_module, "sample_row", flaky)
+    prompt = workload(1, seed=19)[0]
+    engine = make_engine(model, page_size=4)
+    sink = Collector()
+    engine.submit(Request("bad", prompt, SamplingParams(max_tokens=8, seed=666, ignore_eos=True)), sink)
+    engine.submit(Request("good", prompt, GREEDY), sink)
+    engine.run_until_idle()
+    assert sink.last("bad").finish_reason is FinishReason.ERROR and sink.last("bad").error
+    monkeypatch.setattr(engine_module, "sample_row", real)
+    assert sink.tokens("good") == run_alone(model, prompt, GREEDY)
+    assert_clean(engine)
+
+
+def test_threaded_engine_streams_and_drains_on_shutdown(model):
+    engine = make_engine(model, page_size=4)
+    engine.start()
+    sink = Collector()
+    sink.expected = 4
+    try:
+        for i, prompt in enumerate(workload(4, seed=23)):
+            engine.submit(Request(f"t{i}", prompt, GREEDY), sink)
+        assert sink.done.wait(60)
+        stats = engine.stats()
+        assert stats.running == 0 and stats.finished_requests == 4
+        assert stats.cache.live_leases == 0
+    finally:
+        engine.shutdown(drain=True, timeout=10)
+    with pytest.raises(RuntimeError, match="shutting down"):
+        engine.submit(Request("late", [1, 2], GREEDY), sink)
