@@ -1,0 +1,96 @@
+"""`radixcache memory`: how much KV cache a model needs, per token, per sequence and per budget.
+
+    radixcache memory --layers 32 --kv-heads 8 --head-dim 128 --dtype bf16 --tokens 4000 --budget 16GiB
+
+Bytes per token = 2 (K and V) x layers x kv_heads x head_dim x bytes per element. A sequence occupies whole pages,
+so with --page-size P it holds ceil(tokens / P) x P token slots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+from radixcache.pool import DTYPES, kv_bytes_per_token
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 10**3,
+    "kb": 10**3,
+    "m": 10**6,
+    "mb": 10**6,
+    "g": 10**9,
+    "gb": 10**9,
+    "t": 10**12,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
+
+
+def parse_size(text: str) -> int:
+    """'16GiB' / '512 MiB' / '1.5GB' / '1000000' -> bytes. Raises argparse.ArgumentTypeError on anything else."""
+    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
+    unit = match.group(2).lower() if match else None
+    if match is None or unit not in _UNITS:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (examples: 16GiB, 512MiB, 80GB, 1000000)")
+    size = int(float(match.group(1)) * _UNITS[unit])
+    if size < 1:
+        raise argparse.ArgumentTypeError(f"the budget must be at least 1 byte, got {text!r}")
+    return size
+
+
+def human(num_bytes: float) -> str:
+    """Bytes in binary units: 131072 -> '128.0 KiB'."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(num_bytes) < 1024 or unit == "TiB":
+            return f"{num_bytes:.0f} B" if unit == "B" else f"{num_bytes:.1f} {unit}"
+        num_bytes /= 1024
+    raise AssertionError("unreachable")
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="radixcache memory", description="KV-cache memory calculator (bytes per token, per sequence, per budget)"
+    )
+    parser.add_argument("--layers", type=_positive, required=True, help="decoder layers")
+    parser.add_argument("--kv-heads", type=_positive, required=True, help="key/value heads (GQA groups)")
+    parser.add_argument("--head-dim", type=_positive, required=True, help="dimension of one head")
+    parser.add_argument("--dtype", default="bf16", choices=sorted(DTYPES), help="KV element type (default bf16)")
+    parser.add_argument("--tokens", type=_positive, default=4096, help="tokens per sequence (default 4096)")
+    parser.add_argument("--budget", type=parse_size, help="KV memory budget, e.g. 16GiB: how many sequences fit")
+    parser.add_argument("--page-size", type=_positive, default=1, help="tokens per KV page (default 1)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """argv[0] is the subcommand name ("memory"), as the `radixcache` dispatcher passes it."""
+    args = build_parser().parse_args(list(argv or [])[1:])
+    per_token = kv_bytes_per_token(args.layers, args.kv_heads, args.head_dim, args.dtype)
+    pages = -(-args.tokens // args.page_size)
+    per_sequence = pages * args.page_size * per_token
+    print(f"KV bytes per token: {per_token} ({human(per_token)})")
+    print(f"  = 2 x {args.layers} layers x {args.kv_heads} kv heads x {args.head_dim} dims x {args.dtype}")
+    paging = f" in {pages} pages of {args.page_size}" if args.page_size > 1 else ""
+    print(f"one sequence of {args.tokens} tokens{paging}: {per_sequence} bytes ({human(per_sequence)})")
+    if args.budget is not None:
+        fit = args.budget // per_sequence
+        pages_in_budget = args.budget // (args.page_size * per_token)
+        print(
+            f"budget {human(args.budget)}: {fit} such sequences fit "
+            f"({pages_in_budget} pages, {pages_in_budget * args.page_size} tokens)"
+        )
+    return 0

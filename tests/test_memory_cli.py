@@ -1,0 +1,81 @@
+import subprocess
+import sys
+
+import pytest
+
+from radixcache.cli import main as cli_main
+from radixcache.memory import human, main, parse_size
+
+LLAMA8B = ["memory", "--layers", "32", "--kv-heads", "8", "--head-dim", "128", "--dtype", "bf16"]
+
+
+def test_llama_shape_per_token_and_per_sequence(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*LLAMA8B, "--tokens", "4000"]) == 0
+    out = capsys.readouterr().out
+    assert "KV bytes per token: 131072 (128.0 KiB)" in out
+    assert "one sequence of 4000 tokens: 524288000 bytes (500.0 MiB)" in out
+    assert "budget" not in out
+
+
+def test_budget_counts_whole_sequences(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*LLAMA8B, "--tokens", "4096", "--budget", "16GiB", "--page-size", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "in 256 pages of 16: 536870912 bytes (512.0 MiB)" in out
+    assert "budget 16.0 GiB: 32 such sequences fit (8192 pages, 131072 tokens)" in out
+
+
+def test_pages_round_a_sequence_up(capsys: pytest.CaptureFixture[str]) -> None:
+    tiny = ["memory", "--layers", "1", "--kv-heads", "1", "--head-dim", "1", "--dtype", "fp32", "--tokens", "17"]
+    main(tiny)
+    assert "one sequence of 17 tokens: 136 bytes (136 B)" in capsys.readouterr().out  # 8 bytes per token
+    main([*tiny, "--page-size", "16"])
+    assert "17 tokens in 2 pages of 16: 256 bytes" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--layers", "0"], "must be >= 1"),
+        (["--kv-heads", "x"], "not an integer"),
+        (["--dtype", "int3"], "invalid choice"),
+        (["--budget", "16 parsecs"], "not a size"),
+        (["--budget", "0GiB"], "at least 1 byte"),
+        (["--page-size", "-4"], "must be >= 1"),
+    ],
+)
+def test_bad_values_are_clear_argparse_errors(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = dict(zip(LLAMA8B[1::2], LLAMA8B[2::2], strict=True))
+    base.update(zip(args[::2], args[1::2], strict=True))
+    with pytest.raises(SystemExit) as exc:
+        main(["memory", *[x for kv in base.items() for x in kv]])
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_missing_shape_is_an_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["memory", "--tokens", "10"])
+    assert "--layers" in capsys.readouterr().err
+
+
+def test_sizes_and_units() -> None:
+    assert parse_size("16GiB") == 16 * 2**30
+    assert parse_size("1.5 GB") == 1_500_000_000
+    assert parse_size("512mib") == 512 * 2**20
+    assert parse_size("1000") == 1000
+    assert human(131072) == "128.0 KiB"
+    assert human(3 * 2**40) == "3.0 TiB"
+
+
+def test_dispatcher_and_module_entry_point(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli_main([*LLAMA8B, "--tokens", "4000"]) == 0
+    assert "131072" in capsys.readouterr().out
+    run = subprocess.run(
+        [sys.executable, "-m", "radixcache", *LLAMA8B, "--tokens", "4000", "--budget", "16GiB"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "131072" in run.stdout and "32 such sequences fit" in run.stdout
