@@ -33,10 +33,13 @@ proto-check: setup
 	  && for f in $$tmp/radixcache/v1/*; do diff -q $$f radixcache/v1/$$(basename $$f) || { echo "stubs drifted: run make proto"; exit 1; }; done; rm -rf $$tmp
 
 run: setup
-	$(PY) -m radixcache memory --layers 32 --kv-heads 8 --head-dim 128 --dtype bf16 --tokens 4000 --budget 16GiB
+	$(PY) scripts/demo.py
 
+# Benchmarks (never part of `make test`): the cache's data structure, then the serving benchmarks side by side
+# (cache on/off workers, transformers, decode floor); the last line printed is one JSON object. ~5-8 min on 2 cores.
 bench: setup
 	$(PY) bench/tree_bench.py --quick
+	$(PY) bench/run_all.py
 
 # For a machine with CUDA: flashinfer against the torch backend, then a timing table. Without CUDA it says so.
 gpu-check:

@@ -20,6 +20,7 @@ import grpc
 from radixcache.v1 import radixcache_pb2 as pb
 from radixcache.v1 import radixcache_pb2_grpc as pb_grpc
 from radixcache.worker.auth import Authenticator
+from radixcache.worker.engine import RequestTooLargeError
 from radixcache.worker.metrics import WorkerMetrics, flatten_stats
 from radixcache.worker.request import FinishReason, Request, RequestOutput, SamplingParams
 from radixcache.worker.validation import (
@@ -29,14 +30,6 @@ from radixcache.worker.validation import (
     render_prompt,
     sampling_params,
 )
-
-try:
-    from radixcache.worker.engine import RequestTooLargeError
-except ImportError:  # pragma: no cover - the engine lands separately; until then only test doubles raise it
-
-    class RequestTooLargeError(RuntimeError):  # type: ignore[no-redef]
-        """A request that can never fit in the KV pool."""
-
 
 FINISH_REASONS = {
     FinishReason.STOP_TOKEN: pb.FINISH_REASON_STOP_TOKEN,
