@@ -266,3 +266,18 @@ def test_threaded_engine_streams_and_drains_on_shutdown(model):
         engine.shutdown(drain=True, timeout=10)
     with pytest.raises(RuntimeError, match="shutting down"):
         engine.submit(Request("late", [1, 2], GREEDY), sink)
+
+
+def test_next_turn_hits_the_whole_previous_turn(model):
+    engine = make_engine(model, page_size=16)
+    sink = Collector()
+    first = workload(1, seed=29)[0]
+    engine.submit(Request("turn1", first, GREEDY), sink)
+    engine.run_until_idle()
+    history = first + sink.tokens("turn1")
+    engine.submit(Request("turn2", history + [7, 8, 9], GREEDY), sink)
+    engine.run_until_idle()
+    # Every whole page computed in turn 1 is reused (the K/V of its last sampled token was never computed).
+    assert sink.last("turn2").cached_tokens == (len(history) - 1) // 16 * 16 > 0
+    assert sink.tokens("turn2") == run_alone(model, history + [7, 8, 9], GREEDY, page_size=16)
+    assert_clean(engine)
