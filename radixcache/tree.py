@@ -185,18 +185,25 @@ class RadixTree:
         root, off, used = cur, 0, -1
         pnode: Node | None = None
         ppage, k = -1, 0
+        if touch:
+            self._tick += 1
+        tick = self._tick
+        children = cur.children
         while True:
-            if end - off < bpp or (child := cur.children.get(key[off : off + bpp])) is None:
+            if end - off < bpp or (child := children.get(key[off : off + bpp])) is None:
                 if bpp > TOKEN_BYTES and off < end and cur.sorted_keys:
                     pnode, k = self._best_child(cur, key[off : off + bpp])
                     if pnode is not None:
                         ppage = pnode.pages[0]
                 break
+            if touch:
+                child.access = tick
             edge = child.key
             if key.startswith(edge, off):
                 pages += child.pages
                 off += len(edge)
                 cur = child
+                children = child.children
                 continue
             common = _common(key[off : off + len(edge)], edge)
             used = j = common // bpp
@@ -207,14 +214,14 @@ class RadixTree:
                 pnode, ppage = child, child.pages[j]
             break
         node = cur if cur is not root else None
-        if touch:
-            self._tick += 1
-            low = walk = pnode or node
-            while walk is not None:
-                walk.access = self._tick
-                walk = walk.parent
-            if low is not None and low.ev_key is not None:  # only the lowest node on a path can be a leaf
-                self._touch(low)
+        low = pnode or node
+        if touch and low is not None:
+            low.access = tick
+            if low.ev_key is not None:  # only the lowest node on a path can be a leaf
+                if low.ev_key == RECENT:
+                    self._ev_recent.move_to_end(low.id)
+                else:
+                    self._touch(low)
         used = 0 if node is None else len(node.pages) if used < 0 else used
         return Match(pages, node, used, pnode, ppage, k, ps)
 
