@@ -182,10 +182,18 @@ class Scheduler:
             cached = self.cache.match_length(prompt[:-1], ns)
             if self._computing_our_prefix(seq, cached):
                 continue
-            lease = self.cache.acquire(seq.request_id, prompt, ns, max_cached=len(prompt) - 1)
-            need = self._pages_for(len(prompt)) - len(lease.pages)
-            if self.cache.available_pages() - promised - need < len(self.running):
-                self.cache.release(lease)
+            # Cheap check first (no lease, so a request that keeps waiting does not count as a lookup every step),
+            # then the exact one: the matched pages stop being evictable once the lease locks them.
+            fits = self.cache.available_pages() - promised - len(self.running)
+            lease = None
+            if self._pages_for(len(prompt)) - cached // self.page_size <= fits:
+                lease = self.cache.acquire(seq.request_id, prompt, ns, max_cached=len(prompt) - 1)
+                need = self._pages_for(len(prompt)) - len(lease.pages)
+                if self.cache.available_pages() - promised - need < len(self.running):
+                    self.cache.release(lease)
+                    lease = None
+            if lease is None:
+                need = self._pages_for(len(prompt)) - cached // self.page_size
                 if not self.running:
                     failed.append((seq, f"the KV cache cannot hold this request: it needs {need} more pages"))
                     continue
