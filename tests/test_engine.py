@@ -281,3 +281,22 @@ def test_next_turn_hits_the_whole_previous_turn(model):
     assert sink.last("turn2").cached_tokens == (len(history) - 1) // 16 * 16 > 0
     assert sink.tokens("turn2") == run_alone(model, history + [7, 8, 9], GREEDY, page_size=16)
     assert_clean(engine)
+
+
+def test_a_request_that_cannot_fit_even_alone_fails_clearly(model):
+    engine = make_engine(model, page_size=4, kv_pages=20)
+    sink = Collector()
+    pinned_prompt = list(range(1, 61))
+    engine.submit(Request("pinned", pinned_prompt, SamplingParams(max_tokens=1)), sink)
+    engine.run_until_idle()
+    assert engine.pin(pinned_prompt) == 60  # 15 of the 20 pages can no longer be evicted
+    engine.submit(Request("too-big", list(range(100, 130)), SamplingParams(max_tokens=10)), sink)
+    engine.run_until_idle()
+    last = sink.last("too-big")
+    assert last.finish_reason is FinishReason.ERROR
+    assert "cannot hold this request" in last.error
+    assert engine.unpin(pinned_prompt) == 60
+    engine.submit(Request("fits-now", list(range(100, 130)), SamplingParams(max_tokens=10)), sink)
+    engine.run_until_idle()
+    assert sink.last("fits-now").finish_reason is FinishReason.LENGTH
+    assert_clean(engine)
