@@ -7,6 +7,13 @@ list when the last holder lets go.
 Locks: a lease locks its deepest tree node; the lock counts up to the root, so nothing on the path the lease reads
 can be evicted. Pins protect paths the same way until unpinned or expired. Eviction only drops unlocked, unpinned
 leaves, least recently used first, and only when an allocation is short of free pages (or on `evict`/`flush`).
+
+Partial tails: a running sequence still writes into its last page, so `publish` stores whole pages only. `release`
+also stores the trailing partial page (the sequence will never write it again) as a partial tail in the tree: the
+next turn of a conversation, or a preempted sequence coming back, then reuses every computed token by copying the
+tail's first slots (`copy_from`) instead of recomputing them. A tail is only ever read through such a copy, so a
+later publish that covers it with a whole page (or a longer tail) replaces it and drops the tree's reference; a
+lease still copying from it holds its own reference until its next publish/extend/release.
 """
 
 from __future__ import annotations
@@ -59,12 +66,13 @@ class CacheStats:
     hit_tokens: int  # of those, served from the cache (whole pages + partial-page copies)
     copied_tokens: int  # hit tokens served by copying the first slots of a partially matching page
     extended_pages: int  # pages adopted in flight by extend (published by another request meanwhile)
-    published_pages: int  # pages newly stored in the tree by publish
+    published_pages: int  # pages newly stored in the tree by publish (and release, partial tails included)
     evicted_pages: int  # dropped to make room (allocate) or by evict()
     flushed_pages: int  # dropped by flush()
     live_leases: int
     evictable_leaves: int
     namespaces: int
+    pages_partial: int = 0  # cached pages holding a partial tail (the last, unfinished page of a released sequence)
 
     @property
     def hit_rate(self) -> float:
@@ -169,32 +177,20 @@ class PrefixCache:
         """Store the whole pages of `tokens` (the lease's computed tokens, in order) in the tree.
 
         Pages the tree already holds win (dedup): the lease keeps reading its own copy, freed at release. New pages
-        gain the tree's reference. The lock moves to the deepest published node. Returns the number of pages added.
+        gain the tree's reference; a cached partial tail they cover is replaced (the tree's reference dropped).
+        The lock moves to the deepest published node. Returns the number of pages added.
         """
-        self._live(lease)
-        n = len(tokens) // self.page_size
-        if n > len(lease.pages):
-            raise ValueError(f"{len(tokens)} computed tokens need {n} pages; the lease holds {len(lease.pages)}")
-        if not self.enabled or n == 0:
-            return 0
-        self._drop_src(lease)
-        key = encode(tokens)
-        result = self.tree.insert(key[: n * self.page_size * TOKEN_BYTES], lease.pages[:n], lease.namespace)
-        self.allocator.incref(result.new_pages)
-        if n >= lease._cover:  # never move the lock up above pages the lease already reads from the tree
-            self._lock(lease, result.node)
-            lease._cover = n
-        self._published += len(result.new_pages)
-        return len(result.new_pages)
+        return self._publish(lease, tokens, tail=False)
 
     def release(self, lease: Lease, tokens: Tokens | None = None) -> None:
-        """Optionally publish `tokens` first, then unlock and drop the lease's reference on every page it holds
-        (private pages nobody else holds become free). Idempotent: releasing twice does nothing."""
+        """Optionally publish `tokens` first (whole pages and the trailing partial page: see the module docstring),
+        then unlock and drop the lease's reference on every page it holds (private pages nobody else holds become
+        free). Idempotent: releasing twice does nothing."""
         if lease.released:
             return
         try:
             if tokens is not None:
-                self.publish(lease, tokens)
+                self._publish(lease, tokens, tail=True)
         finally:
             self._drop_src(lease)
             self._lock(lease, None)
@@ -208,7 +204,8 @@ class PrefixCache:
         return self.allocator.num_free + self.tree.evictable_pages
 
     def match_length(self, tokens: Tokens, namespace: str = "") -> int:
-        """Tokens `acquire` would serve from the cache (whole pages + partial page). Read-only: not even LRU."""
+        """Tokens `acquire` would serve from the cache (whole pages + partial page, partial tails included).
+        Read-only: not even LRU."""
         if not self.enabled:
             return 0
         return self.tree.match(encode(tokens), namespace, touch=False).tokens
@@ -257,6 +254,7 @@ class PrefixCache:
             live_leases=len(self._leases),
             evictable_leaves=self.tree.evictable_leaves,
             namespaces=len(self.tree.namespaces()),
+            pages_partial=self.tree.partial_pages,
         )
 
     def leases(self) -> list[Lease]:
@@ -324,6 +322,28 @@ class PrefixCache:
         if old is not None:
             self.tree.unlock(old)
         lease._node = node
+
+    def _publish(self, lease: Lease, tokens: Tokens, *, tail: bool) -> int:
+        self._live(lease)
+        ps = self.page_size
+        n = -(-len(tokens) // ps) if tail else len(tokens) // ps
+        if n > len(lease.pages):
+            raise ValueError(f"{len(tokens)} computed tokens need {n} pages; the lease holds {len(lease.pages)}")
+        if not self.enabled or n == 0:
+            return 0
+        self._drop_src(lease)
+        key = encode(tokens)
+        if not tail:
+            key = key[: n * ps * TOKEN_BYTES]
+        result = self.tree.insert(key, lease.pages[:n], lease.namespace, partial=tail)
+        self.allocator.incref(result.new_pages)
+        self.allocator.decref(result.replaced)
+        # The lock only matters while the lease runs; release unlocks right after a tail publish.
+        if not tail and n >= lease._cover:  # never move the lock up above pages the lease already reads
+            self._lock(lease, result.node)
+            lease._cover = n
+        self._published += len(result.new_pages)
+        return len(result.new_pages)
 
     def _drop_src(self, lease: Lease) -> None:
         if lease._src is not None:

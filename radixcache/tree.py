@@ -3,7 +3,13 @@
 Key format: a token sequence is encoded once as `bytes`, 4 bytes per token, big-endian (`encode`). A page is a slice of
 4 x page_size bytes, so a child lookup is one dict lookup on the first page's bytes, an edge comparison is one
 `bytes.startswith` (memcmp), and bytes order equals token order (used to find the best partial page by bisection).
-Edges are compressed: a node holds a run of whole pages (`key`, `pages`) with no branching inside.
+Edges are compressed: a node holds a run of pages (`key`, `pages`) with no branching inside. Every page is whole
+(page_size tokens) except possibly the last page of a leaf: a partial tail holding 1..page_size-1 valid tokens,
+stored when a finished sequence ends mid-page (`insert(..., partial=True)`). Readers only ever copy a tail's first
+slots (a match reports it as the partial page), never read it as a whole page, so the tree may replace it: an insert
+that covers the same position with a whole page or a longer tail puts its own page there and hands the old one back
+in `InsertResult.replaced`; one that is covered by what is cached (a whole page or a tail at least as long) stores
+nothing (dedup). Sibling keys are prefix-free: no child's first page is a prefix of another's.
 
 Each namespace has its own root, so a prefix cached for one namespace is a miss for every other.
 
@@ -68,7 +74,7 @@ def _common(a: bytes, b: bytes) -> int:
 
 class Node:
     __slots__ = ("key", "first", "pages", "parent", "children", "sorted_keys", "access", "lock", "own_locks")
-    __slots__ += ("pin_until", "pin_ref", "ev_key", "id", "evicted")
+    __slots__ += ("pin_until", "pin_ref", "ev_key", "id", "evicted", "tail", "partial_children")
 
     def __init__(self, key: bytes, pages: list[int], parent: Node | None, node_id: int, access: int) -> None:
         self.key = key  # the edge: whole pages of tokens, encoded
@@ -87,6 +93,8 @@ class Node:
         self.ev_key: int | None = None  # None: not evictable; RECENT; else its key in the sorted part
         self.id = node_id
         self.evicted = False
+        self.tail = 0  # valid tokens in the last page when it is a partial tail (then a leaf), else 0
+        self.partial_children = 0  # children whose only page is a partial tail (their `first` is shorter than a page)
 
 
 class Match:
@@ -94,7 +102,7 @@ class Match:
     (None when nothing matched), of which the first `node_pages` pages are on the path (fewer than all when the match
     ends inside an edge); optionally a partial page: `partial_page` holds the next `partial_tokens` tokens
     (1..page_size-1) in its first slots and lives in `partial_node` (`node` itself, or a child of it where
-    it is the first page)."""
+    it is the first page). A partial tail the key runs through is reported that way, never as a whole page."""
 
     __slots__ = ("pages", "node", "node_pages", "partial_node", "partial_page", "partial_tokens", "page_size")
 
@@ -111,13 +119,18 @@ class InsertResult:
     """Result of `RadixTree.insert`: `node` holds the last inserted page (None for an empty insert); `new_pages`
     are the caller's pages the tree now stores (the caller adds the tree's reference); `existing` counts leading
     pages already cached; `duplicates` lists the caller's pages that sit where the tree already holds another page
-    (the tree's page wins; the caller may free its copy)."""
+    (the tree's page wins; the caller may free its copy); `replaced` lists tree pages that held a partial tail the
+    insert covered with a whole page or a longer tail (the tree no longer stores them: the caller drops the tree's
+    reference)."""
 
-    __slots__ = ("node", "new_pages", "existing", "_given", "_segments")
+    __slots__ = ("node", "new_pages", "existing", "replaced", "_given", "_segments")
 
-    def __init__(self, node: Node | None, new_pages: list[int], given: list[int], segments: list) -> None:
+    def __init__(
+        self, node: Node | None, new_pages: list[int], given: list[int], segments: list, replaced: list[int]
+    ) -> None:
         self.node, self.new_pages, self._given, self._segments = node, new_pages, given, segments
         self.existing = len(given) - len(new_pages)
+        self.replaced = replaced
 
     @property
     def duplicates(self) -> list[int]:
@@ -155,6 +168,7 @@ class RadixTree:
         self.cached_pages = 0
         self.protected_pages = 0  # pages in nodes whose subtree is locked or pinned
         self.pinned_pages = 0
+        self.partial_pages = 0  # cached pages that hold a partial tail
         self.evicted_pages = 0
 
     # ---- queries -------------------------------------------------------------------------------------------
@@ -200,9 +214,14 @@ class RadixTree:
                 child.access = tick
             edge = child.key
             if key.startswith(edge, off):
+                cur = child
+                if child.tail:  # a partial tail ends the path; found by a whole first page, so it has one before it
+                    used = len(child.pages) - 1
+                    pages += child.pages[:used]
+                    pnode, ppage, k = child, child.pages[used], child.tail
+                    break
                 pages += child.pages
                 off += len(edge)
-                cur = child
                 children = child.children
                 continue
             common = _common(key[off : off + len(edge)], edge)
@@ -225,17 +244,22 @@ class RadixTree:
         used = 0 if node is None else len(node.pages) if used < 0 else used
         return Match(pages, node, used, pnode, ppage, k, ps)
 
-    def _best_child(self, node: Node, rem: bytes) -> tuple[Node | None, int]:
-        # In bytes order the longest common prefix with `rem` is a neighbour of rem's insertion point.
+    def _neighbours(self, node: Node, rem: bytes) -> int:
+        """Index of `rem`'s place in node.sorted_keys, after dropping the stale entries right next to it."""
         sk, children = node.sorted_keys, node.children
         i = bisect_left(sk, rem)
-        while i < len(sk) and sk[i] not in children:  # drop stale entries next to rem's place
+        while i < len(sk) and sk[i] not in children:
             del sk[i]
         while i > 0 and sk[i - 1] not in children:
             del sk[i - 1]
             i -= 1
+        return i
+
+    def _best_child(self, node: Node, rem: bytes) -> tuple[Node | None, int]:
+        # In bytes order the longest common prefix with `rem` is a neighbour of rem's insertion point.
+        i = self._neighbours(node, rem)
         best, best_key = 0, None
-        for cand in sk[max(i - 1, 0) : i + 1]:
+        for cand in node.sorted_keys[max(i - 1, 0) : i + 1]:
             tokens = _common(rem, cand) // TOKEN_BYTES
             if tokens > best:
                 best, best_key = tokens, cand
@@ -244,13 +268,20 @@ class RadixTree:
         return node.children[best_key], min(best, self.page_size - 1)
 
     # ---- insert / split --------------------------------------------------------------------------------------
-    def insert(self, key: bytes, pages: list[int], namespace: str = "") -> InsertResult:
-        """Store `pages` (one per whole page of `key`, in order) under `namespace`; already cached pages win."""
+    def insert(self, key: bytes, pages: list[int], namespace: str = "", *, partial: bool = False) -> InsertResult:
+        """Store `pages` (one per whole page of `key`, in order) under `namespace`; already cached pages win.
+
+        With `partial`, `key` may end inside its last page: `pages[-1]` then holds that partial tail (only its first
+        len(key) % page_size tokens are valid) and is stored as the last page of a leaf, unless the tree already
+        covers those tokens. Whole pages (and longer tails) replace a shorter cached tail: see `replaced`.
+        """
         bpp, n = self.bpp, len(pages)
         end = n * bpp
         if len(key) < end:
-            raise ValueError(f"{n} pages need {n * self.page_size} tokens, the key has {len(key) // TOKEN_BYTES}")
-        if len(key) > end:
+            if not partial or len(key) <= end - bpp:
+                raise ValueError(f"{n} pages need {n * self.page_size} tokens, the key has {len(key) // TOKEN_BYTES}")
+            end = len(key)
+        elif len(key) > end:
             key = key[:end]
         node = self._roots.get(namespace)
         if node is None:
@@ -258,12 +289,11 @@ class RadixTree:
         self._tick += 1
         tick = self._tick
         node.access = tick
-        off, segments, new_pages = 0, [], []
+        off, segments, new_pages, replaced = 0, [], [], []
         while off < end:
             child = node.children.get(key[off : off + bpp])
             if child is None:
-                node = self._attach(key[off:], pages[off // bpp :], node, tick)
-                new_pages = node.pages
+                node, new_pages = self._place(node, key[off:end], pages, off // bpp, tick, segments, replaced)
                 break
             edge = child.key
             start = off // bpp
@@ -271,22 +301,99 @@ class RadixTree:
             if child.ev_key is not None:
                 self._touch(child)
             if key.startswith(edge, off):
+                node = child
+                if child.tail:  # the key runs through a cached partial tail: replace it if the key goes further
+                    keep = len(child.pages) - 1
+                    if off + len(edge) < end:
+                        segments.append((start, child.pages[:keep]))
+                        new_pages = pages[start + keep :]
+                        replaced.append(self._regrow(child, key[off + keep * bpp : end], new_pages, tick))
+                    else:
+                        segments.append((start, child.pages))
+                    break
                 segments.append((start, child.pages))
                 off += len(edge)
-                node = child
                 continue
-            j = _common(key[off : off + len(edge)], edge) // bpp
+            common = _common(key[off : off + len(edge)], edge)
+            if common == end - off and end % bpp:  # a partial key that ends inside this edge: already covered
+                segments.append((start, child.pages[: -(-common // bpp)]))
+                node = child
+                break
+            j = common // bpp
             node = self._split(child, j)  # the returned node ends exactly where the key does or diverges
             segments.append((start, node.pages))
             off += j * bpp
             if off == end:  # the key ended inside the edge: nothing new
                 break
-        return InsertResult(node if n else None, new_pages, pages, segments)
+        return InsertResult(node if n else None, new_pages, pages, segments, replaced)
+
+    def _place(
+        self, parent: Node, key: bytes, pages: list[int], start: int, tick: int, segments: list, replaced: list[int]
+    ) -> tuple[Node, list[int]]:
+        """Store `key` (from page `start` of the insert, so pages[start:]) below `parent`, no child of which starts
+        with key's first page. Deals with partial tails among the children: a sibling covering a partial `key` wins
+        (nothing stored); a partial sibling that key's first page continues is replaced. Returns the node reached
+        and the pages stored."""
+        bpp = self.bpp
+        if bpp > TOKEN_BYTES and (parent.partial_children or len(key) < bpp) and parent.sorted_keys:
+            rem = key[:bpp]
+            i = self._neighbours(parent, rem)
+            sk = parent.sorted_keys
+            # Sibling keys are prefix-free, so a sibling starting with rem is the first key at or after rem's place,
+            # and a sibling that is a prefix of rem is the key right before it.
+            if len(rem) < bpp and i < len(sk) and sk[i].startswith(rem):
+                above = parent.children[sk[i]]
+                segments.append((start, above.pages[:1]))
+                return above, []
+            if i > 0 and len(sk[i - 1]) < len(rem) and rem.startswith(sk[i - 1]):
+                below = parent.children[sk[i - 1]]
+                replaced.append(self._regrow(below, key, pages[start:], tick))
+                return below, pages[start:]
+        node = self._attach(key, pages[start:], parent, tick)
+        return node, node.pages
+
+    def _regrow(self, node: Node, key: bytes, pages: list[int], tick: int) -> int:
+        """Put `pages` for `key` in place of leaf `node`'s partial tail page (key starts at that page and continues
+        its tokens), in place, so that locks on `node` stay valid. Returns the page the tree no longer stores."""
+        bpp, keep = self.bpp, len(node.pages) - 1
+        old = node.pages[keep]
+        node.key = node.key[: keep * bpp] + key
+        node.pages = node.pages[:keep] + pages
+        grown = len(pages) - 1
+        self.cached_pages += grown
+        if node.lock or node.pin_ref:
+            self.protected_pages += grown
+        tail = len(key) % bpp // TOKEN_BYTES
+        if not tail:  # the old tail is gone; a longer one would take its place in the count
+            self.partial_pages -= 1
+        node.tail = tail
+        if keep == 0:  # its first page changed: re-key it in the parent
+            parent, first = node.parent, node.first
+            del parent.children[first]
+            sk = parent.sorted_keys
+            i = bisect_left(sk, first)
+            if i < len(sk) and sk[i] == first:
+                del sk[i]
+            parent.partial_children -= 1
+            node.first = first = node.key[:bpp]
+            parent.children[first] = node
+            parent.partial_children += len(first) < bpp
+            i = bisect_left(sk, first)
+            if i == len(sk) or sk[i] != first:
+                sk.insert(i, first)
+        node.access = tick
+        if node.ev_key is not None:
+            self._touch(node)
+        return old
 
     def _attach(self, key: bytes, pages: list[int], parent: Node, tick: int) -> Node:
         node = Node(key, pages, parent, next(self._ids), tick)
         node.first = first = key[: self.bpp]
         parent.children[first] = node
+        node.tail = tail = len(key) % self.bpp // TOKEN_BYTES
+        if tail:
+            self.partial_pages += 1
+            parent.partial_children += len(first) < self.bpp
         if self.bpp > TOKEN_BYTES:
             sk = parent.sorted_keys
             if sk is None:
@@ -319,6 +426,7 @@ class RadixTree:
         node.key, node.pages, node.parent = node.key[cut:], node.pages[j:], upper
         node.first = first = node.key[:bpp]
         upper.children[first] = node
+        upper.partial_children = len(first) < bpp  # the lower part kept the tail, if any
         if bpp > TOKEN_BYTES:
             upper.sorted_keys = [first]
         if node.pin_until is not None:  # the pages moved up were pinned too: the pinned page count is unchanged
@@ -470,10 +578,12 @@ class RadixTree:
             if ordered and (node is None or ordered[0] < (node.access << _ID_BITS) | node.id):
                 node = self._ev_sorted_nodes[ordered[0]]
             n = len(node.pages)
+            if node.tail:
+                self.partial_pages -= 1  # whichever way it goes below, the tail page goes first
             if n > need:
                 keep = n - need
                 freed += node.pages[keep:]
-                node.pages, node.key = node.pages[:keep], node.key[: keep * bpp]
+                node.pages, node.key, node.tail = node.pages[:keep], node.key[: keep * bpp], 0
                 self.cached_pages -= need
                 break
             self._unlist(node)
@@ -483,6 +593,8 @@ class RadixTree:
             self.cached_pages -= n
             parent = node.parent
             del parent.children[node.first]
+            if len(node.first) < bpp:
+                parent.partial_children -= 1
             sk = parent.sorted_keys
             if not parent.children:
                 parent.sorted_keys = None
@@ -521,16 +633,28 @@ class RadixTree:
     def check(self) -> None:
         """Asserts the tree's structural invariants: parent/child links, edge lengths, subtree lock and pin counts,
         the evictable list (exactly the unprotected leaves, keyed by current access), page counters, no page held
-        twice, no evicted node reachable."""
+        twice, no evicted node reachable; partial tails only as the last page of an unpinned leaf, sibling keys
+        prefix-free."""
         bpp, seen = self.bpp, set()
-        cached = protected = pinned = leaves = 0
+        cached = protected = pinned = leaves = partial = 0
         for namespace, root in self._roots.items():
             assert root.parent is None and not root.pages and not root.key, f"root of {namespace!r} is malformed"
             stack = [root]
             while stack:
                 node = stack.pop()
                 assert not node.evicted, f"evicted node {node.id} is reachable in namespace {namespace!r}"
-                assert node is root or (node.pages and len(node.key) == len(node.pages) * bpp), f"bad edge {node.id}"
+                assert node is root or (
+                    node.pages and (len(node.pages) - 1) * bpp < len(node.key) <= len(node.pages) * bpp
+                ), f"bad edge {node.id}"
+                tail = len(node.key) % bpp // TOKEN_BYTES
+                assert node.tail == tail and len(node.key) % TOKEN_BYTES == 0, f"node {node.id}: tail {node.tail}"
+                assert not tail or not node.children, f"node {node.id} has a partial tail and children"
+                assert not tail or node.pin_until is None, f"node {node.id}: a partial tail is pinned"
+                partial += tail > 0
+                firsts = sorted(node.children)
+                assert not any(b.startswith(a) for a, b in itertools.pairwise(firsts)), f"node {node.id}: keys nest"
+                short = sum(len(first) < bpp for first in firsts)
+                assert node.partial_children == short, f"node {node.id}: {node.partial_children} partial children"
                 locks, pins = node.own_locks, node.pin_until is not None
                 for first, child in node.children.items():
                     assert child.parent is node and child.key[:bpp] == first is child.first, f"bad link {child.id}"
@@ -565,9 +689,9 @@ class RadixTree:
         assert all(a < b for a, b in itertools.pairwise(recent)), "the recent evictable leaves are out of order"
         assert list(self._ev_sorted) == sorted(self._ev_sorted_nodes), "the sorted evictable leaves disagree"
         assert leaves == self.evictable_leaves, "the evictable list holds unreachable nodes"
-        assert (cached, protected, pinned) == (self.cached_pages, self.protected_pages, self.pinned_pages), (
-            f"counters (cached, protected, pinned) {(self.cached_pages, self.protected_pages, self.pinned_pages)} "
-            f"!= recomputed {(cached, protected, pinned)}"
+        counters = (self.cached_pages, self.protected_pages, self.pinned_pages, self.partial_pages)
+        assert (cached, protected, pinned, partial) == counters, (
+            f"counters (cached, protected, pinned, partial) {counters} != recomputed {(cached, protected, pinned, partial)}"
         )
         finite = sorted((n.pin_until, n.id) for n in self._pinned.values() if n.pin_until != math.inf)
         assert list(self._expiry) == finite, "pin expiry list out of sync"

@@ -91,7 +91,7 @@ def test_publish_dedup_keeps_the_tree_page_and_frees_the_copy_at_release() -> No
     assert cache.allocator.num_free == free_before + 3  # all of b's pages were private
     cache.release(a, prompt)
     cache.check(idle=True)
-    assert cache.stats().pages_cached == 2
+    assert cache.stats().pages_cached == 3 and cache.stats().pages_partial == 1  # + a's tail [9]
 
 
 def test_release_is_idempotent_and_a_released_lease_is_dead() -> None:
@@ -174,7 +174,7 @@ def test_flush_with_live_leases_keeps_them_correct() -> None:
     live = cache.acquire("live", [1, 2, 3, 4, 9], max_cached=4)
     cache.allocate(live, 1)
     freed = cache.flush()
-    assert freed == 2 and cache.stats().pages_pinned == 0  # b's pages; a's path is read by `live`
+    assert freed == 4 and cache.stats().pages_pinned == 0  # b's 3 pages and a's tail; `live` reads a's path
     assert cache.stats().pages_evictable == 0
     cache.check()
     assert live.pages[:2] == cache.tree.match(list_key([1, 2, 3, 4])).pages
@@ -182,13 +182,13 @@ def test_flush_with_live_leases_keeps_them_correct() -> None:
     cache.release(live)
     cache.check(idle=True)
     assert cache.flush() == 3 and cache.stats().pages_free == 16
-    assert cache.stats().flushed_pages == 5
+    assert cache.stats().flushed_pages == 7
 
 
 def test_pin_ttl_expires_on_the_injected_clock() -> None:
     clock = FakeClock()
     cache = PrefixCache(4, 2, clock=clock)
-    serve(cache, "sys", [1, 1, 1, 1, 0])
+    serve(cache, "sys", [1, 1, 1, 1])
     assert cache.pin([1, 1, 1, 1, 5], ttl=30) == 4
     lease = cache.acquire("x", [2, 2, 2, 2])
     with pytest.raises(CacheFullError, match="0 evictable"):
@@ -256,7 +256,8 @@ def test_stats_count_hits_use_and_leases() -> None:
     s = cache.stats()
     assert (s.queried_tokens, s.hit_tokens) == (10, 4) and s.hit_rate == pytest.approx(0.4)
     assert s.pages_in_use == 3 and s.live_leases == 1 and cache.leases() == [lease]
-    assert s.pages_cached == 2 and s.pages_evictable == 0 and s.published_pages == 2
+    assert s.pages_cached == 3 and s.published_pages == 3 and s.pages_partial == 1  # a's tail [5] too
+    assert s.pages_evictable == 1  # the tail: b reads only the whole pages before it
     cache.release(lease)
 
 
@@ -285,4 +286,85 @@ def test_a_lease_locks_only_the_pages_it_reads() -> None:
     assert cache.match_length(list(range(12))) == 6
     cache.check()
     cache.release(lease)
+    cache.check(idle=True)
+
+
+def test_release_stores_the_partial_tail_and_the_next_turn_copies_it() -> None:
+    cache = PrefixCache(16, 4)
+    turn1 = list(range(10))  # two whole pages and a tail of 2 tokens
+    lease = cache.acquire("t1", turn1, max_cached=9)
+    cache.allocate(lease, 3)
+    assert cache.publish(lease, turn1) == 2 and cache.stats().pages_partial == 0  # while running: whole pages only
+    tail = lease.pages[2]
+    cache.release(lease, turn1)
+    s = cache.stats()
+    assert s.pages_cached == 3 and s.pages_partial == 1 and s.published_pages == 3
+    assert cache.allocator.refcount(tail) == 1  # the tree's reference only
+    assert cache.match_length(turn1 + [50]) == 10 and cache.match_length(turn1[:9]) == 9
+    cache.check(idle=True)
+    turn2 = turn1 + [50, 51, 52]
+    nxt = cache.acquire("t2", turn2, max_cached=len(turn2) - 1)
+    assert nxt.cached_tokens == 10 and nxt.copy_from == (tail, nxt.pages[-1], 2) and len(nxt.pages) == 3
+    assert cache.allocator.refcount(tail) == 2  # the tree and the pending copy
+    cache.check()
+    cache.allocate(nxt, 1)
+    # its own third page, now whole, replaces the tail: the tree drops the old page, which nobody holds any more
+    assert cache.publish(nxt, turn2[:12]) == 1
+    assert cache.allocator.refcount(tail) == 0 and cache.stats().pages_partial == 0
+    assert cache.tree.match(list_key(turn2[:12])).pages == nxt.pages[:3]
+    cache.release(nxt, turn2)
+    assert cache.stats().pages_partial == 1 and cache.match_length(turn2 + [0]) == 13
+    cache.check(idle=True)
+
+
+def test_a_replaced_tail_stays_alive_for_a_lease_still_copying_from_it() -> None:
+    cache = PrefixCache(16, 4)
+    serve(cache, "t1", list(range(6)))  # whole page + tail [4, 5]
+    tail = cache.tree.match(list_key(range(6))).partial_page
+    reader = cache.acquire("reader", list(range(6)) + [7], max_cached=6)
+    assert reader.copy_from == (tail, reader.pages[-1], 2)
+    serve(cache, "writer", list(range(8)) + [0])  # publishes a whole page 4..7 over the tail
+    assert cache.tree.match(list_key(range(8))).pages[1] != tail
+    assert cache.allocator.refcount(tail) == 1  # only the reader's pending copy holds it now
+    cache.check()
+    cache.release(reader)
+    assert cache.allocator.refcount(tail) == 0
+    cache.check(idle=True)
+
+
+def test_release_dedups_a_tail_the_tree_already_covers() -> None:
+    cache = PrefixCache(16, 4)
+    serve(cache, "long", list(range(7)))  # tail [4, 5, 6]
+    free = cache.allocator.num_free
+    serve(cache, "short", list(range(6)))  # its tail [4, 5] is covered by the longer one: kept, its copy freed
+    assert cache.allocator.num_free == free and cache.stats().pages_partial == 1
+    assert cache.match_length(list(range(7)) + [9]) == 7
+    serve(cache, "inside", list(range(3)))  # a tail inside a whole cached page: nothing new either
+    assert cache.allocator.num_free == free and cache.stats().pages_cached == 2
+    cache.check(idle=True)
+
+
+def test_a_preempted_sequence_comes_back_token_exact() -> None:
+    cache = PrefixCache(8, 4)
+    seq = list(range(11))
+    lease = cache.acquire("r", seq, max_cached=10)
+    cache.allocate(lease, 3)
+    cache.release(lease, seq[:7])  # preempted after computing 7 tokens
+    again = cache.acquire("r", seq, max_cached=10)
+    assert again.cached_tokens == 7 and again.copy_from is not None and again.copy_from[2] == 3
+    cache.release(again)
+    # the tail is an evictable leaf like any other, and flush drops it
+    assert cache.stats().pages_evictable == 2 and cache.flush() == 2 and cache.stats().pages_partial == 0
+    cache.check(idle=True)
+
+
+def test_tails_are_per_namespace_and_a_disabled_cache_stores_none() -> None:
+    cache = PrefixCache(8, 4)
+    serve(cache, "a", [1, 2, 3, 4, 5, 6], namespace="alice")
+    assert cache.match_length([1, 2, 3, 4, 5, 6, 0], "alice") == 6
+    assert cache.match_length([1, 2, 3, 4, 5, 6, 0], "bob") == 0
+    off = PrefixCache(8, 4, enabled=False)
+    serve(off, "a", [1, 2, 3, 4, 5, 6])
+    assert off.stats().pages_cached == 0 and off.stats().pages_free == 8
+    off.check(idle=True)
     cache.check(idle=True)

@@ -1,6 +1,8 @@
 """Random sequences of cache operations against a plain reference model, with check() after every step.
 
-The model is a dict (namespace, whole-page token prefix) -> page id, plus the pinned prefixes with their expiry.
+The model is a dict (namespace, token prefix) -> page id, plus the pinned prefixes with their expiry. A prefix is
+whole pages, or whole pages plus a partial tail (1..page_size-1 tokens) that a release stored; a later whole page or
+longer tail over the same tokens replaces a tail, and a tail already covered by a cached page is not stored.
 Deterministic operations (acquire, publish, extend, pin, unpin) must agree with it exactly. Where the cache has a
 choice (which leaves to evict), the model only checks the rules: what vanished was a whole subtree's leaves, was
 neither pinned nor read by a live lease, and the count is what was asked (capped by what was evictable).
@@ -66,7 +68,8 @@ class CacheMachine(RuleBasedStateMachine):
             assert key not in self.pins, f"pinned prefix {key} was evicted"
             assert self.model[key] not in held, f"page {self.model[key]} of a live lease was evicted"
         for ns, prefix in actual:  # still prefix-closed: leaves went first
-            assert len(prefix) == self.ps or (ns, prefix[: -self.ps]) in actual
+            last = len(prefix) % self.ps or self.ps
+            assert len(prefix) == last or (ns, prefix[:-last]) in actual
         self.model = actual
 
     def pick(self, i: int):
@@ -75,14 +78,35 @@ class CacheMachine(RuleBasedStateMachine):
     def computed(self, lease, seq: list[int]) -> list[int]:
         return seq[: min(len(seq), len(lease.pages) * self.ps)]
 
+    def drop_tails(self, ns: str, tokens: list[int], base: int, upto: int) -> None:
+        """Forget the partial tails that tokens[base : base + t] for t < upto would have been (now replaced)."""
+        for t in range(1, upto):
+            self.model.pop((ns, tuple(tokens[: base + t])), None)
+
     def publish_model(self, lease, tokens: list[int]) -> int:
         added = 0
         for i in range(len(tokens) // self.ps):
             key = (lease.namespace, tuple(tokens[: (i + 1) * self.ps]))
             if key not in self.model:
+                self.drop_tails(lease.namespace, tokens, i * self.ps, self.ps)
                 self.model[key] = lease.pages[i]
                 added += 1
         return added
+
+    def release_model(self, lease, tokens: list[int]) -> None:
+        """publish_model, then the trailing partial page as a tail unless a cached page already covers it."""
+        self.publish_model(lease, tokens)
+        ns, r = lease.namespace, len(tokens) % self.ps
+        if not r:
+            return
+        base, tail = len(tokens) - r, tuple(tokens)
+        covered = any(
+            kns == ns and len(tail) <= len(prefix) <= base + self.ps and prefix[: len(tail)] == tail
+            for kns, prefix in self.model
+        )
+        if not covered:
+            self.drop_tails(ns, tokens, base, r)
+            self.model[(ns, tail)] = lease.pages[base // self.ps]
 
     # ---- rules ---------------------------------------------------------------------------------------------
     @precondition(lambda self: self.seen)
@@ -102,9 +126,10 @@ class CacheMachine(RuleBasedStateMachine):
         rest, best, sources = tuple(tokens[m:cap][: self.ps]), 0, set()
         if self.ps > 1 and rest:
             for (kns, prefix), page in self.model.items():
-                if kns == ns and len(prefix) == m + self.ps and prefix[:m] == tuple(tokens[:m]):
+                if kns == ns and m < len(prefix) <= m + self.ps and prefix[:m] == tuple(tokens[:m]):
                     common = next(
-                        (j for j, (a, b) in enumerate(zip(prefix[m:], rest, strict=False)) if a != b), len(rest)
+                        (j for j, (a, b) in enumerate(zip(prefix[m:], rest, strict=False)) if a != b),
+                        min(len(rest), len(prefix) - m),
                     )
                     common = min(common, self.ps - 1)
                     if common > best:
@@ -175,12 +200,14 @@ class CacheMachine(RuleBasedStateMachine):
         assert lease.pages[held:] == [self.model[key] for key in path[held:]]
 
     @precondition(lambda self: self.live)
-    @rule(i=PICK, publish=st.booleans())
-    def release(self, i: int, publish: bool) -> None:
+    @rule(i=PICK, publish=st.booleans(), short=st.integers(0, 2))
+    def release(self, i: int, publish: bool, short: int = 0) -> None:
+        """Release, publishing the computed tokens less `short` of them: any count, aligned to a page or not."""
         lease, seq = self.live.pop(i % len(self.live))
         tokens = self.computed(lease, seq) if publish else None
         if tokens is not None:
-            self.publish_model(lease, tokens)
+            tokens = tokens[: max(0, len(tokens) - short)]
+            self.release_model(lease, tokens)
         self.cache.release(lease, tokens)
         self.released.append(lease)
 

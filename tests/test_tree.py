@@ -249,3 +249,90 @@ def test_partial_lookup_after_children_were_evicted() -> None:
     tree.insert(seq(9, 9, 9, 9, 8, 8, 8, 8), [0, 50])  # a key whose stale entry is still listed
     assert tree.match(seq(9, 9, 9, 9, 8, 8)).partial_page == 50
     tree.check()
+
+
+def test_partial_tail_is_matched_deduped_and_replaced_in_place() -> None:
+    tree = RadixTree(4)
+    r = tree.insert(seq(1, 2, 3, 4, 5, 6), [0, 1], partial=True)
+    assert r.new_pages == [0, 1] and r.node.tail == 2 and tree.partial_pages == 1 and tree.cached_pages == 2
+    m = tree.match(seq(1, 2, 3, 4, 5, 6, 9))  # runs through the tail: reported as a partial page, never whole
+    assert m.pages == [0] and (m.partial_page, m.partial_tokens) == (1, 2) and m.tokens == 6
+    assert m.node is r.node and m.node_pages == 1 and m.partial_node is r.node
+    assert tree.match(seq(1, 2, 3, 4, 5, 9)).partial_tokens == 1
+    assert tree.match(seq(1, 2, 3, 4, 5, 6)).tokens == 6
+    tree.check()
+    # a shorter (or equal) tail over the same tokens is covered: nothing stored
+    for key, page in ((seq(1, 2, 3, 4, 5), 7), (seq(1, 2, 3, 4, 5, 6), 8)):
+        d = tree.insert(key, [0, page], partial=True)
+        assert d.new_pages == [] and d.duplicates == [page] and d.replaced == []
+    # a longer tail replaces it; then a whole page does, and the edge continues (still one compressed node)
+    d = tree.insert(seq(1, 2, 3, 4, 5, 6, 7), [0, 9], partial=True)
+    assert d.new_pages == [9] and d.replaced == [1] and d.node is r.node and r.node.tail == 3
+    d = tree.insert(seq(*range(1, 13)), [0, 10, 11])
+    assert d.new_pages == [10, 11] and d.replaced == [9] and d.node is r.node and r.node.pages == [0, 10, 11]
+    assert r.node.tail == 0 and tree.partial_pages == 0 and tree.cached_pages == 3 and len(list(tree.nodes())) == 2
+    tree.check()
+    with pytest.raises(ValueError, match="need"):
+        tree.insert(seq(1, 2, 3, 4), [0, 1], partial=True)  # every page must hold at least one token
+
+
+def test_partial_key_ending_inside_a_cached_edge_stores_nothing_and_splits_nothing() -> None:
+    tree = RadixTree(4)
+    tree.insert(seq(*range(1, 13)), [0, 1, 2])
+    before = snapshot(tree)
+    d = tree.insert(seq(1, 2, 3, 4, 5, 6), [0, 5], partial=True)
+    assert d.new_pages == [] and d.duplicates == [5] and d.replaced == []
+    assert snapshot(tree) == before
+    d = tree.insert(seq(1, 2, 3, 4, 5, 9), [0, 6], partial=True)  # diverges inside the page: a sibling tail
+    assert d.new_pages == [6] and d.node.tail == 2 and d.node.parent.pages == [0]
+    assert tree.match(seq(1, 2, 3, 4, 5, 9, 9)).partial_page == 6
+    tree.check()
+
+
+def test_partial_sibling_tails_at_a_node_boundary() -> None:
+    tree = RadixTree(4)
+    root_edge = tree.insert(seq(1, 2, 3, 4), [0]).node
+    a = tree.insert(seq(1, 2, 3, 4, 5, 6), [0, 1], partial=True).node
+    b = tree.insert(seq(1, 2, 3, 4, 5, 7, 7), [0, 2], partial=True).node
+    assert a.parent is b.parent is root_edge and root_edge.partial_children == 2 and tree.partial_pages == 2
+    m = tree.match(seq(1, 2, 3, 4, 5, 7, 7, 7))
+    assert m.pages == [0] and (m.partial_page, m.partial_tokens) == (2, 3) and m.partial_node is b
+    assert m.node is root_edge
+    assert tree.match(seq(1, 2, 3, 4, 5, 6, 0)).partial_page == 1
+    tree.check()
+    d = tree.insert(seq(1, 2, 3, 4, 5, 6, 7, 8, 9), [0, 3, 4], partial=True)  # whole page over a's tail, then more
+    assert d.replaced == [1] and d.new_pages == [3, 4] and d.node is a and a.pages == [3, 4] and a.tail == 1
+    assert root_edge.partial_children == 1 and tree.partial_pages == 2
+    d = tree.insert(seq(1, 2, 3, 4, 5), [0, 8], partial=True)  # covered by a's whole first page
+    assert d.new_pages == [] and d.duplicates == [8]
+    assert tree.match(seq(1, 2, 3, 4, 5, 6, 7, 8, 9)).pages == [0, 3]
+    tree.check()
+    assert sorted(tree.evict(10)) == [0, 2, 3, 4]
+    assert tree.partial_pages == 0 and tree.cached_pages == 0
+    tree.check()
+
+
+def test_partial_tails_under_eviction_locks_pins_flush_and_namespaces() -> None:
+    tree = RadixTree(4)
+    node = tree.insert(seq(1, 2, 3, 4, 5, 6), [0, 1], partial=True).node
+    assert tree.evict(1) == [1] and node.pages == [0] and node.tail == 0 and tree.partial_pages == 0  # tail first
+    tree.check()
+    leaf = tree.insert(seq(1, 2, 3, 4, 5), [0, 2], partial=True).node
+    assert leaf.parent is node and len(leaf.first) == 4
+    tree.lock(leaf)  # a reader copying from the tail
+    d = tree.insert(seq(1, 2, 3, 4, 5, 6, 7, 8, 9, 9, 9, 9), [0, 3, 4])  # replaced under the lock, in place
+    assert d.replaced == [2] and leaf.pages == [3, 4] and leaf.lock == 1 and not leaf.evicted
+    assert tree.evictable_pages == 0
+    tree.check()
+    tree.unlock(leaf)
+    assert tree.evictable_pages == 3
+    # pins cover whole pages only: the edge is split before its tail, which stays evictable
+    tail = tree.insert(seq(7, 7, 7, 7, 8), [5, 6], partial=True).node
+    assert tree.pin(seq(7, 7, 7, 7, 8)) == 4 and tail.pages == [6] and tail.pin_until is None
+    tree.check()
+    assert sorted(tree.evict(10)) == [0, 3, 4, 6] and tree.cached_pages == tree.pinned_pages == 1
+    tree.check()
+    tree.insert(seq(5, 5, 5), [9], "other", partial=True)
+    assert tree.match(seq(5, 5, 5)).tokens == 0 and tree.match(seq(5, 5, 5), "other").tokens == 3
+    assert sorted(tree.flush()) == [5, 9] and tree.partial_pages == 0 and tree.cached_pages == 0
+    tree.check()
