@@ -1,0 +1,110 @@
+"""In-process engine figures for a ~125M Llama (fp32): decode throughput at several concurrencies, and the time to
+first token of a 1,024-token prompt cold vs. with its first 1,000 tokens cached.
+
+    python bench/engine_bench.py [--quick]
+
+Prints a table; the LAST line is one JSON object. Measured side by side in one run (the machine is shared).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+
+import torch
+
+from radixcache.worker.engine import Engine, EngineConfig
+from radixcache.worker.model.config import ModelConfig
+from radixcache.worker.model.loader import random_model
+from radixcache.worker.request import Request, SamplingParams
+
+CONFIG_125M = ModelConfig(
+    vocab_size=32000,
+    hidden_size=768,
+    intermediate_size=2048,
+    num_layers=12,
+    num_heads=12,
+    num_kv_heads=4,
+    max_position_embeddings=4096,
+)
+
+
+def run(engine: Engine, requests: list[Request]) -> dict[str, float]:
+    """Submit all; step until every request has its first token (prefill), then time the decode steps to the end.
+
+    Returns mean TTFT (seconds), decode wall time and the number of tokens generated while decoding.
+    """
+    ttft: dict[str, float] = {}
+
+    def on_output(out) -> None:
+        if out.time_to_first_token is not None:
+            ttft[out.request_id] = out.time_to_first_token
+
+    for r in requests:
+        engine.submit(r, on_output)
+    while len(ttft) < len(requests):
+        engine.step()
+    start = time.perf_counter()
+    engine.run_until_idle()
+    wall = time.perf_counter() - start
+    decoded = sum(r.sampling.max_tokens - 1 for r in requests)
+    return {"wall": wall, "tokens": decoded, "ttft": sum(ttft.values()) / len(ttft)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="fewer tokens per measurement")
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    rng = random.Random(0)
+    loaded = random_model(CONFIG_125M, seed=0)
+    engine = Engine(loaded, EngineConfig(page_size=16, kv_pages=4096, max_step_tokens=1024, max_running=64))
+    decode_tokens = 16 if args.quick else 48
+
+    def prompt(n: int) -> list[int]:
+        return [rng.randrange(32000) for _ in range(n)]
+
+    rows = []
+    throughput = {}
+    for batch in (1, 4, 16):
+        reqs = [
+            Request(f"d{batch}-{i}", prompt(128), SamplingParams(max_tokens=decode_tokens, ignore_eos=True))
+            for i in range(batch)
+        ]
+        result = run(engine, reqs)
+        tps = result["tokens"] / result["wall"]
+        throughput[batch] = tps
+        step_ms = 1000 * result["wall"] / (decode_tokens - 1)
+        rows.append((f"decode, {batch} concurrent", f"{tps:8.1f} tok/s", f"{step_ms:8.1f} ms/step"))
+
+    long_prompt = prompt(1024)
+    cold = run(engine, [Request("cold", long_prompt, SamplingParams(max_tokens=1, ignore_eos=True))])["ttft"]
+    engine.flush_cache()
+    engine.submit(Request("seed", long_prompt[:1000], SamplingParams(max_tokens=1, ignore_eos=True)), lambda o: None)
+    engine.run_until_idle()
+    warm = run(engine, [Request("warm", long_prompt, SamplingParams(max_tokens=1, ignore_eos=True))])["ttft"]
+    rows.append(("TTFT 1024 cold", f"{1000 * cold:8.1f} ms", ""))
+    rows.append(("TTFT 1024, 1000 cached", f"{1000 * warm:8.1f} ms", f"{cold / warm:6.1f}x faster"))
+    engine.cache.check()
+    for row in rows:
+        print(f"{row[0]:<26}{row[1]:>16}  {row[2]}")
+    print("decode rows: 128-token prompts, timed after every prefill finished")
+    print(
+        json.dumps(
+            {
+                "decode_tps_b1": round(throughput[1], 2),
+                "decode_tps_b4": round(throughput[4], 2),
+                "decode_tps_b16": round(throughput[16], 2),
+                "ttft_cold_ms": round(1000 * cold, 2),
+                "ttft_cached_ms": round(1000 * warm, 2),
+                "ttft_speedup": round(cold / warm, 2),
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
