@@ -399,7 +399,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1, help="torch threads of each worker (OMP_NUM_THREADS)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=RESULTS / "serve.json")
-    p.add_argument("--plots", type=Path, default=PLOTS, help="folder for PNGs ('' for none)")
+    p.add_argument("--plots", default=str(PLOTS), help="folder for PNGs ('' for none)")
     p.add_argument("--hf-json", type=Path, help="hf_baseline.py result to draw on the throughput plot")
     args = p.parse_args(argv)
     args.sweep = [int(x) for x in args.sweep.split(",") if x.strip()]
@@ -439,8 +439,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
         result["hf"] = json.loads(args.hf_json.read_text())
     write_json(args.out, result)
-    if str(args.plots):
-        for path in plot(result, args.plots):
+    if args.plots:
+        for path in plot(result, Path(args.plots)):
             print(f"  wrote {path}")
     return result
 
