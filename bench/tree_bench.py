@@ -26,7 +26,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from radixcache.tree import RadixTree, encode  # noqa: E402
+from radixcache.keys import encode  # noqa: E402
+from radixcache.tree import RadixTree  # noqa: E402
 
 VOCAB, PREFIXES, PREFIX_LEN, SUFFIX_LEN = 32000, 64, 1024, 256
 

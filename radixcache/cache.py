@@ -23,8 +23,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from radixcache.keys import TOKEN_BYTES, encode
+from radixcache.node import Node
 from radixcache.pages import PageAllocator
-from radixcache.tree import TOKEN_BYTES, Node, RadixTree, encode
+from radixcache.tree import RadixTree
 
 Tokens = Sequence[int]
 

@@ -1,15 +1,13 @@
 """Radix tree over token pages: match, insert with dedup, split, leaf-first LRU eviction, pins with TTL.
 
-Key format: a token sequence is encoded once as `bytes`, 4 bytes per token, big-endian (`encode`). A page is a slice of
-4 x page_size bytes, so a child lookup is one dict lookup on the first page's bytes, an edge comparison is one
-`bytes.startswith` (memcmp), and bytes order equals token order (used to find the best partial page by bisection).
-Edges are compressed: a node holds a run of pages (`key`, `pages`) with no branching inside. Every page is whole
-(page_size tokens) except possibly the last page of a leaf: a partial tail holding 1..page_size-1 valid tokens,
-stored when a finished sequence ends mid-page (`insert(..., partial=True)`). Readers only ever copy a tail's first
-slots (a match reports it as the partial page), never read it as a whole page, so the tree may replace it: an insert
-that covers the same position with a whole page or a longer tail puts its own page there and hands the old one back
-in `InsertResult.replaced`; one that is covered by what is cached (a whole page or a tail at least as long) stores
-nothing (dedup). Sibling keys are prefix-free: no child's first page is a prefix of another's.
+Keys are bytes in the format of `radixcache.keys` (4 bytes per token, big-endian; a page is a slice). Edges are
+compressed: a node holds a run of pages (`key`, `pages`) with no branching inside. Every page is whole (page_size
+tokens) except possibly the last page of a leaf: a partial tail holding 1..page_size-1 valid tokens, stored when a
+finished sequence ends mid-page (`insert(..., partial=True)`). Readers only ever copy a tail's first slots (a match
+reports it as the partial page), never read it as a whole page, so the tree may replace it: an insert that covers the
+same position with a whole page or a longer tail puts its own page there and hands the old one back in
+`InsertResult.replaced`; one that is covered by what is cached (a whole page or a tail at least as long) stores nothing
+(dedup). Sibling keys are prefix-free: no child's first page is a prefix of another's.
 
 Each namespace has its own root, so a prefix cached for one namespace is a miss for every other.
 
@@ -17,131 +15,26 @@ Ownership: the tree only records which page ids hold which tokens. It never allo
 the pages it newly stores and `evict`/`flush` return the pages it dropped, and the caller adjusts refcounts.
 
 Protection: a node is protected while its subtree holds a lock (`lock`, counted up to the root) or a pin
-(`pin_ref`). Only unprotected leaves are evictable. They are listed by (access tick, id), updated incrementally
-whenever a node's leaf/lock/pin status or access time changes: touched leaves move to the end of an OrderedDict in
-O(1); leaves that become evictable with an older tick go into a SortedList in O(log n); eviction takes the smaller
-head. So one evicted node costs O(log n) however large the tree is, and nothing is ever rebuilt.
+(`pin_ref`). Only unprotected leaves are evictable; `radixcache.lru.LeafLRU` keeps them in LRU order incrementally
+whenever a node's leaf/lock/pin status or access time changes, so one evicted node costs O(log n) however large the
+tree is, and nothing is ever rebuilt. The integrity check lives in `radixcache.tree_check`.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-import sys
 import time
-from array import array
 from bisect import bisect_left
-from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 
 from sortedcontainers import SortedList
 
-TOKEN_BYTES = 4
-_ID_BITS = 40  # evictable order key = access tick << 40 | node id: one int compare instead of a tuple compare
-RECENT = -1  # Node.ev_key of a leaf listed in the recent (OrderedDict) part
-assert array("I").itemsize == TOKEN_BYTES, "this platform's C unsigned int is not 4 bytes"
-
-
-def encode(tokens: Sequence[int]) -> bytes:
-    """Token ids -> key bytes (4 bytes per token, big-endian). A bytes object is read as token ids, one per byte."""
-    if isinstance(tokens, (bytes, bytearray, memoryview)):
-        tokens = list(tokens)  # array() would take raw bytes as machine words
-    try:
-        arr = array("I", tokens)
-    except (OverflowError, TypeError) as exc:
-        raise ValueError(f"token ids must be integers in [0, 2**32): {exc}") from None
-    if sys.byteorder == "little":
-        arr.byteswap()
-    return arr.tobytes()
-
-
-def decode(key: bytes) -> list[int]:
-    arr = array("I", key)
-    if sys.byteorder == "little":
-        arr.byteswap()
-    return arr.tolist()
-
-
-def _common(a: bytes, b: bytes) -> int:
-    """Length in bytes of the common prefix of a and b."""
-    n = min(len(a), len(b))
-    a, b = a[:n], b[:n]
-    if a == b:
-        return n
-    x = int.from_bytes(a, "big") ^ int.from_bytes(b, "big")
-    return n - 1 - (x.bit_length() - 1) // 8
-
-
-class Node:
-    __slots__ = ("key", "first", "pages", "parent", "children", "sorted_keys", "access", "lock", "own_locks")
-    __slots__ += ("pin_until", "pin_ref", "ev_key", "id", "evicted", "tail", "partial_children")
-
-    def __init__(self, key: bytes, pages: list[int], parent: Node | None, node_id: int, access: int) -> None:
-        self.key = key  # the edge: whole pages of tokens, encoded
-        self.first = key  # the very object keying this node in parent.children (its hash is cached)
-        self.pages = pages  # page ids, one per page of `key`; replaced, never mutated in place
-        self.parent = parent
-        self.children: dict[bytes, Node] = {}  # first page bytes -> child
-        # Sorted children keys, page_size > 1 only (partial hits). Eviction leaves stale entries behind (cheaper than
-        # a bisect per evicted node); lookups skip and drop them, and the list is rebuilt when half of it is stale.
-        self.sorted_keys: list[bytes] | None = None
-        self.access = access
-        self.lock = 0  # leases locking this node or a descendant
-        self.own_locks = 0  # leases whose deepest node is this one
-        self.pin_until: float | None = None  # None: not pinned; math.inf: pinned without TTL
-        self.pin_ref = 0  # pinned nodes in this subtree, itself included
-        self.ev_key: int | None = None  # None: not evictable; RECENT; else its key in the sorted part
-        self.id = node_id
-        self.evicted = False
-        self.tail = 0  # valid tokens in the last page when it is a partial tail (then a leaf), else 0
-        self.partial_children = 0  # children whose only page is a partial tail (their `first` is shorter than a page)
-
-
-class Match:
-    """Result of `RadixTree.match`: `pages` whole cached pages in token order; `node` the deepest node they reach
-    (None when nothing matched), of which the first `node_pages` pages are on the path (fewer than all when the match
-    ends inside an edge); optionally a partial page: `partial_page` holds the next `partial_tokens` tokens
-    (1..page_size-1) in its first slots and lives in `partial_node` (`node` itself, or a child of it where
-    it is the first page). A partial tail the key runs through is reported that way, never as a whole page."""
-
-    __slots__ = ("pages", "node", "node_pages", "partial_node", "partial_page", "partial_tokens", "page_size")
-
-    def __init__(self, pages: list[int], node: Node | None, used: int, pnode: Node | None, ppage: int, k: int, ps: int):
-        self.pages, self.node, self.node_pages, self.partial_node = pages, node, used, pnode
-        self.partial_page, self.partial_tokens, self.page_size = ppage, k, ps
-
-    @property
-    def tokens(self) -> int:
-        return len(self.pages) * self.page_size + self.partial_tokens
-
-
-class InsertResult:
-    """Result of `RadixTree.insert`: `node` holds the last inserted page (None for an empty insert); `new_pages`
-    are the caller's pages the tree now stores (the caller adds the tree's reference); `existing` counts leading
-    pages already cached; `duplicates` lists the caller's pages that sit where the tree already holds another page
-    (the tree's page wins; the caller may free its copy); `replaced` lists tree pages that held a partial tail the
-    insert covered with a whole page or a longer tail (the tree no longer stores them: the caller drops the tree's
-    reference)."""
-
-    __slots__ = ("node", "new_pages", "existing", "replaced", "_given", "_segments")
-
-    def __init__(
-        self, node: Node | None, new_pages: list[int], given: list[int], segments: list, replaced: list[int]
-    ) -> None:
-        self.node, self.new_pages, self._given, self._segments = node, new_pages, given, segments
-        self.existing = len(given) - len(new_pages)
-        self.replaced = replaced
-
-    @property
-    def duplicates(self) -> list[int]:
-        # Computed on demand: most callers only need new_pages, and this is O(existing pages).
-        given = self._given
-        return [
-            p
-            for start, cached in self._segments
-            for p, q in zip(given[start : start + len(cached)], cached, strict=True)
-            if p != q
-        ]
+from radixcache.keys import TOKEN_BYTES
+from radixcache.keys import common_prefix as _common
+from radixcache.lru import ID_BITS, RECENT, LeafLRU
+from radixcache.node import InsertResult, Match, Node
+from radixcache.tree_check import check_tree
 
 
 class RadixTree:
@@ -156,13 +49,7 @@ class RadixTree:
         self._roots: dict[str, Node] = {}
         self._ids = itertools.count()
         self._tick = 0  # logical LRU clock: deterministic, and never ties two touches
-        # The evictable leaves in LRU order of (access tick, id). A touch always gives the newest tick, so touched and
-        # new leaves go to the end of `_ev_recent` (id -> node, in ascending order; O(1) move); a leaf that becomes
-        # evictable with an older tick (unlocked, unpinned, last child evicted) goes into `_ev_sorted` (O(log n)).
-        # The LRU leaf is the older of the two heads.
-        self._ev_recent: OrderedDict[int, Node] = OrderedDict()
-        self._ev_sorted = SortedList()
-        self._ev_sorted_nodes: dict[int, Node] = {}
+        self._lru = LeafLRU()  # the evictable leaves, least recently used first
         self._expiry = SortedList()  # (pin_until, node id) of pins with a TTL
         self._pinned: dict[int, Node] = {}
         self.cached_pages = 0
@@ -181,7 +68,7 @@ class RadixTree:
 
     @property
     def evictable_leaves(self) -> int:
-        return len(self._ev_recent) + len(self._ev_sorted)
+        return len(self._lru)
 
     def namespaces(self) -> list[str]:
         return list(self._roots)
@@ -238,9 +125,9 @@ class RadixTree:
             low.access = tick
             if low.ev_key is not None:  # only the lowest node on a path can be a leaf
                 if low.ev_key == RECENT:
-                    self._ev_recent.move_to_end(low.id)
+                    self._lru.recent.move_to_end(low.id)
                 else:
-                    self._touch(low)
+                    self._lru.touch(low)
         used = 0 if node is None else len(node.pages) if used < 0 else used
         return Match(pages, node, used, pnode, ppage, k, ps)
 
@@ -293,13 +180,17 @@ class RadixTree:
         while off < end:
             child = node.children.get(key[off : off + bpp])
             if child is None:
-                node, new_pages = self._place(node, key[off:end], pages, off // bpp, tick, segments, replaced)
+                if bpp > TOKEN_BYTES and (node.partial_children or end - off < bpp) and node.sorted_keys:
+                    node, new_pages = self._place(node, key[off:end], pages, off // bpp, tick, segments, replaced)
+                else:  # the common case, kept free of the partial-tail checks
+                    node = self._attach(key[off:end], pages[off // bpp :], node, tick)
+                    new_pages = node.pages
                 break
             edge = child.key
             start = off // bpp
             child.access = tick
             if child.ev_key is not None:
-                self._touch(child)
+                self._lru.touch(child)
             if key.startswith(edge, off):
                 node = child
                 if child.tail:  # the key runs through a cached partial tail: replace it if the key goes further
@@ -331,24 +222,23 @@ class RadixTree:
         self, parent: Node, key: bytes, pages: list[int], start: int, tick: int, segments: list, replaced: list[int]
     ) -> tuple[Node, list[int]]:
         """Store `key` (from page `start` of the insert, so pages[start:]) below `parent`, no child of which starts
-        with key's first page. Deals with partial tails among the children: a sibling covering a partial `key` wins
-        (nothing stored); a partial sibling that key's first page continues is replaced. Returns the node reached
-        and the pages stored."""
+        with key's first page, where partial tails may be involved (the key is one, or `parent` has some). A sibling
+        covering a partial `key` wins (nothing stored); a partial sibling that key's first page continues is
+        replaced. Returns the node reached and the pages stored."""
         bpp = self.bpp
-        if bpp > TOKEN_BYTES and (parent.partial_children or len(key) < bpp) and parent.sorted_keys:
-            rem = key[:bpp]
-            i = self._neighbours(parent, rem)
-            sk = parent.sorted_keys
-            # Sibling keys are prefix-free, so a sibling starting with rem is the first key at or after rem's place,
-            # and a sibling that is a prefix of rem is the key right before it.
-            if len(rem) < bpp and i < len(sk) and sk[i].startswith(rem):
-                above = parent.children[sk[i]]
-                segments.append((start, above.pages[:1]))
-                return above, []
-            if i > 0 and len(sk[i - 1]) < len(rem) and rem.startswith(sk[i - 1]):
-                below = parent.children[sk[i - 1]]
-                replaced.append(self._regrow(below, key, pages[start:], tick))
-                return below, pages[start:]
+        rem = key[:bpp]
+        i = self._neighbours(parent, rem)
+        sk = parent.sorted_keys
+        # Sibling keys are prefix-free, so a sibling starting with rem is the first key at or after rem's place, and
+        # a sibling that is a prefix of rem is the key right before it.
+        if len(rem) < bpp and i < len(sk) and sk[i].startswith(rem):
+            above = parent.children[sk[i]]
+            segments.append((start, above.pages[:1]))
+            return above, []
+        if i > 0 and len(sk[i - 1]) < len(rem) and rem.startswith(sk[i - 1]):
+            below = parent.children[sk[i - 1]]
+            replaced.append(self._regrow(below, key, pages[start:], tick))
+            return below, pages[start:]
         node = self._attach(key, pages[start:], parent, tick)
         return node, node.pages
 
@@ -383,15 +273,15 @@ class RadixTree:
                 sk.insert(i, first)
         node.access = tick
         if node.ev_key is not None:
-            self._touch(node)
+            self._lru.touch(node)
         return old
 
     def _attach(self, key: bytes, pages: list[int], parent: Node, tick: int) -> Node:
         node = Node(key, pages, parent, next(self._ids), tick)
         node.first = first = key[: self.bpp]
         parent.children[first] = node
-        node.tail = tail = len(key) % self.bpp // TOKEN_BYTES
-        if tail:
+        if len(key) % self.bpp:
+            node.tail = len(key) % self.bpp // TOKEN_BYTES
             self.partial_pages += 1
             parent.partial_children += len(first) < self.bpp
         if self.bpp > TOKEN_BYTES:
@@ -405,8 +295,8 @@ class RadixTree:
         self.cached_pages += len(pages)
         if parent.ev_key is not None:
             self._refresh(parent)
-        node.ev_key = RECENT  # the newest tick: listed last
-        self._ev_recent[node.id] = node
+        node.ev_key = RECENT  # LeafLRU.add_newest, inlined (insert hot path): the newest tick is listed last
+        self._lru.recent[node.id] = node
         return node
 
     def cut(self, node: Node, j: int) -> Node:
@@ -440,41 +330,11 @@ class RadixTree:
     # ---- protection ------------------------------------------------------------------------------------------
     def _refresh(self, node: Node) -> None:
         """List or unlist `node` as evictable after its leaf/lock/pin status changed."""
-        listed = node.ev_key is not None
         if not node.children and node.lock == 0 and node.pin_ref == 0 and node.parent is not None:
-            if listed:
-                return
-            key = (node.access << _ID_BITS) | node.id
-            recent, ordered = self._ev_recent, self._ev_sorted
-            if recent:
-                tail = recent[next(reversed(recent))]
-                newest = (tail.access << _ID_BITS) | tail.id
-            if (not recent or key > newest) and (not ordered or key > ordered[-1]):
-                node.ev_key = RECENT
-                recent[node.id] = node
-            else:
-                node.ev_key = key
-                ordered.add(key)
-                self._ev_sorted_nodes[key] = node
-        elif listed:
-            self._unlist(node)
-
-    def _unlist(self, node: Node) -> None:
-        if node.ev_key == RECENT:
-            del self._ev_recent[node.id]
-        else:
-            self._ev_sorted.remove(node.ev_key)
-            del self._ev_sorted_nodes[node.ev_key]
-        node.ev_key = None
-
-    def _touch(self, node: Node) -> None:
-        """A listed leaf just got the newest access tick: move it to the end of the LRU order."""
-        if node.ev_key == RECENT:
-            self._ev_recent.move_to_end(node.id)
-        else:
-            self._unlist(node)
-            node.ev_key = RECENT
-            self._ev_recent[node.id] = node
+            if node.ev_key is None:
+                self._lru.add(node)
+        elif node.ev_key is not None:
+            self._lru.remove(node)
 
     def _adjust(self, node: Node | None, dlock: int, dpin: int) -> None:
         while node is not None:
@@ -571,12 +431,13 @@ class RadixTree:
         only part of it is needed). Returns the dropped page ids; the caller releases the tree's reference."""
         if self._expiry:
             self.expire()
-        bpp, need, freed = self.bpp, num_pages, []
-        recent, ordered = self._ev_recent, self._ev_sorted
+        bpp, need, freed, lru = self.bpp, num_pages, [], self._lru
+        recent, ordered = lru.recent, lru.ordered
         while need > 0 and (recent or ordered):
+            # LeafLRU.oldest, inlined: this loop is the eviction hot path
             node = recent[next(iter(recent))] if recent else None
-            if ordered and (node is None or ordered[0] < (node.access << _ID_BITS) | node.id):
-                node = self._ev_sorted_nodes[ordered[0]]
+            if ordered and (node is None or ordered[0] < (node.access << ID_BITS) | node.id):
+                node = lru.by_key[ordered[0]]
             n = len(node.pages)
             if node.tail:
                 self.partial_pages -= 1  # whichever way it goes below, the tail page goes first
@@ -586,7 +447,7 @@ class RadixTree:
                 node.pages, node.key, node.tail = node.pages[:keep], node.key[: keep * bpp], 0
                 self.cached_pages -= need
                 break
-            self._unlist(node)
+            self._lru.remove(node)
             node.evicted = True
             freed += node.pages
             need -= n
@@ -631,67 +492,5 @@ class RadixTree:
                 stack.extend(node.children.values())
 
     def check(self) -> None:
-        """Asserts the tree's structural invariants: parent/child links, edge lengths, subtree lock and pin counts,
-        the evictable list (exactly the unprotected leaves, keyed by current access), page counters, no page held
-        twice, no evicted node reachable; partial tails only as the last page of an unpinned leaf, sibling keys
-        prefix-free."""
-        bpp, seen = self.bpp, set()
-        cached = protected = pinned = leaves = partial = 0
-        for namespace, root in self._roots.items():
-            assert root.parent is None and not root.pages and not root.key, f"root of {namespace!r} is malformed"
-            stack = [root]
-            while stack:
-                node = stack.pop()
-                assert not node.evicted, f"evicted node {node.id} is reachable in namespace {namespace!r}"
-                assert node is root or (
-                    node.pages and (len(node.pages) - 1) * bpp < len(node.key) <= len(node.pages) * bpp
-                ), f"bad edge {node.id}"
-                tail = len(node.key) % bpp // TOKEN_BYTES
-                assert node.tail == tail and len(node.key) % TOKEN_BYTES == 0, f"node {node.id}: tail {node.tail}"
-                assert not tail or not node.children, f"node {node.id} has a partial tail and children"
-                assert not tail or node.pin_until is None, f"node {node.id}: a partial tail is pinned"
-                partial += tail > 0
-                firsts = sorted(node.children)
-                assert not any(b.startswith(a) for a, b in itertools.pairwise(firsts)), f"node {node.id}: keys nest"
-                short = sum(len(first) < bpp for first in firsts)
-                assert node.partial_children == short, f"node {node.id}: {node.partial_children} partial children"
-                locks, pins = node.own_locks, node.pin_until is not None
-                for first, child in node.children.items():
-                    assert child.parent is node and child.key[:bpp] == first is child.first, f"bad link {child.id}"
-                    locks += child.lock
-                    pins += child.pin_ref
-                    stack.append(child)
-                sk = node.sorted_keys
-                if bpp > TOKEN_BYTES and node.children:
-                    assert sk is not None and all(a < b for a, b in itertools.pairwise(sk)), f"node {node.id} keys"
-                    assert set(node.children) <= set(sk), f"sorted keys of node {node.id} miss a child"
-                    assert len(sk) <= 2 * len(node.children) + 8, f"node {node.id}: too many stale sorted keys"
-                else:
-                    assert sk is None, f"node {node.id} has sorted keys but no children"
-                assert node.lock == locks, f"node {node.id}: lock {node.lock}, locks below {locks}"
-                assert node.pin_ref == pins, f"node {node.id}: pin_ref {node.pin_ref}, pins below {pins}"
-                for page in node.pages:
-                    assert page not in seen, f"page {page} is stored twice in the tree"
-                    seen.add(page)
-                cached += len(node.pages)
-                protected += len(node.pages) if node.lock or node.pin_ref else 0
-                pinned += len(node.pages) if node.pin_until is not None else 0
-                evictable = node is not root and not node.children and not node.lock and not node.pin_ref
-                leaves += evictable
-                if node.ev_key == RECENT:
-                    assert evictable and self._ev_recent.get(node.id) is node, f"node {node.id} wrongly listed"
-                elif node.ev_key is not None:
-                    assert node.ev_key == (node.access << _ID_BITS) | node.id, f"node {node.id} listed at a stale key"
-                    assert evictable and self._ev_sorted_nodes.get(node.ev_key) is node, f"node {node.id} listed"
-                else:
-                    assert not evictable, f"evictable node {node.id} is not listed"
-        recent = [(n.access << _ID_BITS) | n.id for n in self._ev_recent.values()]
-        assert all(a < b for a, b in itertools.pairwise(recent)), "the recent evictable leaves are out of order"
-        assert list(self._ev_sorted) == sorted(self._ev_sorted_nodes), "the sorted evictable leaves disagree"
-        assert leaves == self.evictable_leaves, "the evictable list holds unreachable nodes"
-        counters = (self.cached_pages, self.protected_pages, self.pinned_pages, self.partial_pages)
-        assert (cached, protected, pinned, partial) == counters, (
-            f"counters (cached, protected, pinned, partial) {counters} != recomputed {(cached, protected, pinned, partial)}"
-        )
-        finite = sorted((n.pin_until, n.id) for n in self._pinned.values() if n.pin_until != math.inf)
-        assert list(self._expiry) == finite, "pin expiry list out of sync"
+        """Asserts the tree's structural invariants (see `radixcache.tree_check.check_tree`)."""
+        check_tree(self)

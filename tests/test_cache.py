@@ -1,7 +1,7 @@
 import pytest
 
 from radixcache.cache import CacheFullError, PrefixCache
-from radixcache.tree import encode
+from radixcache.keys import encode
 
 
 def list_key(tokens) -> bytes:

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from radixcache.cache import CacheFullError, PrefixCache
-from radixcache.tree import decode
+from radixcache.keys import decode
 
 TOKENS = st.lists(st.integers(0, 2), min_size=1, max_size=10)
 NAMESPACES = st.sampled_from(["", "t"])

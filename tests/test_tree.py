@@ -3,7 +3,8 @@ import random
 
 import pytest
 
-from radixcache.tree import RadixTree, decode, encode
+from radixcache.keys import decode, encode
+from radixcache.tree import RadixTree
 
 
 class FakeClock:
