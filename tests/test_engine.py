@@ -277,7 +277,7 @@ def test_next_turn_hits_the_whole_previous_turn(model):
     history = first + sink.tokens("turn1")
     engine.submit(Request("turn2", history + [7, 8, 9], GREEDY), sink)
     engine.run_until_idle()
-    # Every whole page computed in turn 1 is reused (the K/V of its last sampled token was never computed).
+    # All of turn 1 is reused, its last partial page too; only its last sampled token (never computed) is not.
     assert sink.last("turn2").cached_tokens == len(history) - 1
     assert sink.tokens("turn2") == run_alone(model, history + [7, 8, 9], GREEDY, page_size=16)
     assert_clean(engine)
