@@ -18,7 +18,8 @@ from pathlib import Path
 from radixcache.client import Chat, Client
 
 SYSTEM = "You are a helpful assistant. Answer in one or two short sentences."
-QUESTIONS = ["What is a radix tree?", "And why does it help an LLM server?"]
+# The default model learned from Python's own documentation: ask it about Python.
+QUESTIONS = ["What is a generator?", "And what does the with statement do?"]
 
 
 def default_model_present() -> bool:
