@@ -163,7 +163,18 @@ def train_tokenizer(texts: list[str], vocab_size: int):
         show_progress=False,
     )
     tok.train_from_iterator(texts, trainer=trainer, length=len(texts))
+    add_bos(tok)
     return tok
+
+
+def add_bos(tok) -> None:
+    """Plain-text prompts start with BOS, as every training document did: encode(add_special_tokens=True) adds it
+    (the chat template writes its own BOS and is encoded without special tokens)."""
+    from tokenizers import processors
+
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{BOS} $A", pair=f"{BOS} $A $B", special_tokens=[(BOS, tok.token_to_id(BOS))]
+    )
 
 
 def _byte_decoder() -> dict[str, int]:
