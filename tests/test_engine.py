@@ -300,3 +300,33 @@ def test_a_request_that_cannot_fit_even_alone_fails_clearly(model):
     engine.run_until_idle()
     assert sink.last("fits-now").finish_reason is FinishReason.LENGTH
     assert_clean(engine)
+
+
+def test_an_engine_bug_fails_the_requests_in_flight_and_the_engine_keeps_serving(model, monkeypatch):
+    engine = make_engine(model, page_size=4)
+    real = engine.scheduler.schedule
+    calls = {"n": 0}
+
+    def broken_once():
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("scheduler bug")
+        return real()
+
+    monkeypatch.setattr(engine.scheduler, "schedule", broken_once)
+    engine.start()
+    try:
+        first = Collector()
+        first.expected = 1
+        engine.submit(Request("victim", workload(1, seed=31)[0], GREEDY), first)
+        assert first.done.wait(30)
+        assert first.last("victim").finish_reason is FinishReason.ERROR
+        after = Collector()
+        after.expected = 1
+        engine.submit(Request("after", workload(1, seed=37)[0], GREEDY), after)
+        assert after.done.wait(30)
+        assert after.last("after").finish_reason is FinishReason.LENGTH
+        assert engine.stats().cache.live_leases == 0
+    finally:
+        engine.shutdown(drain=False)
+    engine.cache.check()

@@ -237,8 +237,14 @@ class Engine:
             except BaseException as exc:  # handed back to the caller
                 future.set_exception(exc)
 
+        thread = self._thread
         self._inbox.put(run)
-        return future.result()
+        while True:
+            try:
+                return future.result(timeout=0.1)
+            except TimeoutError:
+                if not thread.is_alive() and not future.done():
+                    return fn()  # the loop ended before taking our call; nothing else touches the cache now
 
     def stats(self) -> EngineStats:
         return self.call(self._stats)
@@ -318,7 +324,18 @@ class Engine:
                     self._drain_inbox(block=False)
                     return
                 if self.scheduler.has_work():
-                    self._step()
+                    try:
+                        self._step()
+                    except Exception:  # a bug, not a bad request: fail what is in flight, keep serving
+                        log.exception("engine step failed; failing the requests in flight")
+                        self._fail_everything("internal error in the engine")
+
+    def _fail_everything(self, message: str) -> None:
+        for seq in [*self.scheduler.running, *self.scheduler.waiting]:
+            try:
+                self._end(seq, FinishReason.ERROR, message)
+            except Exception:
+                log.exception("could not end %s cleanly", seq.request_id)
 
     def _drain_inbox(self, block: bool) -> None:
         try:
