@@ -11,24 +11,21 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import sys
 import time
+from pathlib import Path
 
-import torch
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from radixcache.worker.engine import Engine, EngineConfig
-from radixcache.worker.model.config import ModelConfig
-from radixcache.worker.model.loader import random_model
-from radixcache.worker.request import Request, SamplingParams
+import torch  # noqa: E402
+from common import LLAMA_125M  # noqa: E402
 
-CONFIG_125M = ModelConfig(
-    vocab_size=32000,
-    hidden_size=768,
-    intermediate_size=2048,
-    num_layers=12,
-    num_heads=12,
-    num_kv_heads=4,
-    max_position_embeddings=4096,
-)
+from radixcache.worker.engine import Engine, EngineConfig  # noqa: E402
+from radixcache.worker.model.config import ModelConfig  # noqa: E402
+from radixcache.worker.model.loader import random_model  # noqa: E402
+from radixcache.worker.request import Request, SamplingParams  # noqa: E402
+
+CONFIG_125M = ModelConfig.from_hf_config({"architectures": ["LlamaForCausalLM"], **LLAMA_125M})
 
 
 def run(engine: Engine, requests: list[Request]) -> dict[str, float]:
