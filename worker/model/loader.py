@@ -113,6 +113,8 @@ def load_checkpoint(
     if missing:
         shown = ", ".join(sorted(missing)[:8]) + (" ..." if len(missing) > 8 else "")
         raise ValueError(f"checkpoint {path} lacks {len(missing)} tensors the config needs: {shown}")
+    if device.type == "cpu":
+        model.store_linear_weights_input_major()
     return LoadedModel(model=model, config=config, tokenizer=tokenizer, path=path)
 
 
@@ -137,4 +139,6 @@ def random_model(
                 param.zero_()
             else:
                 param.copy_(torch.randn(param.shape, generator=gen) * std)
+    if device.type == "cpu":
+        model.store_linear_weights_input_major()
     return LoadedModel(model=model, config=config, tokenizer=None, path=None)
