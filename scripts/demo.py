@@ -64,17 +64,15 @@ def main() -> int:
                         f"completion_tokens={r.completion_tokens} finish_reason={r.finish_reason}]\n"
                     )
                 first, second = chat.turns
-                # Turn 1 computed its prompt and every reply token but the last (sampled, never fed back). The cache
-                # keeps whole pages, so a last partial page (< page_size tokens) is computed again by turn 2.
+                # Turn 1 computed its prompt and every reply token but the last (sampled, never fed back); the cache
+                # keeps all of it, its last partial page too, so turn 2 reads exactly that many tokens.
                 computed = first.prompt_tokens + first.completion_tokens - 1
-                cacheable = computed // info["page_size"] * info["page_size"]
                 print(
                     f"turn 2: {second.cached_tokens} of its {second.prompt_tokens} prompt tokens came from the cache; "
-                    f"turn 1 computed {computed} tokens (prompt {first.prompt_tokens} + reply "
-                    f"{first.completion_tokens} - 1), {cacheable} of them in whole pages of {info['page_size']}"
+                    f"turn 1 computed {computed} (prompt {first.prompt_tokens} + reply {first.completion_tokens} - 1)"
                 )
-                ok = second.cached_tokens >= cacheable
-                print("=> the second turn reused all of the first turn's cached pages" if ok else "=> MISS")
+                ok = second.cached_tokens == computed
+                print("=> the second turn reused everything the first turn computed" if ok else "=> MISS")
         except BaseException:
             log.seek(0)
             sys.stderr.write(log.read()[-4000:])
