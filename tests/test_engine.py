@@ -330,3 +330,51 @@ def test_an_engine_bug_fails_the_requests_in_flight_and_the_engine_keeps_serving
     finally:
         engine.shutdown(drain=False)
     engine.cache.check()
+
+
+def test_shutdown_right_after_submit_answers_every_request(model):
+    engine = make_engine(model, page_size=4)
+    engine.start()
+    sink = Collector()
+    sink.expected = 6
+    for i, prompt in enumerate(workload(6, seed=41)):
+        engine.submit(Request(f"s{i}", prompt, GREEDY), sink)
+    engine.shutdown(drain=False)
+    assert sink.done.is_set()  # every request got its one final output before shutdown returned
+    for i in range(6):
+        assert sum(o.finished for o in sink.outputs[f"s{i}"]) == 1
+    assert engine.cache.stats().live_leases == 0
+    engine.cache.check()
+
+
+def test_a_failing_call_on_the_engine_thread_does_not_stop_it(model, monkeypatch):
+    engine = make_engine(model, page_size=4)
+    engine.start()
+    try:
+        sink = Collector()
+        sink.expected = 1
+        monkeypatch.setattr(engine.scheduler, "find", lambda request_id: 1 / 0)
+        engine.submit(Request("slow", workload(1, seed=43)[0], SamplingParams(max_tokens=200, ignore_eos=True)), sink)
+        assert engine.abort("slow")  # the abort task raises inside the engine thread
+        assert sink.done.wait(60)  # the engine kept going: the request ran to its end
+        assert sink.last("slow").finish_reason is FinishReason.LENGTH
+    finally:
+        engine.shutdown(drain=False)
+    engine.cache.check()
+
+
+def test_a_failure_between_lease_and_compute_leaks_nothing(model, monkeypatch):
+    engine = make_engine(model, page_size=4)
+    prompt = workload(1, seed=47)[0]
+    sink = Collector()
+    engine.submit(Request("first", prompt[:10], SamplingParams(max_tokens=3)), sink)
+    engine.run_until_idle()  # leaves a partial tail, so the next request's hit is copied
+
+    def broken_copy(*args):
+        raise RuntimeError("copy failed")
+
+    monkeypatch.setattr(engine.pool, "copy_prefix", broken_copy)
+    engine.submit(Request("second", prompt[:10] + [50, 51], GREEDY), sink)
+    engine.run_until_idle()
+    assert sink.last("second").finish_reason is FinishReason.ERROR
+    assert_clean(engine)

@@ -61,10 +61,9 @@ def stream(stop: tuple[str, ...], pieces: dict[int, str], tokens: list[int], max
         detokenizer=ScriptedDetokenizer(pieces),
         stop_token_ids=frozenset({99}),
     )
-    width = max((len(s) for s in stop), default=1)
     deltas = []
     for t in tokens:
-        seq.append_token(t, None, width)
+        seq.append_token(t, None)
         out = seq.take_output()
         deltas.append(out.text)
         if out.finished:

@@ -25,7 +25,7 @@ from radixcache.pool import KVPool, KVShape
 from radixcache.worker.attention import BatchLayout, SequenceSlice
 from radixcache.worker.attention.base import create_backend
 from radixcache.worker.model.tokenizer import IncrementalDetokenizer
-from radixcache.worker.request import FinishReason, Request, RequestOutput
+from radixcache.worker.request import ErrorKind, FinishReason, Request, RequestOutput
 from radixcache.worker.sampling import sample_row, token_logprob
 from radixcache.worker.scheduler import Chunk, Scheduler
 from radixcache.worker.sequence import Sequence
@@ -47,6 +47,10 @@ class NoText:
 
 class RequestTooLargeError(ValueError):
     """The request can never fit in the KV pool, whatever else is running (gRPC RESOURCE_EXHAUSTED)."""
+
+
+class DuplicateRequestError(ValueError):
+    """A request with this id is still live (gRPC ALREADY_EXISTS): ids are free again once the last output is sent."""
 
 
 @dataclass(frozen=True)
@@ -138,7 +142,6 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._accepting = True
         self._stop_at: float | None = None  # set by shutdown: abort what is left after this moment
-        self._max_stop_chars = 1
         self._steps = self._finished = self._generated = 0
 
     # --- facts the server needs -------------------------------------------------------------------------------
@@ -180,7 +183,7 @@ class Engine:
             self._drain_inbox(block=False)
             if not self.scheduler.has_work():
                 return False
-            self._step()
+            self._step_guarded()
         return True
 
     def run_until_idle(self, max_steps: int = 100_000) -> int:
@@ -192,11 +195,12 @@ class Engine:
 
     def shutdown(self, drain: bool = True, timeout: float | None = None) -> None:
         """Stop taking requests; with drain, let in-flight ones finish (abort what is left at `timeout`)."""
-        self._accepting = False
-        if self._thread is None:
-            return
         deadline = time.monotonic() + (timeout if timeout is not None else 1e9) if drain else time.monotonic()
-        self._inbox.put(lambda: setattr(self, "_stop_at", deadline))
+        with self._ids_lock:  # every accepted request's _add is queued before this stop mark
+            self._accepting = False
+            if self._thread is None:
+                return
+            self._inbox.put(lambda: setattr(self, "_stop_at", deadline))
         self._thread.join()
         self._thread = None
 
@@ -204,18 +208,18 @@ class Engine:
     def submit(self, request: Request, on_output: Callable[[RequestOutput], None]) -> None:
         """Queue a request. Raises ValueError / RequestTooLargeError before anything is allocated."""
         self._validate(request)
-        if not self._accepting:
-            raise RuntimeError("the engine is shutting down and accepts no new requests")
         stop_ids = set(request.sampling.stop_token_ids)
         if not request.sampling.ignore_eos:
             stop_ids |= self._eos_ids
         detokenizer = IncrementalDetokenizer(self.tokenizer) if self.tokenizer is not None else NoText()
         seq = Sequence(request, on_output, detokenizer, frozenset(stop_ids))
-        with self._ids_lock:
+        with self._ids_lock:  # atomic with shutdown(): a request is either refused or seen by the loop
+            if not self._accepting:
+                raise RuntimeError("the engine is shutting down and accepts no new requests")
             if request.request_id in self._live_ids:
-                raise ValueError(f"request_id {request.request_id!r} is already running; ids must be unique")
+                raise DuplicateRequestError(f"request_id {request.request_id!r} is already running; ids must be unique")
             self._live_ids.add(request.request_id)
-        self._inbox.put(lambda: self._add(seq))
+            self._inbox.put(lambda: self.scheduler.add(seq))
 
     def abort(self, request_id: str) -> bool:
         """End a request with FinishReason.ABORTED, freeing its pages. False if it is not (or no longer) live."""
@@ -285,18 +289,21 @@ class Engine:
             )
 
     # --- the engine thread -----------------------------------------------------------------------------------
-    def _add(self, seq: Sequence) -> None:
-        for s in seq.request.sampling.stop:
-            self._max_stop_chars = max(self._max_stop_chars, len(s))
-        self.scheduler.add(seq)
-
     def _abort(self, request_id: str) -> None:
         seq = self.scheduler.find(request_id)
         if seq is not None:
             self._end(seq, FinishReason.ABORTED)
 
-    def _end(self, seq: Sequence, reason: FinishReason | None = None, error: str | None = None) -> None:
+    def _end(
+        self,
+        seq: Sequence,
+        reason: FinishReason | None = None,
+        error: str | None = None,
+        kind: ErrorKind = ErrorKind.INTERNAL,
+    ) -> None:
         """Finish seq (release everything first, so a callback failure cannot leak), then send its last output."""
+        if error is not None:
+            seq.error_kind = kind
         self.scheduler.finish(seq, reason, error)
         self._finished += 1
         with self._ids_lock:
@@ -315,20 +322,31 @@ class Engine:
                 self._end(seq, FinishReason.ABORTED)
 
     def _loop(self) -> None:
-        with torch.inference_mode():
-            while True:
-                self._drain_inbox(block=not self.scheduler.has_work())
-                if self._stop_at is not None and (not self.scheduler.has_work() or time.monotonic() >= self._stop_at):
-                    for seq in [*self.scheduler.running, *self.scheduler.waiting]:
-                        self._end(seq, FinishReason.ABORTED)
-                    self._drain_inbox(block=False)
-                    return
-                if self.scheduler.has_work():
-                    try:
-                        self._step()
-                    except Exception:  # a bug, not a bad request: fail what is in flight, keep serving
-                        log.exception("engine step failed; failing the requests in flight")
-                        self._fail_everything("internal error in the engine")
+        try:
+            with torch.inference_mode():
+                while True:
+                    self._drain_inbox(block=not self.scheduler.has_work())
+                    if self._stop_at is not None and (
+                        not self.scheduler.has_work() or time.monotonic() >= self._stop_at
+                    ):
+                        for seq in [*self.scheduler.running, *self.scheduler.waiting]:
+                            self._end(seq, FinishReason.ABORTED)
+                        return
+                    if self.scheduler.has_work():
+                        self._step_guarded()
+        finally:
+            # However the loop ends, nobody is left waiting: refuse new work, end what is queued, answer calls.
+            with self._ids_lock:
+                self._accepting = False
+            self._drain_inbox(block=False)
+            self._fail_everything("the engine stopped")
+
+    def _step_guarded(self) -> None:
+        try:
+            self._step()
+        except Exception:  # a bug, not a bad request: fail what is in flight, keep serving
+            log.exception("engine step failed; failing the requests in flight")
+            self._fail_everything("internal error in the engine")
 
     def _fail_everything(self, message: str) -> None:
         for seq in [*self.scheduler.running, *self.scheduler.waiting]:
@@ -341,7 +359,10 @@ class Engine:
         try:
             task = self._inbox.get(timeout=0.05) if block else self._inbox.get_nowait()
             while True:
-                task()
+                try:
+                    task()
+                except Exception:  # one bad call must not take the engine thread down with it
+                    log.exception("engine call failed")
                 task = self._inbox.get_nowait()
         except queue.Empty:
             pass
@@ -364,7 +385,7 @@ class Engine:
     def _step(self) -> None:
         chunks, failed = self.scheduler.schedule()
         for seq, message in failed:
-            self._end(seq, FinishReason.ERROR, message)
+            self._end(seq, FinishReason.ERROR, message, ErrorKind.NO_CAPACITY)
         if not chunks:
             return
         try:
@@ -420,7 +441,7 @@ class Engine:
             raise FloatingPointError("non-finite logits")
         token = sample_row(logits, params, seq.generator)
         logprob = token_logprob(logits, token, params.top_logprobs) if params.logprobs else None
-        seq.append_token(token, logprob, self._max_stop_chars)
+        seq.append_token(token, logprob)
         self._generated += 1
         if seq.finish_reason is None and len(seq.tokens) >= self.context_length:
             seq.finish_reason = FinishReason.LENGTH

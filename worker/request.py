@@ -22,6 +22,15 @@ class FinishReason(str, enum.Enum):
     ERROR = "error"  # a failure inside this request; others are unaffected
 
 
+class ErrorKind(str, enum.Enum):
+    """Why a request ended with FinishReason.ERROR; the server maps it to a gRPC status."""
+
+    INTERNAL = "internal"  # a failure inside this request (INTERNAL); the others are unaffected
+    NO_CAPACITY = (
+        "no_capacity"  # it cannot fit in the KV cache even alone, e.g. beside pinned pages (RESOURCE_EXHAUSTED)
+    )
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """Defaults: greedy (temperature 0), 16 tokens, no top-k/top-p/min-p filtering."""
@@ -99,6 +108,7 @@ class RequestOutput:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: FinishReason | None = None
     error: str | None = None  # set with FinishReason.ERROR
+    error_kind: ErrorKind | None = None  # set with FinishReason.ERROR
     time_to_first_token: float | None = None  # seconds, on the first output that carries a token
     time_per_output_token: float | None = None  # seconds, on the last output
 

@@ -118,7 +118,7 @@ class Scheduler:
         chunks: dict[Sequence, Chunk] = {}
         failed: list[tuple[Sequence, str]] = []
         budget = self.max_step_tokens
-        for seq in sorted(self.running, key=lambda s: s.admit_order):
+        for seq in list(self.running):  # admission order, oldest first; victims are taken from the end
             if seq.status is not SeqStatus.RUNNING or budget == 0:
                 continue
             want = min(budget, len(seq.tokens) - seq.num_computed)
@@ -144,7 +144,7 @@ class Scheduler:
                 self.cache.allocate(seq.lease, need)
                 return True
             except CacheFullError as exc:
-                victim = max(self.running, key=lambda s: s.admit_order)
+                victim = self.running[-1]  # the most recently admitted
                 if victim is seq and len(self.running) == 1:
                     failed.append((seq, f"the KV cache cannot hold this request even alone: {exc}"))
                     return False
@@ -154,12 +154,15 @@ class Scheduler:
                     return False
         return True
 
-    def _ordered_waiting(self) -> list[Sequence]:
-        if len(self.waiting) > MAX_SORTED_WAITING:
-            return sorted(self.waiting, key=lambda s: s.arrival)
-        starving = sorted((s for s in self.waiting if s.waited_steps >= self.aging_steps), key=lambda s: s.arrival)
-        rest = [s for s in self.waiting if s.waited_steps < self.aging_steps]
-        rest.sort(key=lambda s: (-self.cache.match_length(s.tokens[:-1], s.request.namespace), s.arrival))
+    def _ordered_waiting(self) -> list[tuple[Sequence, int]]:
+        """Waiting sequences in admission order, each with how many of its tokens the cache holds now."""
+        cached = [(s, self.cache.match_length(s.tokens[:-1], s.request.namespace)) for s in self.waiting]
+        if len(cached) > MAX_SORTED_WAITING:
+            return sorted(cached, key=lambda sc: sc[0].arrival)
+        starving = sorted((sc for sc in cached if sc[0].waited_steps >= self.aging_steps), key=lambda sc: sc[0].arrival)
+        rest = sorted(
+            (sc for sc in cached if sc[0].waited_steps < self.aging_steps), key=lambda sc: (-sc[1], sc[0].arrival)
+        )
         return starving + rest
 
     def _computing_our_prefix(self, seq: Sequence, cached: int) -> bool:
@@ -175,11 +178,10 @@ class Scheduler:
     def _admit(self, budget: int, chunks: dict[Sequence, Chunk], failed: list[tuple[Sequence, str]]) -> None:
         # Pages that running prefills will still ask for: promised to them, not available to newcomers.
         promised = sum(max(0, self._pages_for(len(s.tokens)) - len(s.lease.pages)) for s in self.running if s.lease)
-        for seq in self._ordered_waiting():
+        for seq, cached in self._ordered_waiting():
             if budget == 0 or len(self.running) >= self.max_running:
                 return
             ns, prompt = seq.request.namespace, seq.tokens
-            cached = self.cache.match_length(prompt[:-1], ns)
             if self._computing_our_prefix(seq, cached):
                 continue
             # Cheap check first (no lease, so a request that keeps waiting does not count as a lookup every step),
@@ -200,10 +202,10 @@ class Scheduler:
                 if seq.waited_steps >= self.aging_steps:
                     return  # a starving request blocks the queue until it fits: nothing overtakes it forever
                 continue
+            self._start(seq, lease)  # first, so the lease has an owner to release it if the copy fails
             if lease.copy_from is not None:
                 src, dst, k = lease.copy_from
                 self.pool.copy_prefix(src, dst, k)
-            self._start(seq, lease)
             promised += need
             want = min(budget, len(prompt) - seq.num_computed)
             chunks[seq] = Chunk(seq, want)
@@ -219,7 +221,10 @@ class Scheduler:
             seq.cached_tokens = min(lease.cached_tokens, seq.num_prompt)
             self.prompt_tokens += seq.num_prompt
             self.cached_tokens += seq.cached_tokens
-            if any(other.common_prefix(seq) >= lease.cached_tokens > 0 for other in self.running):
+            if lease.cached_tokens > 0 and any(
+                other.request.namespace == seq.request.namespace and other.common_prefix(seq) >= lease.cached_tokens
+                for other in self.running
+            ):
                 self.inflight_shared_tokens += seq.cached_tokens
         self.waiting.remove(seq)
         self.running.append(seq)

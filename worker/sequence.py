@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import enum
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
 from radixcache.cache import Lease
-from radixcache.worker.request import FinishReason, Request, RequestOutput, TokenLogprob
+from radixcache.worker.request import ErrorKind, FinishReason, Request, RequestOutput, TokenLogprob
 from radixcache.worker.sampling import new_generator
 
 
@@ -60,7 +61,9 @@ class Sequence:
     pending_logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: FinishReason | None = None
     error: str | None = None
-    lcp_cache: dict[str, int] = field(default_factory=dict)  # other request id -> common prefix length
+    error_kind: ErrorKind | None = None
+    # other sequence -> common prefix length; weak, so a finished sequence is not kept alive by a waiting one
+    lcp_cache: weakref.WeakKeyDictionary[Sequence, int] = field(default_factory=weakref.WeakKeyDictionary)
 
     def __post_init__(self) -> None:
         self.tokens = list(self.request.prompt_ids)
@@ -85,16 +88,16 @@ class Sequence:
 
     def common_prefix(self, other: Sequence) -> int:
         """Length of the token prefix shared with `other` (cached: prompts never change)."""
-        known = self.lcp_cache.get(other.request_id)
+        known = self.lcp_cache.get(other)
         if known is None:
             a, b = self.request.prompt_ids, other.request.prompt_ids
             n = min(len(a), len(b))
             known = next((i for i in range(n) if a[i] != b[i]), n)
-            self.lcp_cache[other.request_id] = known
+            self.lcp_cache[other] = known
         return known
 
     # --- outputs -------------------------------------------------------------------------------------------
-    def append_token(self, token_id: int, logprob: TokenLogprob | None, max_stop_chars: int) -> None:
+    def append_token(self, token_id: int, logprob: TokenLogprob | None) -> None:
         """Record a sampled token; decide whether it ends the request (stop token, stop string, length)."""
         sampling = self.request.sampling
         now = time.monotonic()
@@ -109,9 +112,9 @@ class Sequence:
             return
         self.text += self.detokenizer.push(token_id)
         if sampling.stop:
-            # Only the tail can newly contain a stop string: search from just before the unsent part.
-            start = max(0, self.emitted_chars - max_stop_chars)
-            hits = [i for i in (self.text.find(s, start) for s in sampling.stop) if i >= 0]
+            # A stop string completed by this token starts in the unsent text: take_output holds back every tail
+            # that could begin one, so nothing before emitted_chars can.
+            hits = [i for i in (self.text.find(s, self.emitted_chars) for s in sampling.stop) if i >= 0]
             if hits:
                 self.text = self.text[: min(hits)]
                 self.finish_reason = FinishReason.STOP_STRING
@@ -144,6 +147,7 @@ class Sequence:
             logprobs=self.pending_logprobs,
             finish_reason=self.finish_reason,
             error=self.error,
+            error_kind=self.error_kind,
         )
         if self.pending_ids and self.first_token_at is not None and self.num_generated == len(self.pending_ids):
             out.time_to_first_token = self.first_token_at - self.arrival
