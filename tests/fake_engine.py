@@ -6,7 +6,8 @@ prefix "cache" per namespace (the longest prefix of an earlier sequence, capped 
 exercise streaming order, cancellation, deadlines, tenants, pins and shutdown without a model.
 
 Prompts containing b"SLOW" take `slow_prefill` seconds before their first token (abortable); prompts containing
-b"BOOM" end with FinishReason.ERROR after one token.
+b"BOOM" end with FinishReason.ERROR after one token; prompts containing b"FULL" end like a request that cannot fit
+beside pinned pages (ErrorKind.NO_CAPACITY).
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
-from radixcache.worker.request import FinishReason, Request, RequestOutput
-from radixcache.worker.servicer import RequestTooLargeError
+from radixcache.worker.engine import DuplicateRequestError, RequestTooLargeError
+from radixcache.worker.request import ErrorKind, FinishReason, Request, RequestOutput
 
 BOS, EOS, OFFSET = 1, 2, 3
 
@@ -80,7 +81,7 @@ class FakeEngine:
             if self._draining or self._stopped:
                 raise RuntimeError("the engine is shutting down")
             if request.request_id in self._seqs:
-                raise ValueError(f"duplicate request id {request.request_id!r}")
+                raise DuplicateRequestError(f"duplicate request id {request.request_id!r}")
             total = len(request.prompt_ids) + request.sampling.max_tokens
             if total > self.context_length:
                 raise ValueError(f"prompt + max_tokens = {total} exceeds the context length {self.context_length}")
@@ -174,7 +175,14 @@ class FakeEngine:
                 self._step(seq)
             time.sleep(self.step_s)
 
-    def _emit(self, seq: _Seq, ids: list[int], reason: FinishReason | None, error: str | None = None) -> None:
+    def _emit(
+        self,
+        seq: _Seq,
+        ids: list[int],
+        reason: FinishReason | None,
+        error: str | None = None,
+        kind: ErrorKind = ErrorKind.INTERNAL,
+    ) -> None:
         r = seq.request
         now = time.monotonic()
         ttft = None
@@ -198,6 +206,7 @@ class FakeEngine:
             completion_tokens=len(seq.generated),
             finish_reason=reason,
             error=error,
+            error_kind=kind if error else None,
             time_to_first_token=ttft,
             time_per_output_token=tpot,
         )
@@ -212,8 +221,13 @@ class FakeEngine:
                 return None  # still "prefilling"
         token = ord("a") + len(seq.generated) % 26 + OFFSET
         seq.generated.append(token)
-        if b"BOOM" in bytes(i - OFFSET for i in r.prompt_ids if i >= OFFSET):
+        prompt = bytes(i - OFFSET for i in r.prompt_ids if i >= OFFSET)
+        if b"BOOM" in prompt:
             return self._emit(seq, [token], FinishReason.ERROR, "injected failure")
+        if b"FULL" in prompt:
+            return self._emit(
+                seq, [], FinishReason.ERROR, "the KV cache cannot hold this request", ErrorKind.NO_CAPACITY
+            )
         if token in r.sampling.stop_token_ids:
             return self._emit(seq, [token], FinishReason.STOP_TOKEN)
         done = len(seq.generated) >= r.sampling.max_tokens

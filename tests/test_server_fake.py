@@ -131,6 +131,13 @@ def test_request_that_can_never_fit_is_resource_exhausted():
         assert "never fit" in e.value.details()
 
 
+def test_request_that_cannot_fit_beside_pinned_pages_is_resource_exhausted(client):
+    with pytest.raises(grpc.RpcError) as e:
+        client.generate_text("FULL", max_tokens=4)
+    assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "cannot hold this request" in e.value.details()
+
+
 def test_error_in_one_request_is_internal_and_others_are_unaffected(client):
     other = client.generate("fine", max_tokens=30)
     first = next(other)

@@ -5,8 +5,9 @@ the output to the loop (call_soon_threadsafe) and never blocks. Calls that the e
 for (flush, pin, unpin, stats) are awaited through a worker thread so the loop keeps serving streams.
 
 Cancellation: a Generate handler is a coroutine that writes its messages itself, so a cancelled or disconnected
-client, or a deadline running out, raises CancelledError inside it at an await, and its `finally` aborts the
-engine request, which frees the request's pages in the engine's next step.
+client raises CancelledError inside it at an await; a deadline is watched by the handler itself (time_remaining ->
+DEADLINE_EXCEEDED). Either way its `finally` aborts the engine request, which frees the request's pages in the
+engine's next step.
 """
 
 from __future__ import annotations
@@ -20,9 +21,9 @@ import grpc
 from radixcache.v1 import radixcache_pb2 as pb
 from radixcache.v1 import radixcache_pb2_grpc as pb_grpc
 from radixcache.worker.auth import Authenticator
-from radixcache.worker.engine import RequestTooLargeError
+from radixcache.worker.engine import DuplicateRequestError, RequestTooLargeError
 from radixcache.worker.metrics import WorkerMetrics, flatten_stats
-from radixcache.worker.request import FinishReason, Request, RequestOutput, SamplingParams
+from radixcache.worker.request import ErrorKind, FinishReason, Request, RequestOutput, SamplingParams
 from radixcache.worker.validation import (
     InvalidArgument,
     check_prompt_length,
@@ -36,6 +37,14 @@ FINISH_REASONS = {
     FinishReason.STOP_STRING: pb.FINISH_REASON_STOP_STRING,
     FinishReason.LENGTH: pb.FINISH_REASON_LENGTH,
     FinishReason.ABORTED: pb.FINISH_REASON_ABORTED,
+}
+
+
+# How a request that ended with FinishReason.ERROR ends its call.
+ERROR_STATUS = {
+    ErrorKind.INTERNAL: grpc.StatusCode.INTERNAL,
+    ErrorKind.NO_CAPACITY: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    None: grpc.StatusCode.INTERNAL,
 }
 
 
@@ -102,6 +111,19 @@ class RadixCacheServicer(pb_grpc.RadixCacheServicer):
         # Tenant names never contain "/", so this is unique per (tenant, request id) and names the tenant in leaks.
         return f"{tenant}/{request_id}" if tenant else request_id
 
+    async def _submit(self, engine: Any, request: Request, on_output: Any, context: grpc.aio.ServicerContext) -> None:
+        """engine.submit, with its synchronous refusals turned into the status codes the proto promises."""
+        try:
+            engine.submit(request, on_output)
+        except RequestTooLargeError as e:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
+        except DuplicateRequestError as e:  # e.g. retried with the same id before the cancelled run wound down
+            await context.abort(grpc.StatusCode.ALREADY_EXISTS, str(e))
+        except ValueError as e:
+            await self._invalid(context, e)
+        except RuntimeError as e:  # the engine is draining or stopped
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"the worker is not accepting requests: {e}")
+
     async def _in_thread(self, fn: Any, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
 
@@ -145,15 +167,7 @@ class RadixCacheServicer(pb_grpc.RadixCacheServicer):
             except RuntimeError:  # the loop is closed: nobody is listening any more
                 pass
 
-        try:
-            req = Request(engine_id, prompt, sampling, namespace=tenant)
-            engine.submit(req, on_output)
-        except RequestTooLargeError as e:
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
-        except ValueError as e:
-            await self._invalid(context, e)
-        except RuntimeError as e:  # the engine is draining or stopped
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"the worker is not accepting requests: {e}")
+        await self._submit(engine, Request(engine_id, prompt, sampling, namespace=tenant), on_output, context)
         self._active[key] = engine_id
         finished = False
         first = True
@@ -170,7 +184,7 @@ class RadixCacheServicer(pb_grpc.RadixCacheServicer):
                     self.metrics.observe(out, first=first)
                 first = False
                 if out.finish_reason is FinishReason.ERROR:
-                    await context.abort(grpc.StatusCode.INTERNAL, f"request {request_id!r} failed: {out.error}")
+                    await context.abort(ERROR_STATUS[out.error_kind], f"request {request_id!r} failed: {out.error}")
                 await context.write(to_response(request_id, out))
                 if finished:
                     return
@@ -234,21 +248,15 @@ class RadixCacheServicer(pb_grpc.RadixCacheServicer):
                 loop.call_soon_threadsafe(lambda: done.done() or done.set_result(out))
 
         engine_id = self._engine_id(tenant, "pin-" + uuid.uuid4().hex)
-        try:
-            engine.submit(Request(engine_id, ids, SamplingParams(max_tokens=1), namespace=tenant), on_output)
-        except RequestTooLargeError as e:
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
-        except ValueError as e:
-            await self._invalid(context, e)
-        except RuntimeError as e:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"the worker is not accepting requests: {e}")
+        request = Request(engine_id, ids, SamplingParams(max_tokens=1), namespace=tenant)
+        await self._submit(engine, request, on_output, context)
         try:
             out = await done
         finally:
             if not done.done():
                 engine.abort(engine_id)
         if out.finish_reason is FinishReason.ERROR:
-            await context.abort(grpc.StatusCode.INTERNAL, f"computing the prefix failed: {out.error}")
+            await context.abort(ERROR_STATUS[out.error_kind], f"computing the prefix failed: {out.error}")
 
     async def UnpinPrefix(
         self, request: pb.UnpinPrefixRequest, context: grpc.aio.ServicerContext
