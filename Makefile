@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup test test-fast lint proto proto-check run bench gpu-check clean
+.PHONY: setup test lint proto proto-check run bench gpu-check clean
 
 setup: $(STAMP)
 
@@ -29,8 +29,9 @@ proto: setup
 	$(PY) -m grpc_tools.protoc -I proto --python_out=. --pyi_out=. --grpc_python_out=. proto/radixcache/v1/*.proto
 
 proto-check: setup
-	@tmp=$$(mktemp -d); $(PY) -m grpc_tools.protoc -I proto --python_out=$$tmp --pyi_out=$$tmp --grpc_python_out=$$tmp proto/radixcache/v1/*.proto \
-	  && for f in $$tmp/radixcache/v1/*; do diff -q $$f radixcache/v1/$$(basename $$f) || { echo "stubs drifted: run make proto"; exit 1; }; done; rm -rf $$tmp
+	@set -e; tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	$(PY) -m grpc_tools.protoc -I proto --python_out=$$tmp --pyi_out=$$tmp --grpc_python_out=$$tmp proto/radixcache/v1/*.proto; \
+	for f in $$tmp/radixcache/v1/*; do diff -q $$f radixcache/v1/$$(basename $$f) || { echo "stubs drifted: run make proto"; exit 1; }; done
 
 run: setup
 	$(PY) scripts/demo.py
