@@ -419,6 +419,7 @@ class Engine:
         return self.model(input_ids, layout, self.pool, self.backend).float().cpu()
 
     def _advance(self, chunks: list[Chunk], logits: torch.Tensor) -> None:
+        finite = torch.isfinite(logits).all(dim=-1).tolist()  # one pass for the batch, not one per row
         for row, chunk in enumerate(chunks):
             seq = chunk.seq
             try:
@@ -426,6 +427,8 @@ class Engine:
                 seq.num_computed += chunk.num_new
                 self.scheduler.published(seq)
                 if samples:
+                    if not finite[row]:
+                        raise FloatingPointError("non-finite logits")
                     self._sample(seq, logits[row])
                 if seq.finish_reason is not None:
                     self._end(seq)
@@ -437,8 +440,6 @@ class Engine:
 
     def _sample(self, seq: Sequence, logits: torch.Tensor) -> None:
         params = seq.request.sampling
-        if not torch.isfinite(logits).all():
-            raise FloatingPointError("non-finite logits")
         token = sample_row(logits, params, seq.generator)
         logprob = token_logprob(logits, token, params.top_logprobs) if params.logprobs else None
         seq.append_token(token, logprob)

@@ -26,8 +26,11 @@ class _Plan:
     decode_rows: torch.Tensor | None  # [Bd] rows of q that belong to decode sequences
     decode_slots: torch.Tensor | None  # [Bd, Lmax] K row of each position (padding repeats a valid row)
     decode_pad: torch.Tensor | None  # [Bd, 1, 1, Lmax] True where a position is padding
-    prefills: list[tuple[int, int, torch.Tensor, torch.Tensor | None]]  # (q_start, q_end, slots[L], mask[n, L])
-    decode_head_rows: torch.Tensor | None = None  # built on first use, once the KV head count is known
+    # (q_start, q_end, slots[L], visible[n, L] True = may attend, or None when there is no cached prefix)
+    prefills: list[tuple[int, int, torch.Tensor, torch.Tensor | None]]
+    # Built by the first layer of the step, once the KV head count is known; shared by every later layer.
+    decode_head_rows: torch.Tensor | None = None
+    prefill_head_rows: list[torch.Tensor] | None = None
 
 
 def _flat_slots(layout: BatchLayout, seqs: list[int], width: int, device: torch.device) -> torch.Tensor:
@@ -78,11 +81,11 @@ class TorchAttentionBackend(AttentionBackend):
                 continue
             total = layout.seq_lens[b]
             slots = _flat_slots(layout, [b], total, device)[0]
-            future = None  # no cached prefix: the causal mask is implicit
+            visible = None  # no cached prefix: plain causal attention
             if n < total:
                 q_pos = torch.arange(total - n, total, device=device)
-                future = torch.arange(total, device=device)[None, :] > q_pos[:, None]  # [n, L] True = masked
-            prefills.append((starts[b], starts[b + 1], slots, future))
+                visible = torch.arange(total, device=device)[None, :] <= q_pos[:, None]  # [n, L]
+            prefills.append((starts[b], starts[b + 1], slots, visible))
         self._plan = _Plan(decode_rows, decode_slots, decode_pad, prefills)
         self._layout = layout
 
@@ -112,16 +115,16 @@ class TorchAttentionBackend(AttentionBackend):
         out = torch.empty(num_tokens, heads, dim, dtype=torch.float32, device=q.device)
         if plan.decode_rows is not None:
             out[plan.decode_rows] = self._decode(qf[plan.decode_rows], k_flat, v_flat, plan, group)
-        for start, end, slots, future in plan.prefills:
-            head_rows = _head_rows(slots[None], kvh)
+        if plan.prefill_head_rows is None:
+            plan.prefill_head_rows = [_head_rows(slots[None], kvh) for _, _, slots, _ in plan.prefills]
+        for (start, end, _, visible), head_rows in zip(plan.prefills, plan.prefill_head_rows, strict=True):
             keys = k_flat.view(-1, dim).index_select(0, head_rows).view(kvh, -1, dim).float()  # [KVH, L, D]
             values = v_flat.view(-1, dim).index_select(0, head_rows).view(kvh, -1, dim).float()
             qs = qf[start:end].transpose(0, 1)[None]  # [1, H, n, D]
             # torch's fused attention (flash-style on CPU): ~3x faster than scores -> softmax -> matmul at 1k
-            # tokens, and it never materialises the [H, n, L] score matrix. No cached prefix: plain causal.
-            mask = None if future is None else ~future
+            # tokens, and it never materialises the [H, n, L] score matrix.
             o = F.scaled_dot_product_attention(
-                qs, keys[None], values[None], attn_mask=mask, is_causal=future is None, scale=1.0, enable_gqa=True
+                qs, keys[None], values[None], attn_mask=visible, is_causal=visible is None, scale=1.0, enable_gqa=True
             )
             out[start:end] = o[0].transpose(0, 1)
         return out.to(q.dtype)
