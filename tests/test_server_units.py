@@ -7,8 +7,9 @@ import random
 
 import pytest
 
+from radixcache.memory import parse_size
 from radixcache.worker.auth import Authenticator, load_tokens
-from radixcache.worker.cli import char_tokenizer, parse_bytes
+from radixcache.worker.cli import char_tokenizer
 
 
 def test_load_tokens_json_and_lines(tmp_path):
@@ -41,13 +42,14 @@ def test_authenticator():
     assert auth.tenant(None) is None
 
 
-def test_parse_bytes():
-    assert parse_bytes("512MiB") == 512 * 2**20
-    assert parse_bytes("2GB") == 2 * 10**9
-    assert parse_bytes("1.5GiB") == int(1.5 * 2**30)
-    assert parse_bytes("4096") == 4096
-    with pytest.raises(argparse.ArgumentTypeError):
-        parse_bytes("lots")
+def test_kv_memory_sizes_parse_like_the_memory_calculator():
+    assert parse_size("512MiB") == 512 * 2**20
+    assert parse_size("2GB") == 2 * 10**9
+    assert parse_size("1.5GiB") == int(1.5 * 2**30)
+    assert parse_size("4096") == 4096
+    for bad in ("lots", "0"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_size(bad)
 
 
 def test_char_tokenizer_round_trips_any_ids():

@@ -10,15 +10,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import re
 import sys
 from pathlib import Path
 from typing import Any
 
-log = logging.getLogger("radixcache.serve")
+from radixcache.memory import parse_size
 
-_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6, "mib": 2**20}
-_UNITS |= {"g": 10**9, "gb": 10**9, "gib": 2**30, "t": 10**12, "tb": 10**12, "tib": 2**40}
+log = logging.getLogger("radixcache.serve")
 
 # The chat template of --random-model's character tokenizer: each turn closed by </s>, so that turn N+1's prompt
 # extends turn N's prompt + reply.
@@ -26,14 +24,6 @@ CHAR_CHAT_TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}</s>\n{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
-
-
-def parse_bytes(text: str) -> int:
-    """'512MiB' -> 536870912; '2GB' -> 2e9; plain numbers are bytes."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
-    if not m or m.group(2).lower() not in _UNITS:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 512MiB, 2GiB or a number of bytes)")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 
 def default_model_path() -> Path:
@@ -53,7 +43,7 @@ def parser() -> argparse.ArgumentParser:
     e = p.add_argument_group("engine")
     e.add_argument("--page-size", type=int, default=16, help="tokens per KV page (default 16)")
     kv = e.add_mutually_exclusive_group()
-    kv.add_argument("--kv-memory", type=parse_bytes, help="KV pool size, e.g. 512MiB (default 512MiB)")
+    kv.add_argument("--kv-memory", type=parse_size, help="KV pool size, e.g. 512MiB (default 512MiB)")
     kv.add_argument("--kv-pages", type=int, help="KV pool size in pages")
     e.add_argument("--max-step-tokens", type=int, default=512, help="token budget of one engine step")
     e.add_argument("--max-running", type=int, default=64, help="requests in the batch at most")
