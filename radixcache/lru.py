@@ -57,11 +57,6 @@ class LeafLRU:
             ordered.add(key)
             self.by_key[key] = node
 
-    def add_newest(self, node: Node) -> None:
-        """List `node` (not listed yet), which has just got the newest access tick."""
-        node.ev_key = RECENT
-        self.recent[node.id] = node
-
     def remove(self, node: Node) -> None:
         if node.ev_key == RECENT:
             del self.recent[node.id]
@@ -78,14 +73,6 @@ class LeafLRU:
             self.remove(node)
             node.ev_key = RECENT
             self.recent[node.id] = node
-
-    def oldest(self) -> Node | None:
-        """The least recently used listed leaf (None when nothing is listed). Does not unlist it."""
-        recent, ordered = self.recent, self.ordered
-        node = recent[next(iter(recent))] if recent else None
-        if ordered and (node is None or ordered[0] < (node.access << ID_BITS) | node.id):
-            node = self.by_key[ordered[0]]
-        return node
 
     def listed(self, node: Node) -> bool:
         """Whether `node` is listed where its ev_key says, under its current access tick."""

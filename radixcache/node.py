@@ -13,7 +13,7 @@ class Node:
     __slots__ += ("pin_until", "pin_ref", "ev_key", "id", "evicted", "tail", "partial_children")
 
     def __init__(self, key: bytes, pages: list[int], parent: Node | None, node_id: int, access: int) -> None:
-        self.key = key  # the edge: whole pages of tokens, encoded
+        self.key = key  # the edge's tokens, encoded: whole pages, except a leaf's last page may hold `tail` tokens
         self.first = key  # the very object keying this node in parent.children (its hash is cached)
         self.pages = pages  # page ids, one per page of `key`; replaced, never mutated in place
         self.parent = parent

@@ -56,7 +56,6 @@ class RadixTree:
         self.protected_pages = 0  # pages in nodes whose subtree is locked or pinned
         self.pinned_pages = 0
         self.partial_pages = 0  # cached pages that hold a partial tail
-        self.evicted_pages = 0
 
     # ---- queries -------------------------------------------------------------------------------------------
     @property
@@ -295,7 +294,7 @@ class RadixTree:
         self.cached_pages += len(pages)
         if parent.ev_key is not None:
             self._refresh(parent)
-        node.ev_key = RECENT  # LeafLRU.add_newest, inlined (insert hot path): the newest tick is listed last
+        node.ev_key = RECENT  # listed inline (insert hot path): the newest tick goes last in `recent`
         self._lru.recent[node.id] = node
         return node
 
@@ -462,7 +461,6 @@ class RadixTree:
                 self._refresh(parent)
             elif sk is not None and len(sk) > 2 * len(parent.children) + 8:
                 parent.sorted_keys = sorted(parent.children)
-        self.evicted_pages += len(freed)
         return freed
 
     def flush(self) -> list[int]:

@@ -4,7 +4,8 @@ Threads: `submit`, `abort`, `stats` and the admin calls may come from any thread
 work to the engine thread through an inbox and never touch the cache themselves. `on_output` callbacks run on the
 engine thread and must not block.
 
-One step: schedule -> build one BatchLayout -> forward -> sample -> emit -> publish/release.
+One step: schedule -> build one BatchLayout -> forward -> publish the pages completed -> sample -> emit (a finished
+request releases its lease, storing everything it computed).
 """
 
 from __future__ import annotations
