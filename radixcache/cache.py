@@ -220,10 +220,10 @@ class PrefixCache:
         """Unpin the cached whole-page prefix of `tokens`. Returns the tokens that were pinned."""
         return self.tree.unpin(encode(tokens), namespace) if self.enabled else 0
 
-    def flush(self) -> int:
-        """Drop every pin and every cached page no lease reads; returns pages freed. Live leases stay correct:
-        the paths they lock stay cached until they release."""
-        freed = self.tree.flush()
+    def flush(self, namespace: str | None = None) -> int:
+        """Drop every pin and every cached page no lease reads, in `namespace` or (None) in all of them; returns
+        pages freed. Live leases stay correct: the paths they lock stay cached until they release."""
+        freed = self.tree.flush(namespace)
         self.allocator.decref(freed)
         self._flushed += len(freed)
         return len(freed)

@@ -433,41 +433,68 @@ class RadixTree:
         bpp, need, freed, lru = self.bpp, num_pages, [], self._lru
         recent, ordered = lru.recent, lru.ordered
         while need > 0 and (recent or ordered):
-            # LeafLRU.oldest, inlined: this loop is the eviction hot path
+            # The least recently used listed leaf, looked up inline: this loop is the eviction hot path.
             node = recent[next(iter(recent))] if recent else None
             if ordered and (node is None or ordered[0] < (node.access << ID_BITS) | node.id):
                 node = lru.by_key[ordered[0]]
             n = len(node.pages)
-            if node.tail:
-                self.partial_pages -= 1  # whichever way it goes below, the tail page goes first
-            if n > need:
+            if n > need:  # only part of this leaf is needed: cut its end (the tail page goes first)
+                if node.tail:
+                    self.partial_pages -= 1
                 keep = n - need
                 freed += node.pages[keep:]
                 node.pages, node.key, node.tail = node.pages[:keep], node.key[: keep * bpp], 0
                 self.cached_pages -= need
                 break
-            self._lru.remove(node)
-            node.evicted = True
-            freed += node.pages
+            freed += self._drop_leaf(node)
             need -= n
-            self.cached_pages -= n
-            parent = node.parent
-            del parent.children[node.first]
-            if len(node.first) < bpp:
-                parent.partial_children -= 1
-            sk = parent.sorted_keys
-            if not parent.children:
-                parent.sorted_keys = None
-                self._refresh(parent)
-            elif sk is not None and len(sk) > 2 * len(parent.children) + 8:
-                parent.sorted_keys = sorted(parent.children)
         return freed
 
-    def flush(self) -> list[int]:
-        """Drop every pin, then every node no lease locks. Locked paths stay (their leases still read them)."""
+    def _drop_leaf(self, node: Node) -> list[int]:
+        """Remove an evictable (listed) leaf with all its pages; its parent may become an evictable leaf."""
+        self._lru.remove(node)
+        node.evicted = True
+        if node.tail:
+            self.partial_pages -= 1
+        self.cached_pages -= len(node.pages)
+        parent = node.parent
+        del parent.children[node.first]
+        if len(node.first) < self.bpp:
+            parent.partial_children -= 1
+        sk = parent.sorted_keys
+        if not parent.children:
+            parent.sorted_keys = None
+            self._refresh(parent)
+        elif sk is not None and len(sk) > 2 * len(parent.children) + 8:
+            parent.sorted_keys = sorted(parent.children)
+        return node.pages
+
+    def flush(self, namespace: str | None = None) -> list[int]:
+        """Drop the pins, then every node no lease locks: in one namespace, or in all of them (None). Locked paths
+        stay (their leases still read them). Returns the dropped page ids."""
+        if namespace is None:
+            for node in list(self._pinned.values()):
+                self._set_pin(node, None)
+            return self.evict(self.cached_pages)
+        root = self._roots.get(namespace)
+        if root is None:
+            return []
         for node in list(self._pinned.values()):
-            self._set_pin(node, None)
-        return self.evict(self.cached_pages)
+            top = node
+            while top.parent is not None:
+                top = top.parent
+            if top is root:
+                self._set_pin(node, None)
+        preorder, stack = [], [root]
+        while stack:
+            node = stack.pop()
+            preorder.append(node)
+            stack.extend(node.children.values())
+        freed: list[int] = []
+        for node in reversed(preorder):  # children before parents, so emptied parents go too
+            if node.ev_key is not None:
+                freed += self._drop_leaf(node)
+        return freed
 
     # ---- introspection -------------------------------------------------------------------------------------
     def items(self) -> Iterator[tuple[str, bytes, int]]:

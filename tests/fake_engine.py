@@ -126,11 +126,10 @@ class FakeEngine:
             )
             return SimpleNamespace(running=running, waiting=0, preemptions=0, steps=self.steps, cache=cache)
 
-    def flush_cache(self) -> int:
+    def flush_cache(self, namespace: str | None = None) -> int:
         with self._lock:
-            n = sum(len(v) for v in self._seen.values())
-            self._seen.clear()
-            return n
+            names = list(self._seen) if namespace is None else [namespace]
+            return sum(len(self._seen.pop(n, [])) for n in names)
 
     def pin(self, token_ids: list[int], namespace: str = "", ttl_s: float | None = None) -> int:
         with self._lock:

@@ -368,3 +368,34 @@ def test_tails_are_per_namespace_and_a_disabled_cache_stores_none() -> None:
     assert off.stats().pages_cached == 0 and off.stats().pages_free == 8
     off.check(idle=True)
     cache.check(idle=True)
+
+
+def test_flush_of_one_namespace_leaves_the_others_cached():
+    cache = PrefixCache(32, 4)
+    for ns in ("alice", "bob"):
+        lease = cache.acquire(f"{ns}-req", list(range(12)), ns)
+        cache.allocate(lease, 3)
+        cache.release(lease, list(range(12)))
+    cache.pin(list(range(8)), "alice")
+    assert cache.flush("alice") == 3  # the pin is dropped with the rest of alice's pages
+    assert cache.match_length(list(range(12)), "alice") == 0
+    assert cache.match_length(list(range(12)), "bob") == 12
+    assert cache.stats().pages_cached == 3
+    cache.check()
+    assert cache.flush("nobody") == 0
+    assert cache.flush() == 3
+    cache.check(idle=True)
+
+
+def test_flush_of_a_namespace_keeps_what_a_live_lease_reads():
+    cache = PrefixCache(32, 4)
+    first = cache.acquire("a1", list(range(12)), "alice")
+    cache.allocate(first, 3)
+    cache.release(first, list(range(12)))
+    reader = cache.acquire("a2", list(range(12)) + [99], "alice", max_cached=12)
+    assert reader.cached_tokens == 12
+    assert cache.flush("alice") == 0  # every cached page of alice is read by the live lease
+    cache.check()
+    cache.release(reader)
+    assert cache.flush("alice") == 3
+    cache.check(idle=True)

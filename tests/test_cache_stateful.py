@@ -250,6 +250,16 @@ class CacheMachine(RuleBasedStateMachine):
         self.sync(held)
         assert self.cache.stats().pages_evictable == 0 and self.cache.stats().pages_pinned == 0
 
+    @rule(ns=NAMESPACES)
+    def flush_namespace(self, ns: str) -> None:
+        self.pins = {key: until for key, until in self.pins.items() if key[0] != ns}
+        held = self.held_pages()
+        others = {key: page for key, page in self.model.items() if key[0] != ns}
+        self.cache.flush(ns)
+        self.sync(held)
+        assert {key: page for key, page in self.model.items() if key[0] != ns} == others, "another namespace changed"
+        assert self.cache.flush(ns) == 0, "the flush left pages of its namespace that it could drop"
+
     # ---- after every step ----------------------------------------------------------------------------------
     @invariant()
     def consistent(self) -> None:

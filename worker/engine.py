@@ -254,8 +254,9 @@ class Engine:
     def stats(self) -> EngineStats:
         return self.call(self._stats)
 
-    def flush_cache(self) -> int:
-        return self.call(self.cache.flush)
+    def flush_cache(self, namespace: str | None = None) -> int:
+        """Drop what no running request reads: one tenant's namespace, or (None) every namespace."""
+        return self.call(lambda: self.cache.flush(namespace))
 
     def pin(self, token_ids: list[int], namespace: str = "", ttl_s: float | None = None) -> int:
         return self.call(lambda: self.cache.pin(token_ids, namespace, ttl=ttl_s))

@@ -218,9 +218,10 @@ class RadixCacheServicer(pb_grpc.RadixCacheServicer):
     async def FlushCache(
         self, request: pb.FlushCacheRequest, context: grpc.aio.ServicerContext
     ) -> pb.FlushCacheResponse:
-        await self._tenant(context)
+        tenant = await self._tenant(context)
         engine = await self._ready(context)
-        return pb.FlushCacheResponse(pages_flushed=int(await self._in_thread(engine.flush_cache)))
+        # Only the caller's own namespace: one tenant cannot empty another's cache.
+        return pb.FlushCacheResponse(pages_flushed=int(await self._in_thread(engine.flush_cache, tenant)))
 
     async def PinPrefix(self, request: pb.PinPrefixRequest, context: grpc.aio.ServicerContext) -> pb.PinPrefixResponse:
         tenant = await self._tenant(context)

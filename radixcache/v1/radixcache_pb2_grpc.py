@@ -109,8 +109,8 @@ class RadixCacheServicer:
         raise NotImplementedError('Method not implemented!')
 
     def FlushCache(self, request, context):
-        """Drops every cached page that no running request reads; running requests stay correct. Worker-wide: with
-        --auth-tokens any authenticated caller may flush (it costs other tenants their cache, never their data).
+        """Drops the caller's pins and every cached page of the caller's namespace that no running request reads; running
+        requests stay correct. Other tenants' caches are untouched (without --auth-tokens there is one namespace).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
