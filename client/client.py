@@ -110,6 +110,16 @@ class Completion:
         )
 
 
+def _pin_request(
+    text: str | None, token_ids: Sequence[int] | None, messages: Sequence[Message] | None, ttl_seconds: float | None
+) -> pb.PinPrefixRequest:
+    req = pb.PinPrefixRequest()
+    _set_input(req, text, token_ids, messages)
+    if ttl_seconds is not None:
+        req.ttl_seconds = ttl_seconds
+    return req
+
+
 def _set_input(msg: Any, text: str | None, token_ids: Sequence[int] | None, messages: Sequence[Message] | None) -> None:
     given = [x is not None for x in (text, token_ids, messages)]
     if sum(given) != 1:
@@ -266,10 +276,7 @@ class Client(_Base):
         ttl_seconds: float | None = None,
     ) -> int:
         """Pin a prefix (computing it first if it is not cached); returns the tokens pinned (whole pages)."""
-        req = pb.PinPrefixRequest()
-        _set_input(req, text, token_ids, messages)
-        if ttl_seconds is not None:
-            req.ttl_seconds = ttl_seconds
+        req = _pin_request(text, token_ids, messages, ttl_seconds)
         return self._stub.PinPrefix(req, metadata=self._metadata).pinned_tokens
 
     def unpin(
@@ -368,10 +375,7 @@ class AsyncClient(_Base):
         messages: Sequence[Message] | None = None,
         ttl_seconds: float | None = None,
     ) -> int:
-        req = pb.PinPrefixRequest()
-        _set_input(req, text, token_ids, messages)
-        if ttl_seconds is not None:
-            req.ttl_seconds = ttl_seconds
+        req = _pin_request(text, token_ids, messages, ttl_seconds)
         return (await self._stub.PinPrefix(req, metadata=self._metadata)).pinned_tokens
 
     async def unpin(
