@@ -22,7 +22,8 @@ PAGE_STATES = ("free", "cached", "evictable", "pinned", "in_use")
 def flatten_stats(stats: Any) -> dict[str, float]:
     """engine.stats() (EngineStats with a nested radixcache CacheStats) -> one flat dict with stable names.
 
-    Missing fields read as 0, so a worker with an older engine still answers.
+    Missing fields read as 0 (the server tests' FakeEngine reports only some). hit_rate is the cache's: hit tokens
+    over every lookup, a preempted request's re-admission included.
     """
     cache = getattr(stats, "cache", None)
 
