@@ -66,7 +66,7 @@ def build_app(options: ClusterOptions) -> Any:
     )
     threads = max(1, int(options.replica_cpus))
     replica_app = replica.bind(options.serve_argv, options.hub_name, options.hub_namespace, threads)
-    return ingress.bind(replica_app, options.auth_tokens, options.hub_name, options.hub_namespace)
+    return ingress.bind(replica_app, options.auth_tokens)
 
 
 def grpc_options(port: int) -> Any:

@@ -72,7 +72,7 @@ def main(argv: list[str]) -> int:
     )
     ray.init(address=args.ray_address, namespace=options.hub_namespace, include_dashboard=False)
     serve.start(grpc_options=grpc_options(args.port), http_options=HTTPOptions(host=args.host, port=0))
-    serve.run(build_app(options), name=options.app_name, route_prefix=None)
+    serve.run(build_app(options), name=options.app_name)
     print(f"serving on {args.host}:{args.port}", flush=True)
     print(json.dumps({"replicas": args.replicas, "serve_argv": serve_argv}), flush=True)
     stop = threading.Event()

@@ -1,9 +1,10 @@
 """FleetEngine: the engine interface (submit / abort / stats / flush_cache / pin / unpin) over N Ray Serve replicas.
 
 The gRPC servicer of a single worker runs unchanged on top of it (DESIGN.md, "Fronts, engine, hosts"): it validates,
-tokenizes and streams exactly as on one worker, while each call here goes through a DeploymentHandle whose
-CacheAwareRouter picks the replica. Everything runs on the ingress replica's asyncio loop, except the calls the
-servicer makes from a worker thread (stats, flush, pin, unpin), which hop onto that loop.
+tokenizes and streams exactly as on one worker, while each call here goes through a DeploymentHandle. Generate is
+routed by the handle's CacheAwareRouter to one replica; the fleet-wide calls (stats, flush, pin, unpin, abort) are
+broadcast to every replica (Serve's `handle.broadcast`), each answering for itself. Everything runs on the ingress
+replica's asyncio loop, except the calls the servicer makes from a worker thread, which hop onto that loop.
 
 Faults: a replica that dies mid-stream ends the request with ErrorKind.UNAVAILABLE; one that dies before streaming
 anything is retried once on another replica (nothing was sent to the client, so the retry is invisible).
@@ -12,24 +13,24 @@ anything is retried once on another replica (nothing was sent to the client, so 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import uuid
 from collections.abc import Callable
 from typing import Any
 
-from radixcache.cluster.replica import NotTheTarget
-from radixcache.worker.engine import EngineStats, validate_request
-from radixcache.worker.request import ErrorKind, FinishReason, Request, RequestOutput, SamplingParams
+from radixcache.worker.engine import DuplicateRequestError, EngineStats, validate_request
+from radixcache.worker.request import ErrorKind, FinishReason, Request, RequestOutput
 
 log = logging.getLogger("radixcache.cluster")
 
 RETRIES_BEFORE_FIRST_OUTPUT = 1
+BROADCAST_TIMEOUT_S = 60.0  # a fleet-wide call does without a replica that does not answer by then
 
 
 class FleetEngine:
-    def __init__(self, handle: Any, hub: Any, tokenizer: Any, model_info: Any, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, handle: Any, tokenizer: Any, model_info: Any, loop: asyncio.AbstractEventLoop) -> None:
         self.handle = handle  # DeploymentHandle of EngineReplica (with the CacheAwareRouter)
-        self.hub = hub  # the EventHub actor: which replicas are alive
         self.tokenizer = tokenizer
         self.model_info = model_info
         self.page_size = int(model_info.page_size)
@@ -37,41 +38,36 @@ class FleetEngine:
         self.vocab_size = int(model_info.vocab_size)
         self.context_length = int(model_info.context_length)
         self.loop = loop
-        self._running: dict[str, tuple[asyncio.Task, list[str]]] = {}  # request id -> (relay task, [replica id])
+        self._relays: dict[str, asyncio.Task] = {}  # request id -> the task relaying its stream
 
     # -- the engine interface, called on the loop ---------------------------------------------------------------
     def submit(self, request: Request, on_output: Callable[[RequestOutput], None]) -> None:
         """Raises like Engine.submit (ValueError, RequestTooLargeError, DuplicateRequestError) before routing."""
-        from radixcache.worker.engine import DuplicateRequestError
-
         validate_request(request, self.vocab_size, self.context_length, self.page_size, self.num_pages)
-        if request.request_id in self._running:
+        if request.request_id in self._relays:
             raise DuplicateRequestError(f"request_id {request.request_id!r} is already running; ids must be unique")
-        where: list[str] = []
-        task = self.loop.create_task(self._relay(request, on_output, where))
-        self._running[request.request_id] = (task, where)
-        task.add_done_callback(lambda _: self._running.pop(request.request_id, None))
+        # Serve's router tells concurrent requests apart by their internal request id, which a call's sub-requests
+        # inherit: give each relay its own, or two streams of one call (n samples) could wait on each other.
+        context = contextvars.copy_context()
+        context.run(_new_serve_request_id)
+        task = self.loop.create_task(self._relay(request, on_output), context=context)
+        self._relays[request.request_id] = task
+        task.add_done_callback(lambda _: self._relays.pop(request.request_id, None))
 
     def abort(self, request_id: str) -> bool:
-        entry = self._running.get(request_id)
-        if entry is None:
+        if request_id not in self._relays:
             return False
-        _, where = entry
-        if where:  # the replica ends it with FINISH_REASON_ABORTED, as one worker would
-            self.handle.abort.remote(request_id, target=where[0])
-        else:  # not routed yet
-            entry[0].cancel()
+        # The replica running it ends it with FINISH_REASON_ABORTED, as one worker would; the others answer False.
+        self.handle.broadcast("abort", request_id)
         return True
 
-    async def _relay(self, request: Request, on_output: Callable[[RequestOutput], None], where: list[str]) -> None:
+    async def _relay(self, request: Request, on_output: Callable[[RequestOutput], None]) -> None:
         sent_any = False
         attempts = 0
         while True:
             stream = self.handle.options(stream=True).generate.remote(request)
             try:
-                async for replica, out in stream:
-                    if not where:
-                        where.append(replica)
+                async for _replica, out in stream:
                     sent_any = True
                     on_output(out)
                 return
@@ -82,7 +78,6 @@ class FleetEngine:
             except Exception as e:  # the replica died (or failed) under the request
                 if not sent_any and attempts < RETRIES_BEFORE_FIRST_OUTPUT:
                     attempts += 1
-                    where.clear()
                     log.warning("request %s: replica failed before any output (%s); retrying", request.request_id, e)
                     continue
                 on_output(_final(request, FinishReason.ERROR, f"the replica serving it failed: {e}"))
@@ -90,60 +85,39 @@ class FleetEngine:
 
     # -- fleet-wide calls, made from a worker thread ------------------------------------------------------------
     def stats(self) -> EngineStats:
-        return self._on_loop(self._stats())
-
-    def flush_cache(self, namespace: str | None = None) -> int:
-        return sum(self._on_loop(self._each("flush_cache", namespace or "")))
-
-    def pin(self, token_ids: list[int], namespace: str = "", ttl_s: float | None = None) -> int:
-        """Pins on every replica, computing the prefix first where it is not cached; the least any replica pinned."""
-        return min(self._on_loop(self._pin_everywhere(token_ids, namespace, ttl_s)), default=0)
-
-    def unpin(self, token_ids: list[int], namespace: str = "") -> int:
-        return max(self._on_loop(self._each("unpin", token_ids, namespace)), default=0)
+        return sum_stats([s for _, s in self.per_replica_stats()])
 
     def per_replica_stats(self) -> list[tuple[str, EngineStats]]:
-        return self._on_loop(self._per_replica_stats())
+        return sorted(self._broadcast("stats"))
 
-    # -- helpers ------------------------------------------------------------------------------------------------
-    def _on_loop(self, coro: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+    def flush_cache(self, namespace: str | None = None) -> int:
+        return sum(self._broadcast("flush_cache", namespace or ""))
 
-    async def _replicas(self) -> list[str]:
-        return await self.hub.replicas.remote()
+    def pin(self, token_ids: list[int], namespace: str = "", ttl_s: float | None = None) -> int:
+        """Pins on every replica (each computing the prefix first where it is not cached); the least any pinned."""
+        return min(self._broadcast("pin", token_ids, namespace, ttl_s), default=0)
 
-    async def _each(self, method: str, *args: Any) -> list[Any]:
-        """Call `method` once on every live replica; a replica that died meanwhile is skipped."""
-        replicas = await self._replicas()
-        calls = [getattr(self.handle, method).remote(*args, target=r) for r in replicas]
-        results = await asyncio.gather(*calls, return_exceptions=True)
-        return [r for r in results if not isinstance(r, (NotTheTarget, BaseException))]
+    def unpin(self, token_ids: list[int], namespace: str = "") -> int:
+        return max(self._broadcast("unpin", token_ids, namespace), default=0)
 
-    async def _per_replica_stats(self) -> list[tuple[str, EngineStats]]:
-        replicas = await self._replicas()
-        results = await asyncio.gather(*[self.handle.stats.remote(target=r) for r in replicas], return_exceptions=True)
-        return [(r, s) for r, s in zip(replicas, results, strict=True) if isinstance(s, EngineStats)]
+    def _broadcast(self, method: str, *args: Any) -> list[Any]:
+        """Every live replica's answer; a replica that failed or did not answer in time is left out (logged)."""
 
-    async def _stats(self) -> EngineStats:
-        return sum_stats([s for _, s in await self._per_replica_stats()])
+        async def call() -> list[Any]:
+            response = self.handle.broadcast(method, *args)
+            return await response.results_async(timeout_s=BROADCAST_TIMEOUT_S, return_exceptions=True)
 
-    async def _pin_everywhere(self, token_ids: list[int], namespace: str, ttl_s: float | None) -> list[int]:
-        whole = len(token_ids) // self.page_size * self.page_size
+        results = asyncio.run_coroutine_threadsafe(call(), self.loop).result()
+        for r in results:
+            if isinstance(r, BaseException):
+                log.warning("%s: a replica did not answer: %s", method, r)
+        return [r for r in results if not isinstance(r, BaseException)]
 
-        async def one(replica: str) -> int | None:
-            pinned = await self.handle.pin.remote(token_ids, namespace, ttl_s, target=replica)
-            if isinstance(pinned, NotTheTarget):
-                return None
-            if pinned < whole:  # not cached there yet: compute it with a one-token generation, then pin
-                warm_id = f"pin-{uuid.uuid4().hex}"
-                warm = Request(warm_id, token_ids, SamplingParams(max_tokens=1), namespace=namespace)
-                async for _ in self.handle.options(stream=True).generate.remote(warm, target=replica):
-                    pass
-                pinned = await self.handle.pin.remote(token_ids, namespace, ttl_s, target=replica)
-            return None if isinstance(pinned, NotTheTarget) else pinned
 
-        results = await asyncio.gather(*[one(r) for r in await self._replicas()], return_exceptions=True)
-        return [r for r in results if isinstance(r, int)]
+def _new_serve_request_id() -> None:
+    from ray.serve import context
+
+    context._set_request_context(_internal_request_id=uuid.uuid4().hex)
 
 
 def _final(request: Request, reason: FinishReason, error: str | None = None) -> RequestOutput:

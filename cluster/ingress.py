@@ -51,16 +51,14 @@ _END = object()
 class GrpcIngress:
     """The deployment class (wrapped with serve.deployment by the app)."""
 
-    async def __init__(self, replicas: Any, auth_tokens: dict[str, str] | None, hub_name: str, hub_namespace: str):
+    async def __init__(self, replicas: Any, auth_tokens: dict[str, str] | None) -> None:
         from radixcache.cluster.fleet import FleetEngine
-        from radixcache.cluster.hub import get_or_create_hub
         from radixcache.worker.auth import Authenticator
         from radixcache.worker.servicer import RadixCacheServicer
 
         info = pb.ModelInfo.FromString(await replicas.model_info.remote())
         tokenizer = await replicas.tokenizer.remote()
-        hub = get_or_create_hub(hub_name, hub_namespace)
-        self.fleet = FleetEngine(replicas, hub, tokenizer, info, asyncio.get_running_loop())
+        self.fleet = FleetEngine(replicas, tokenizer, info, asyncio.get_running_loop())
         self.servicer = RadixCacheServicer(Authenticator(auth_tokens))
         self.servicer.attach(self.fleet, info)
 

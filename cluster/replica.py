@@ -1,25 +1,21 @@
 """EngineReplica: one radixcache Engine per Ray Serve replica, built exactly as `radixcache serve` builds it.
 
-The ingress reaches it through a DeploymentHandle whose router (CacheAwareRouter) picks the replica. Calls that
-must reach one particular replica (fleet-wide flush, pin, stats; Abort of a request it runs) carry
-`target=<replica id>`; the router honours it, and a replica that receives a call meant for another one (its target
-died in between) answers None instead of acting, so nothing is counted or done twice.
+The ingress reaches it through a DeploymentHandle: `generate` goes through the handle's router (CacheAwareRouter),
+which picks the replica; fleet-wide calls (stats, flush, pin, unpin, abort) go to every replica with Serve's
+`handle.broadcast`, and each replica answers for itself.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from radixcache.worker.request import Request, RequestOutput
+from radixcache.worker.request import Request, RequestOutput, SamplingParams
 
 log = logging.getLogger("radixcache.cluster")
-
-
-class NotTheTarget:
-    """Returned by a targeted call that reached the wrong replica."""
 
 
 class EngineReplica:
@@ -50,15 +46,9 @@ class EngineReplica:
             self._pump.stop()
         self.engine.shutdown(drain=False)
 
-    def _is_target(self, target: str | None) -> bool:
-        return target is None or target == self.replica_id
-
     # -- serving -----------------------------------------------------------------------------------------------
-    async def generate(self, request: Request, target: str | None = None) -> AsyncIterator[tuple[str, RequestOutput]]:
-        """Streams (replica id, output) until the request finishes; cancelling the stream aborts the request.
-
-        `target` only steers the router (a pin computing its prefix on every replica); any replica may serve it.
-        """
+    async def generate(self, request: Request) -> AsyncIterator[tuple[str, RequestOutput]]:
+        """Streams (replica id, output) until the request finishes; cancelling the stream aborts the request."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
 
@@ -79,32 +69,29 @@ class EngineReplica:
             if not finished:
                 self.engine.abort(request.request_id)
 
-    async def abort(self, request_id: str, target: str | None = None) -> bool | NotTheTarget:
-        if not self._is_target(target):
-            return NotTheTarget()
+    # -- fleet-wide calls (the ingress broadcasts them to every replica) ---------------------------------------
+    async def abort(self, request_id: str) -> bool:
+        """Aborts the request if this replica runs it."""
         return self.engine.abort(request_id)
 
-    # -- fleet-wide administration (each call targets one replica) ------------------------------------------------
-    async def stats(self, target: str | None = None) -> Any:
-        if not self._is_target(target):
-            return NotTheTarget()
-        return await asyncio.to_thread(self.engine.stats)
+    async def stats(self) -> tuple[str, Any]:
+        return self.replica_id, await asyncio.to_thread(self.engine.stats)
 
-    async def flush_cache(self, namespace: str, target: str | None = None) -> int | NotTheTarget:
-        if not self._is_target(target):
-            return NotTheTarget()
+    async def flush_cache(self, namespace: str) -> int:
         return await asyncio.to_thread(self.engine.flush_cache, namespace)
 
-    async def pin(
-        self, token_ids: list[int], namespace: str, ttl_s: float | None, target: str | None = None
-    ) -> int | NotTheTarget:
-        if not self._is_target(target):
-            return NotTheTarget()
-        return await asyncio.to_thread(self.engine.pin, token_ids, namespace, ttl_s)
+    async def pin(self, token_ids: list[int], namespace: str, ttl_s: float | None) -> int:
+        """Pins the prefix here, computing it first (a one-token generation) where it is not cached yet."""
+        whole = len(token_ids) // self.engine.page_size * self.engine.page_size
+        pinned = await asyncio.to_thread(self.engine.pin, token_ids, namespace, ttl_s)
+        if pinned < whole:
+            warm = Request(f"pin-{uuid.uuid4().hex}", token_ids, SamplingParams(max_tokens=1), namespace=namespace)
+            async for _ in self.generate(warm):
+                pass
+            pinned = await asyncio.to_thread(self.engine.pin, token_ids, namespace, ttl_s)
+        return pinned
 
-    async def unpin(self, token_ids: list[int], namespace: str, target: str | None = None) -> int | NotTheTarget:
-        if not self._is_target(target):
-            return NotTheTarget()
+    async def unpin(self, token_ids: list[int], namespace: str) -> int:
         return await asyncio.to_thread(self.engine.unpin, token_ids, namespace)
 
     async def tokenizer(self) -> Any:

@@ -3,7 +3,7 @@
 Ray Serve calls `choose_replicas` for every request sent through a handle to the EngineReplica deployment. For a
 Generate (a `Request` as first argument) it hashes the prompt's whole pages with the same chained page hash the
 replicas' cache events carry, asks its PrefixIndex how many leading pages each candidate holds in the request's
-namespace, and lets `policy.choose` weigh that against load. Calls carrying `target=<replica id>` go to that replica.
+namespace, and lets `policy.choose` weigh that against load. Other calls go to the least loaded replica.
 
 The index is fed by a background task long-polling the cluster's EventHub; it runs on the router's own event loop,
 so a routing decision is local work only (no remote call).
@@ -60,10 +60,9 @@ class CacheAwareRouter(RequestRouter):
         self._ensure_sync()
         if pending_request is None:
             return [candidate_replicas]
-        target = pending_request.kwargs.get("target")
-        if target is not None:
-            chosen = [r for r in candidate_replicas if r.replica_id.to_full_id_str() == target]
-            return [chosen] if chosen else [candidate_replicas]  # gone: the replica answers NotTheTarget
+        # When the chosen replica cannot take the request (full, or dead and not yet noticed), Serve asks again:
+        # back off between attempts instead of spinning the router's loop.
+        pending_request.routing_context.should_backoff = True
         request = pending_request.args[0] if pending_request.args else None
         if not isinstance(request, Request):
             return [[self._least_loaded(candidate_replicas)]]
@@ -84,7 +83,7 @@ class CacheAwareRouter(RequestRouter):
 
         result.add_done_callback(done)
         request = pending_request.args[0] if pending_request.args else None
-        if isinstance(request, Request) and pending_request.kwargs.get("target") is None:
+        if isinstance(request, Request):
             self.index.routed(
                 key, request.namespace, page_hashes(request.prompt_ids, self.page_size, request.namespace)
             )
