@@ -322,3 +322,26 @@ def test_two_workers_report_the_same_page_hashes_and_the_events_command_prints_t
         assert len(expected) >= 8 and set(expected) <= remote_hashes and remote_hashes == local_hashes
         text = subprocess.run(cmd[:-1], capture_output=True, text=True, timeout=60, check=True).stdout
         assert text.startswith("snapshot seq=") and f"{expected[0]:016x}" in text
+
+
+def test_tokens_files_mark_admins_and_stay_backward_compatible(tmp_path) -> None:
+    from radixcache.worker.auth import Authenticator, load_token_file, load_tokens
+
+    text = tmp_path / "tokens.txt"
+    text.write_text("# token tenant [admin]\nt1 alice\nt2 ops admin\n")
+    assert load_token_file(text) == ({"t1": "alice", "t2": "ops"}, {"t2"})
+    assert load_tokens(text) == {"t1": "alice", "t2": "ops"}
+    js = tmp_path / "tokens.json"
+    js.write_text(json.dumps({"t1": "alice", "t2": {"tenant": "ops", "admin": True}, "t3": {"tenant": "bob"}}))
+    assert load_token_file(js) == ({"t1": "alice", "t2": "ops", "t3": "bob"}, {"t2"})
+    for bad in ("t1 alice root\n", "t1 alice admin extra\n"):
+        text.write_text(bad)
+        with pytest.raises(ValueError, match="admin"):
+            load_token_file(text)
+    js.write_text(json.dumps({"t1": {"tenant": "ops", "admin": "yes"}}))
+    with pytest.raises(ValueError, match="admin"):
+        load_token_file(js)
+    auth = Authenticator({"t1": "alice", "t2": "ops"}, {"t2"})
+    assert auth.is_admin([("authorization", "Bearer t2")]) and auth.tenant([("authorization", "Bearer t2")]) == "ops"
+    assert not auth.is_admin([("authorization", "Bearer t1")]) and not auth.is_admin(None)
+    assert Authenticator().is_admin(None)  # no auth: every caller may
