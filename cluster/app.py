@@ -73,3 +73,37 @@ def grpc_options(port: int) -> Any:
     from ray.serve.config import gRPCOptions
 
     return gRPCOptions(port=port, grpc_servicer_functions=[SERVICER_FUNCTION])
+
+
+def app_builder(args: dict[str, Any]) -> Any:
+    """Serve's application builder (`import_path: radixcache.cluster.app:app_builder`, as in deploy/rayservice.yaml):
+    `args` holds replicas, replica_cpus, serve_argv (a list of `radixcache serve` flags), auth_tokens_file,
+    balance_abs, balance_rel and min_match_pages, each optional."""
+    from radixcache.worker.auth import load_tokens
+
+    known = {
+        "replicas",
+        "replica_cpus",
+        "serve_argv",
+        "auth_tokens_file",
+        "balance_abs",
+        "balance_rel",
+        "min_match_pages",
+    }
+    unknown = set(args) - known
+    if unknown:
+        raise ValueError(f"unknown application args {sorted(unknown)}; known: {sorted(known)}")
+    defaults = RoutingThresholds()
+    tokens_file = args.get("auth_tokens_file")
+    options = ClusterOptions(
+        serve_argv=[str(a) for a in args.get("serve_argv", [])],
+        replicas=int(args.get("replicas", 2)),
+        replica_cpus=float(args.get("replica_cpus", 1.0)),
+        thresholds=RoutingThresholds(
+            int(args.get("balance_abs", defaults.balance_abs)),
+            float(args.get("balance_rel", defaults.balance_rel)),
+            int(args.get("min_match_pages", defaults.min_match_pages)),
+        ),
+        auth_tokens=load_tokens(tokens_file) if tokens_file else None,
+    )
+    return build_app(options)

@@ -106,3 +106,11 @@ class GrpcIngress:
 
     async def Abort(self, request: pb.AbortRequest, grpc_context: Any) -> pb.AbortResponse:
         return await self._unary("Abort", request, grpc_context)
+
+    async def SubscribeCacheEvents(self, request: Any, grpc_context: Any) -> AsyncIterator[Any]:
+        grpc_context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        grpc_context.set_details(
+            "a cluster has no single cache: its router indexes every replica's events itself; subscribe to a worker"
+        )
+        raise RuntimeError("SubscribeCacheEvents is per worker")
+        yield  # an async generator, as Serve's gRPC proxy expects of a streaming method

@@ -21,7 +21,7 @@ log = logging.getLogger("radixcache.cluster")
 class EngineReplica:
     """The deployment class (wrapped with serve.deployment by the app)."""
 
-    def __init__(
+    async def __init__(
         self, serve_argv: list[str], hub_name: str | None = None, hub_namespace: str | None = None, threads: int = 1
     ) -> None:
         import torch
@@ -29,21 +29,27 @@ class EngineReplica:
         from radixcache.worker.cli import build_engine, parser
 
         torch.set_num_threads(threads)
-
         args = parser().parse_args(serve_argv)
-        self.engine, info = build_engine(args)
+        self.engine, info = await asyncio.to_thread(build_engine, args)
         self.model_info_bytes = info.SerializeToString()
         self.replica_id = _own_replica_id()
-        self._pump = None
+        self.events = None
         if hub_name is not None:
-            from radixcache.cluster.events_feed import EventPump
+            await self._publish_events(hub_name, hub_namespace or "")
 
-            self._pump = EventPump(self.engine, self.replica_id, hub_name, hub_namespace)
-            self._pump.start()
+    async def _publish_events(self, hub_name: str, hub_namespace: str) -> None:
+        """Register with the cluster's EventHub, then feed it this replica's cache events (snapshot first)."""
+        from radixcache.cluster.events_feed import RayHubPublisher
+        from radixcache.cluster.hub import get_or_create_hub
+        from radixcache.worker.cache_events import CacheEventHub
+
+        hub = get_or_create_hub(hub_name, hub_namespace)
+        await hub.register.remote(self.replica_id)
+        self.events = CacheEventHub(self.engine)
+        await self.events.start()
+        self.events.add_publisher(RayHubPublisher(hub, self.replica_id))
 
     def __del__(self) -> None:
-        if self._pump is not None:
-            self._pump.stop()
         self.engine.shutdown(drain=False)
 
     # -- serving -----------------------------------------------------------------------------------------------
