@@ -58,6 +58,10 @@ class EventHub:
     async def replicas(self) -> list[str]:
         return sorted(self.live)
 
+    async def cached_hashes(self, replica: str, namespace: str) -> set[int]:
+        """What `replica`'s events say it holds in `namespace` (for tests and debugging)."""
+        return self.states.cached_hashes(replica, namespace)
+
     async def poll(self, cursor: int, timeout_s: float = 1.0) -> tuple[int, bool, list[tuple[str, list[Event]]]]:
         """(new cursor, reset, [(replica, events), ...]) after `cursor`; waits up to timeout_s for something new.
 

@@ -19,6 +19,7 @@ from ray.serve.config import HTTPOptions
 from radixcache.client import Client
 from radixcache.cluster.app import ClusterOptions, build_app, grpc_options
 from radixcache.cluster.policy import RoutingThresholds
+from radixcache.events import page_hashes
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -74,8 +75,22 @@ def wait_idle(client: Client, timeout: float = 30.0) -> dict:
     return s
 
 
+def holders(options: ClusterOptions, prefix: list[int], namespace: str, expect: int, timeout: float = 10.0) -> int:
+    """How many replicas' cache events say they hold every whole page of `prefix` (what the routers index), once
+    that number is `expect` or the timeout passed (events travel asynchronously)."""
+    hub = ray.get_actor(options.hub_name, namespace=options.hub_namespace)
+    hashes = set(page_hashes(prefix, PAGE, namespace))
+    deadline = time.monotonic() + timeout
+    while True:
+        replicas = ray.get(hub.replicas.remote())
+        found = sum(hashes <= ray.get(hub.cached_hashes.remote(r, namespace)) for r in replicas)
+        if found == expect or time.monotonic() > deadline:
+            return found
+        time.sleep(0.05)
+
+
 def test_a_shared_prefix_lands_where_it_is_cached(cluster):
-    target, _ = cluster
+    target, options = cluster
     with Client(target, token="tok-alice") as c:
         hits = 0
         for trial in range(10):
@@ -83,6 +98,7 @@ def test_a_shared_prefix_lands_where_it_is_cached(cluster):
             generate(c, prefix + [5])
             hits += generate(c, prefix + [6])["cached"] >= 64
         assert hits >= 9, f"only {hits}/10 second requests hit the replica that cached their prefix"
+        assert holders(options, prefix, "alice", expect=1) == 1  # the events name the one replica that computed it
         s = wait_idle(c)
     assert len(s["replicas"]) == 2
     for name in ("queried_tokens", "hit_tokens", "pages_cached", "pages_total"):
@@ -100,16 +116,18 @@ def test_a_tenant_never_routes_by_another_tenants_cache(cluster):
 
 
 def test_flush_and_pin_reach_every_replica(cluster):
-    target, _ = cluster
+    target, options = cluster
     with Client(target, token="tok-alice") as c:
         prefix = ids(64, salt=9)
         assert c.pin(token_ids=prefix) == 64  # computed and pinned on each replica
         s = wait_idle(c)
         assert all(r["pages_pinned"] >= 4 for r in s["replicas"]), s["replicas"]
         assert c.unpin(token_ids=prefix) == 64
+        assert holders(options, prefix, "alice", expect=2) == 2  # pinned everywhere, and the events say so
         c.flush()
         s = wait_idle(c)
         assert all(r["pages_pinned"] == 0 for r in s["replicas"]), s["replicas"]
+        assert holders(options, prefix, "alice", expect=0) == 0  # the removals reached the index
         assert generate(c, prefix + [1])["cached"] == 0  # the flush reached the replica that had it
 
 
