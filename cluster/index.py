@@ -110,6 +110,11 @@ class PrefixIndex:
             n += 1
         return n
 
+    def held_pages(self, replica: Replica) -> int:
+        """Pages `replica` holds by its events, plus those in flight (expired ones included until looked up)."""
+        view = self._replicas.get(replica)
+        return sum(map(len, view.cached.values())) + len(view.inflight) if view else 0
+
     def cached_hashes(self, replica: Replica, namespace: str) -> set[int]:
         """What the events say `replica` holds in `namespace` (a copy; for tests and stats)."""
         view = self._replicas.get(replica)

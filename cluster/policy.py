@@ -3,8 +3,8 @@
 Like SGLang's cache-aware router: when the busiest and the idlest replica differ by more than `balance_abs`
 requests AND the busiest has more than `balance_rel` times the idlest's, the least loaded replica wins whatever it
 caches; otherwise the replica holding the longest prefix wins (ties to the less loaded), and when no replica holds at
-least `min_match_pages` pages of the prompt, the least loaded one does (ties broken at random so that prompts that
-share nothing spread evenly).
+least `min_match_pages` pages of the prompt, the least loaded one does. Remaining ties go to the replica holding the
+fewest pages (so new prefixes spread over the fleet's memory, as SGLang's router does), then at random.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ class Candidate:
     replica: Hashable
     load: int  # requests queued or running there
     matched_pages: int  # leading pages of the prompt it holds
+    held_pages: int = 0  # pages it holds (or will, in flight) in all
 
 
 def imbalanced(loads: Sequence[int], t: RoutingThresholds) -> bool:
@@ -56,5 +57,5 @@ def choose(candidates: Sequence[Candidate], t: RoutingThresholds, rng: random.Ra
         pool = [c for c in candidates if c.matched_pages == best_match]
     else:
         pool = list(candidates)
-    least = min(c.load for c in pool)
-    return rng.choice([c for c in pool if c.load == least])
+    best = min((c.load, c.held_pages) for c in pool)
+    return rng.choice([c for c in pool if (c.load, c.held_pages) == best])

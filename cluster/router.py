@@ -104,7 +104,10 @@ class CacheAwareRouter(RequestRouter):
         by_key = {r.replica_id.to_full_id_str(): r for r in candidates}
         with self._load_lock:
             scored = [
-                Candidate(key, self._load[key], self.index.match(key, request.namespace, hashes)) for key in by_key
+                Candidate(
+                    key, self._load[key], self.index.match(key, request.namespace, hashes), self.index.held_pages(key)
+                )
+                for key in by_key
             ]
         return by_key[choose(scored, self.thresholds, self._rng).replica]
 

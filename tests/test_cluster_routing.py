@@ -38,6 +38,7 @@ def test_inflight_pages_count_until_they_expire_or_events_confirm_them():
     index = PrefixIndex(inflight_ttl_s=5.0, clock=clock)
     index.routed("a", "", [1, 2])
     assert index.match("a", "", [1, 2, 3]) == 2  # sent moments ago: stick to it before any event arrives
+    assert index.held_pages("a") == 2 and index.held_pages("b") == 0
     index.stored("a", "", [1])  # confirmed: no longer in flight
     clock.now = 10.0
     assert index.match("a", "", [1, 2]) == 1  # page 2 expired without a stored event
@@ -78,6 +79,8 @@ def test_policy_prefers_the_longest_match_unless_load_is_imbalanced():
     assert choose([short, idle], t, rng).replica == "b"
     tie = [Candidate("a", 2, 4), Candidate("b", 1, 4)]
     assert choose(tie, t, rng).replica == "b"  # equal matches: the less loaded
+    fuller = [Candidate("a", 0, 0, held_pages=300), Candidate("b", 0, 0, held_pages=100)]
+    assert choose(fuller, t, rng).replica == "b"  # a new prefix goes where memory is freest
 
 
 def test_policy_spreads_prompts_that_share_nothing():
