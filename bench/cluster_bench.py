@@ -2,7 +2,7 @@
 
 Workload (SGLang-style generated shared prefix plus multi-turn chats), sent through the cluster's gRPC endpoint:
 4 groups of 1,024-token system prompts, each replica's pool sized to hold about two groups' prefixes, requests round
-robin over the groups, then multi-turn conversations; then prompts that share nothing (to check the spread). Each
+robin over the groups (each round in a shuffled order), then multi-turn conversations; then prompts that share nothing (to check the spread). Each
 router gets a fresh deployment (empty caches) of the same app: ours (CacheAwareRouter, exact cache events + prompts
 in flight), Ray Serve's default (power of two choices) and round robin.
 
@@ -44,6 +44,18 @@ ROUTERS = {
     "round_robin": "ray.serve.experimental.round_robin_router:RoundRobinRouter",
 }
 PAGE = 16
+
+
+def shuffled_rounds(jobs: list[Job], groups: int = 4, seed: int = 3) -> list[Job]:
+    """Every group once per round, in a different order each round: with 4 groups in a fixed cycle, round robin over
+    2 replicas would send each group to the same replica every time by accident."""
+    rng = random.Random(seed)
+    out: list[Job] = []
+    for start in range(0, len(jobs), groups):
+        round_ = jobs[start : start + groups]
+        rng.shuffle(round_)
+        out += round_
+    return out
 
 
 def run_jobs(target: str, jobs: list[Job], concurrency: int) -> list[dict]:
@@ -100,7 +112,9 @@ def measure_router(name: str, args: argparse.Namespace, model: Path, port: int) 
     serve.run(build_app(options), name=options.app_name)
     target = f"127.0.0.1:{port}"
     start = time.perf_counter()
-    gsp = gsp_workload(groups=4, prompts=args.prompts_per_group, system=1024, question=32, output=args.output)
+    gsp = shuffled_rounds(
+        gsp_workload(groups=4, prompts=args.prompts_per_group, system=1024, question=32, output=args.output)
+    )
     results = run_jobs(target, gsp, concurrency=4) + multiturn(target, clients=4, rounds=3, output=args.output)
     wall = time.perf_counter() - start
     before = per_replica_queried(target)
