@@ -113,7 +113,19 @@ def sampling_params(request: Any, *, prompt_tokens: int, context_length: int, vo
         "stop": tuple(request.stop),
         "stop_token_ids": tuple(request.stop_token_ids),
     }
-    for name in ("temperature", "top_k", "top_p", "min_p", "seed", "ignore_eos", "logprobs", "top_logprobs"):
+    for name in (
+        "temperature",
+        "top_k",
+        "top_p",
+        "min_p",
+        "seed",
+        "ignore_eos",
+        "logprobs",
+        "top_logprobs",
+        "n",
+        "presence_penalty",
+        "frequency_penalty",
+    ):
         if request.HasField(name):
             kwargs[name] = getattr(request, name)
     try:
