@@ -17,6 +17,12 @@ from typing import Any
 from radixcache.worker.request import Request, RequestOutput
 
 
+def engine_request_id(tenant: str, request_id: str) -> str:
+    """The engine's id of a caller's request: unique per (tenant, request id), and names the tenant in leak reports
+    (tenant names never contain "/")."""
+    return f"{tenant}/{request_id}" if tenant else request_id
+
+
 class EngineStream:
     """Submit `request` and iterate its outputs: every sample's, in engine order, until each of the n samples has
     sent its last output (finish_reason set; FinishReason.ERROR included, which the front turns into its error).

@@ -22,7 +22,7 @@ from radixcache.v1 import radixcache_pb2 as pb
 from radixcache.v1 import radixcache_pb2_grpc as pb_grpc
 from radixcache.worker.auth import Authenticator
 from radixcache.worker.engine import DuplicateRequestError, RequestTooLargeError
-from radixcache.worker.engine_stream import EngineStream
+from radixcache.worker.engine_stream import EngineStream, engine_request_id
 from radixcache.worker.metrics import WorkerMetrics, flatten_stats
 from radixcache.worker.request import ErrorKind, FinishReason, Request, RequestOutput, SamplingParams
 from radixcache.worker.validation import (
@@ -108,11 +108,6 @@ class RadixCacheServicer(pb_grpc.RadixCacheServicer):
         check_prompt_length(len(ids), self.model_info.context_length)
         return ids, text
 
-    @staticmethod
-    def _engine_id(tenant: str, request_id: str) -> str:
-        # Tenant names never contain "/", so this is unique per (tenant, request id) and names the tenant in leaks.
-        return f"{tenant}/{request_id}" if tenant else request_id
-
     async def _submit(self, stream: EngineStream, context: grpc.aio.ServicerContext) -> None:
         """stream.open() (engine.submit), with its synchronous refusals turned into the status codes the proto
         promises."""
@@ -160,7 +155,7 @@ class RadixCacheServicer(pb_grpc.RadixCacheServicer):
         sampling: SamplingParams,
     ) -> None:
         tenant, request_id = key
-        engine_id = self._engine_id(tenant, request_id)
+        engine_id = engine_request_id(tenant, request_id)
         stream = EngineStream(engine, Request(engine_id, prompt, sampling, namespace=tenant), self.metrics)
         await self._submit(stream, context)
         self._active[key] = engine_id
@@ -225,7 +220,7 @@ class RadixCacheServicer(pb_grpc.RadixCacheServicer):
         return pb.PinPrefixResponse(pinned_tokens=pinned, prompt_tokens=len(ids))
 
     async def _warm(self, engine: Any, tenant: str, ids: list[int], context: grpc.aio.ServicerContext) -> None:
-        engine_id = self._engine_id(tenant, "pin-" + uuid.uuid4().hex)
+        engine_id = engine_request_id(tenant, "pin-" + uuid.uuid4().hex)
         stream = EngineStream(engine, Request(engine_id, ids, SamplingParams(max_tokens=1), namespace=tenant))
         await self._submit(stream, context)
         try:
