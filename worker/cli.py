@@ -82,7 +82,8 @@ def char_tokenizer() -> Any:
     tok.decoder = decoders.Fuse()
     tok.add_special_tokens(["<s>", "</s>", "<unk>"])
     tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
-    return Tokenizer(tok, bos_token="<s>", eos_token="</s>", chat_template=CHAR_CHAT_TEMPLATE)
+    # One token per character (known or <unk>), so at most 4 bytes of UTF-8 per token.
+    return Tokenizer(tok, bos_token="<s>", eos_token="</s>", chat_template=CHAR_CHAT_TEMPLATE, max_bytes_per_token=4)
 
 
 def load_model(args: argparse.Namespace) -> tuple[Any, str, str]:

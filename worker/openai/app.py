@@ -31,7 +31,8 @@ from radixcache.worker.openai.errors import APIError, bad_request, param_of
 from radixcache.worker.openai.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 from radixcache.worker.openai.requests import ParsedRequest, parse_chat, parse_completion
 from radixcache.worker.openai.responses import ChatResponder, CompletionResponder
-from radixcache.worker.request import ErrorKind, FinishReason, Request as EngineRequest, RequestOutput
+from radixcache.worker.request import ErrorKind, FinishReason, RequestOutput
+from radixcache.worker.request import Request as EngineRequest
 from radixcache.worker.validation import InvalidArgument, check_prompt_input, sampling_params, tokenize_prompt
 
 log = logging.getLogger("radixcache.openai")

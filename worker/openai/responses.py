@@ -138,7 +138,9 @@ class ChatResponder(_Responder):
         chunks = []
         logprobs = ChatLogprobs(content=self._token_logprobs(out.logprobs)) if self.logprobs else None
         if text or (logprobs is not None and logprobs.content):
-            chunks.append(self._chunk([ChatChunkChoice(index=sample.index, delta=ChatDelta(content=text), logprobs=logprobs)]))
+            chunks.append(
+                self._chunk([ChatChunkChoice(index=sample.index, delta=ChatDelta(content=text), logprobs=logprobs)])
+            )
         if calls:
             first = len(sample.calls) - len(calls)
             deltas = [
@@ -147,7 +149,9 @@ class ChatResponder(_Responder):
             ]
             chunks.append(self._chunk([ChatChunkChoice(index=sample.index, delta=ChatDelta(tool_calls=deltas))]))
         if sample.finish is not None:
-            chunks.append(self._chunk([ChatChunkChoice(index=sample.index, delta=ChatDelta(), finish_reason=sample.finish)]))
+            chunks.append(
+                self._chunk([ChatChunkChoice(index=sample.index, delta=ChatDelta(), finish_reason=sample.finish)])
+            )
         return chunks
 
     def usage_chunk(self) -> ChatCompletionChunk:
