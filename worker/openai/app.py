@@ -191,8 +191,8 @@ class OpenAIFront:
         limits = self.front.limits
         renames = {"max_tokens": parsed.max_tokens_param, "top_logprobs": parsed.top_logprobs_param}
         try:
-            at_least = check_prompt_input(parsed.prompt, engine.tokenizer, limits)
-            sampling_params(parsed.sampling, prompt_tokens=at_least, limits=limits, at_least=True)
+            check_prompt_input(parsed.prompt, engine.tokenizer, limits)  # refused before tokenizing: bad sizes
+            sampling_params(parsed.sampling, prompt_tokens=None, limits=limits)  # and bad sampling values
             loop = asyncio.get_running_loop()
             ids, _ = await loop.run_in_executor(None, tokenize_prompt, parsed.prompt, engine.tokenizer, limits)
             values = parsed.sampling
