@@ -17,6 +17,10 @@ from typing import Any
 from radixcache.worker.request import Request, RequestOutput
 
 
+class StreamClosed(Exception):
+    """next() on a stream that was closed meanwhile (e.g. its client went away)."""
+
+
 def engine_request_id(tenant: str, request_id: str) -> str:
     """The engine's id of a caller's request: unique per (tenant, request id), and names the tenant in leak reports
     (tenant names never contain "/")."""
@@ -37,7 +41,7 @@ class EngineStream:
         self.metrics = metrics
         self._unfinished = request.sampling.n
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        self._queue: asyncio.Queue[RequestOutput | None] = asyncio.Queue()  # None: closed
         self._started: set[int] = set()  # samples that sent an output (metrics count the prompt once per request)
         self._submitted = False
 
@@ -61,8 +65,11 @@ class EngineStream:
         return self._unfinished == 0
 
     async def next(self, timeout: float | None = None) -> RequestOutput:
-        """The next output of any sample; asyncio.TimeoutError after `timeout` seconds without one."""
+        """The next output of any sample; asyncio.TimeoutError after `timeout` seconds without one; StreamClosed
+        if close() was called meanwhile."""
         out = await (asyncio.wait_for(self._queue.get(), timeout) if timeout is not None else self._queue.get())
+        if out is None:
+            raise StreamClosed
         if out.finish_reason is not None:
             self._unfinished -= 1
         if self.metrics is not None:
@@ -79,10 +86,12 @@ class EngineStream:
         return await self.next()
 
     def close(self) -> None:
-        """Abort the request unless every sample has finished. Idempotent; safe if open() raised."""
+        """Abort the request unless every sample has finished, and wake a reader waiting in next() (StreamClosed).
+        Idempotent; safe if open() raised. Call it on the stream's loop."""
         if self._submitted and not self.finished:
             self._unfinished = 0
             self.engine.abort(self.request.request_id)
+            self._queue.put_nowait(None)
 
     async def __aenter__(self) -> EngineStream:
         return self.open()

@@ -26,7 +26,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from radixcache.worker.engine import DuplicateRequestError, RequestTooLargeError
-from radixcache.worker.engine_stream import EngineStream, engine_request_id
+from radixcache.worker.engine_stream import EngineStream, StreamClosed, engine_request_id
 from radixcache.worker.openai.errors import APIError, bad_request, param_of
 from radixcache.worker.openai.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 from radixcache.worker.openai.requests import ParsedRequest, parse_chat, parse_completion
@@ -39,10 +39,6 @@ log = logging.getLogger("radixcache.openai")
 
 DEFAULT_MAX_BODY_BYTES = 16 << 20
 ERROR_STATUS = {ErrorKind.NO_CAPACITY: 503, ErrorKind.INTERNAL: 500, None: 500}
-
-
-class ClientGone(Exception):
-    """The HTTP client disconnected before its response was complete."""
 
 
 def _pydantic_param(error: dict[str, Any]) -> str:
@@ -222,40 +218,37 @@ class OpenAIFront:
     def _failure(out: RequestOutput) -> APIError:
         return APIError(ERROR_STATUS[out.error_kind], f"the request failed: {out.error}")
 
-    async def _outputs(self, request: Request, stream: EngineStream) -> AsyncIterator[RequestOutput]:
-        """stream's outputs until every sample finished; ClientGone as soon as the client disconnects."""
-        gone = asyncio.ensure_future(_until_disconnected(request))
-        try:
-            while not stream.finished:
-                following = asyncio.ensure_future(stream.next())
-                await asyncio.wait({following, gone}, return_when=asyncio.FIRST_COMPLETED)
-                if not following.done():
-                    following.cancel()
-                    raise ClientGone
-                yield following.result()
-        finally:
-            gone.cancel()
-
     async def _whole(self, request: Request, stream: EngineStream, responder: Any) -> Response:
+        """Non-streaming: nothing is sent until the end, so a watcher notices the client leaving and closes the
+        stream (aborting the request) at once."""
+
+        async def watch() -> None:
+            await _until_disconnected(request)
+            stream.close()
+
+        watcher = asyncio.ensure_future(watch())
         try:
-            async for out in self._outputs(request, stream):
+            async for out in stream:
                 if out.finish_reason is FinishReason.ERROR:
                     raise self._failure(out)
                 responder.add(out)
-        except ClientGone:
+        except StreamClosed:
             return Response(status_code=499)  # nobody reads it; the request was aborted
         finally:
+            watcher.cancel()
             stream.close()
         return JSONResponse(responder.response().model_dump())
 
     def _sse(
         self, request: Request, stream: EngineStream, responder: Any, include_usage: bool, first: list[BaseModel]
     ) -> StreamingResponse:
+        # Starlette cancels this generator when the client disconnects (it listens for http.disconnect while it
+        # streams), which closes the stream: the request is aborted at once.
         async def events() -> AsyncIterator[str]:
             try:
                 for chunk in first:
                     yield f"data: {chunk.model_dump_json(exclude_none=True)}\n\n"
-                async for out in self._outputs(request, stream):
+                async for out in stream:
                     if out.finish_reason is FinishReason.ERROR:
                         yield f"data: {json.dumps(self._failure(out).body())}\n\n"
                         break
@@ -265,8 +258,6 @@ class OpenAIFront:
                     if include_usage:
                         yield f"data: {responder.usage_chunk().model_dump_json()}\n\n"
                 yield "data: [DONE]\n\n"
-            except ClientGone:
-                pass
             finally:
                 stream.close()
 

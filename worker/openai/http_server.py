@@ -35,7 +35,9 @@ class HttpServer:
 
     async def start(self) -> int:
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
+        # IPPROTO_TCP explicitly: asyncio disables Nagle (TCP_NODELAY) only on sockets that say they are TCP, and
+        # with Nagle on, each small SSE chunk waits for the client's delayed ACK (~40 ms per token).
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind((self.host, self.port))
