@@ -94,3 +94,35 @@ def test_a_conversation_with_tool_calls_and_results_is_accepted(served):
     assert reply.choices[0].message.content == "abcde"
     prompt = bytes(i - 3 for i in engine.submitted[-1].prompt_ids if i >= 3).decode()
     assert "<tool>18 C and sunny</s>" in prompt
+
+
+def test_tools_and_tool_history_reach_the_template_as_hugging_face_passes_them():
+    """With a Qwen2.5-like template: `tools` is the template variable, tool-call arguments arrive as objects."""
+    from engine_fixtures import byte_tokenizer
+
+    from radixcache.worker.model.tokenizer import Tokenizer
+    from radixcache.worker.openai.protocol import ChatMessageIn
+    from radixcache.worker.openai.requests import chat_messages
+    from radixcache.worker.validation import ModelLimits, PromptInput, render_prompt
+
+    template = (
+        "{% if tools %}<tools>{% for t in tools %}{{ t | tojson }}{% endfor %}</tools>{% endif %}"
+        "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% for c in m.tool_calls or [] %}"
+        "<tool_call>{{ c.function | tojson }}</tool_call>{% endfor %}</s>{% endfor %}<assistant>"
+    )
+    base = byte_tokenizer()
+    tokenizer = Tokenizer(base._tok, eos_token="<|eos|>", chat_template=template)
+    history = MESSAGES + [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+        ]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "18 C"},
+    ]  # fmt: skip
+    messages = chat_messages([ChatMessageIn.model_validate(m) for m in history])
+    limits = ModelLimits.of(tokenizer, vocab_size=tokenizer.vocab_size, context_length=4096)
+    ids, text = render_prompt(PromptInput(messages=messages, tools=TOOLS), tokenizer, limits)
+    assert text.startswith('<tools>{"type": "function", "function": {"name": "get_weather"')
+    assert '<assistant><tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call></s>' in text
+    assert "<tool>18 C</s>" in text and tokenizer.decode(ids) == text
+    _, plain = render_prompt(PromptInput(messages=messages), tokenizer, limits)
+    assert "<tools>" not in plain
