@@ -173,6 +173,11 @@ def test_n_samples_share_one_prompt_computation_and_are_reproducible(worker, cli
         for c in chunk.choices:
             by_index[c.index] += c.delta.content or ""
     assert by_index == texts
+    # gRPC has n too: the same samples, told apart by GenerateResponse.index.
+    with Client(worker.target, token="key-alice") as c:
+        chunks = list(c.generate(messages=messages, max_tokens=8, temperature=1.0, seed=11, n=4, ignore_eos=True))
+    assert ["".join(ch.text for ch in chunks if ch.index == i) for i in range(4)] == texts
+    assert sum(1 for ch in chunks if ch.finish_reason) == 4
     wait_idle(worker)
 
 

@@ -467,13 +467,16 @@ class Engine:
                     self._sample(seq, logits[row])
                     if seq.forks:
                         self._fork(seq, logits[row])
-                if seq.finish_reason is not None:
-                    self._end(seq)
-                else:
-                    self._emit(seq)
+                self._end_or_emit(seq)
             except Exception:
                 log.exception("request %s failed", seq.name)
                 self._end(seq, FinishReason.ERROR, "internal error while sampling this request")
+
+    def _end_or_emit(self, seq: Sequence) -> None:
+        if seq.finish_reason is not None:
+            self._end(seq)
+        else:
+            self._emit(seq)
 
     def _fork(self, first: Sequence, logits: torch.Tensor) -> None:
         """first's prompt is computed and its first token sampled: start the request's other samples from a copy
@@ -483,10 +486,7 @@ class Engine:
             try:
                 if self.scheduler.fork(first, seq):
                     self._sample(seq, logits)
-                    if seq.finish_reason is not None:
-                        self._end(seq)
-                    else:
-                        self._emit(seq)
+                    self._end_or_emit(seq)
             except Exception:
                 log.exception("request %s failed", seq.name)
                 self._end(seq, FinishReason.ERROR, "internal error while sampling this request")

@@ -132,40 +132,36 @@ class OpenAIFront:
         return ModelList(data=[card])
 
     async def chat(self, request: Request) -> Response:
-        tenant = self.tenant(request)
-        engine = self.engine()
-        body: ChatCompletionRequest = _parse(ChatCompletionRequest, await _read_body(request, self.max_body_bytes))
-        self.check_model(body.model)
-        parsed = parse_chat(body)
-        responder = ChatResponder(
-            request_id="chatcmpl-" + uuid.uuid4().hex,
-            model=self.model_name,
-            n=parsed.sampling.n or 1,
-            token_text=self._token_text(engine),
-            parse_tools=parsed.parse_tools,
-            logprobs=bool(parsed.sampling.logprobs),
-        )
-        stream = await self._open(engine, tenant, responder.id, parsed, prompt_param="messages", chat=True)
-        if parsed.stream:
-            return self._sse(request, stream, responder, parsed.include_usage, responder.first_chunks())
-        return await self._whole(request, stream, responder)
+        return await self._generate(request, ChatCompletionRequest, parse_chat, prompt_param="messages", chat=True)
 
     async def completions(self, request: Request) -> Response:
+        return await self._generate(request, CompletionRequest, parse_completion, prompt_param="prompt", chat=False)
+
+    async def _generate(
+        self, request: Request, model: type[BaseModel], parse: Callable[[Any], ParsedRequest], *, prompt_param: str,
+        chat: bool,
+    ) -> Response:  # fmt: skip
         tenant = self.tenant(request)
         engine = self.engine()
-        body: CompletionRequest = _parse(CompletionRequest, await _read_body(request, self.max_body_bytes))
+        body = _parse(model, await _read_body(request, self.max_body_bytes))
         self.check_model(body.model)
-        parsed = parse_completion(body)
-        responder = CompletionResponder(
-            request_id="cmpl-" + uuid.uuid4().hex,
-            model=self.model_name,
-            n=parsed.sampling.n or 1,
-            token_text=self._token_text(engine),
-            logprobs=bool(parsed.sampling.logprobs),
-        )
-        stream = await self._open(engine, tenant, responder.id, parsed, prompt_param="prompt", chat=False)
+        parsed = parse(body)
+        common = {
+            "model": self.model_name,
+            "n": parsed.sampling.n or 1,
+            "token_text": self._token_text(engine),
+            "logprobs": bool(parsed.sampling.logprobs),
+        }
+        responder: ChatResponder | CompletionResponder
+        if chat:
+            responder = ChatResponder(
+                request_id="chatcmpl-" + uuid.uuid4().hex, parse_tools=parsed.parse_tools, **common
+            )
+        else:
+            responder = CompletionResponder(request_id="cmpl-" + uuid.uuid4().hex, **common)
+        stream = await self._open(engine, tenant, responder.id, parsed, prompt_param=prompt_param, chat=chat)
         if parsed.stream:
-            return self._sse(request, stream, responder, parsed.include_usage, [])
+            return self._sse(stream, responder, parsed.include_usage)
         return await self._whole(request, stream, responder)
 
     # -- the way through validation to the engine -------------------------------------------------------------
@@ -239,14 +235,12 @@ class OpenAIFront:
             stream.close()
         return JSONResponse(responder.response().model_dump())
 
-    def _sse(
-        self, request: Request, stream: EngineStream, responder: Any, include_usage: bool, first: list[BaseModel]
-    ) -> StreamingResponse:
+    def _sse(self, stream: EngineStream, responder: Any, include_usage: bool) -> StreamingResponse:
         # Starlette cancels this generator when the client disconnects (it listens for http.disconnect while it
         # streams), which closes the stream: the request is aborted at once.
         async def events() -> AsyncIterator[str]:
             try:
-                for chunk in first:
+                for chunk in responder.first_chunks():
                     yield f"data: {chunk.model_dump_json(exclude_none=True)}\n\n"
                 async for out in stream:
                     if out.finish_reason is FinishReason.ERROR:

@@ -203,6 +203,9 @@ class CompletionResponder(_Responder):
         choice = CompletionChoice(index=sample.index, text=text, finish_reason=sample.finish, logprobs=logprobs)
         return [Completion(id=self.id, model=self.model, choices=[choice])]
 
+    def first_chunks(self) -> list[Completion]:
+        return []  # completions chunks carry text from the first one on
+
     def usage_chunk(self) -> Completion:
         return Completion(id=self.id, model=self.model, choices=[], usage=self.usage())
 
