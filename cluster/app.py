@@ -1,4 +1,5 @@
-"""The Ray Serve application: EngineReplica x N behind the CacheAwareRouter, and the GrpcIngress in front."""
+"""The Ray Serve application: EngineReplica x N behind the CacheAwareRouter, and the Ingress (gRPC and OpenAI HTTP)
+in front."""
 
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ def build_app(options: ClusterOptions) -> Any:
     from ray import serve
     from ray.serve.config import RequestRouterConfig
 
-    from radixcache.cluster.ingress import GrpcIngress
+    from radixcache.cluster.ingress import Ingress
     from radixcache.cluster.replica import EngineReplica
 
     router_kwargs: dict[str, Any] = {}
@@ -61,7 +62,7 @@ def build_app(options: ClusterOptions) -> Any:
             request_router_class=options.router_class, request_router_kwargs=router_kwargs
         ),
     )
-    ingress = serve.deployment(GrpcIngress).options(
+    ingress = serve.deployment(serve.ingress()(Ingress)).options(
         name="Ingress", num_replicas=1, max_ongoing_requests=4096, ray_actor_options={"num_cpus": 0}
     )
     threads = max(1, int(options.replica_cpus))

@@ -62,25 +62,30 @@ class FleetEngine:
         return True
 
     async def _relay(self, request: Request, on_output: Callable[[RequestOutput], None]) -> None:
-        sent_any = False
+        unfinished = set(range(request.sampling.n))  # samples whose last output has not come yet
         attempts = 0
         while True:
             stream = self.handle.options(stream=True).generate.remote(request)
+            sent_any = False
             try:
                 async for _replica, out in stream:
                     sent_any = True
+                    if out.finish_reason is not None:
+                        unfinished.discard(out.index)
                     on_output(out)
                 return
             except asyncio.CancelledError:
                 stream.cancel()
-                on_output(_final(request, FinishReason.ABORTED))
+                for index in sorted(unfinished):
+                    on_output(_final(request, index, FinishReason.ABORTED))
                 raise
             except Exception as e:  # the replica died (or failed) under the request
                 if not sent_any and attempts < RETRIES_BEFORE_FIRST_OUTPUT:
                     attempts += 1
                     log.warning("request %s: replica failed before any output (%s); retrying", request.request_id, e)
                     continue
-                on_output(_final(request, FinishReason.ERROR, f"the replica serving it failed: {e}"))
+                for index in sorted(unfinished):  # every front waits for each sample's last output
+                    on_output(_final(request, index, FinishReason.ERROR, f"the replica serving it failed: {e}"))
                 return
 
     # -- fleet-wide calls, made from a worker thread ------------------------------------------------------------
@@ -120,9 +125,10 @@ def _new_serve_request_id() -> None:
     context._set_request_context(_internal_request_id=uuid.uuid4().hex)
 
 
-def _final(request: Request, reason: FinishReason, error: str | None = None) -> RequestOutput:
+def _final(request: Request, index: int, reason: FinishReason, error: str | None = None) -> RequestOutput:
     return RequestOutput(
         request_id=request.request_id,
+        index=index,
         token_ids=[],
         text="",
         prompt_tokens=len(request.prompt_ids),

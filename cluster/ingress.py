@@ -1,4 +1,5 @@
-"""GrpcIngress: the `radixcache.v1.RadixCache` contract behind Ray Serve's gRPC proxy, for a whole fleet.
+"""Ingress: the `radixcache.v1.RadixCache` contract behind Ray Serve's gRPC proxy, and the OpenAI-compatible HTTP
+API behind its HTTP proxy, for a whole fleet.
 
 Ray Serve's gRPC proxy calls a method of this deployment named after the RPC, with the request message and a
 RayServegRPCContext. Each method runs the single worker's RadixCacheServicer unchanged (authentication, validation,
@@ -48,8 +49,9 @@ class ServeCallContext:
 _END = object()
 
 
-class GrpcIngress:
-    """The deployment class (wrapped with serve.deployment by the app)."""
+class Ingress:
+    """The deployment class (wrapped with serve.ingress() and serve.deployment by the app): the gRPC methods below,
+    and the OpenAI-compatible HTTP API (worker.openai's app over the same servicer) through Serve's HTTP proxy."""
 
     async def __init__(self, replicas: Any, auth_tokens: dict[str, str] | None) -> None:
         from radixcache.cluster.fleet import FleetEngine
@@ -61,6 +63,11 @@ class GrpcIngress:
         self.fleet = FleetEngine(replicas, tokenizer, info, asyncio.get_running_loop())
         self.servicer = RadixCacheServicer(Authenticator(auth_tokens))
         self.servicer.attach(self.fleet, info)
+
+    def __serve_build_asgi_app__(self) -> Any:
+        from radixcache.worker.openai.app import create_app
+
+        return create_app(self.servicer)
 
     async def _unary(self, method: str, request: Any, grpc_context: Any) -> Any:
         try:

@@ -13,6 +13,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+from radixcache.worker.engine_stream import EngineStream
 from radixcache.worker.request import Request, RequestOutput, SamplingParams
 
 log = logging.getLogger("radixcache.cluster")
@@ -54,26 +55,13 @@ class EngineReplica:
 
     # -- serving -----------------------------------------------------------------------------------------------
     async def generate(self, request: Request) -> AsyncIterator[tuple[str, RequestOutput]]:
-        """Streams (replica id, output) until the request finishes; cancelling the stream aborts the request."""
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
-
-        def on_output(out: RequestOutput) -> None:  # engine thread
-            try:
-                loop.call_soon_threadsafe(queue.put_nowait, out)
-            except RuntimeError:  # the loop is closed: nobody listens any more
-                pass
-
-        self.engine.submit(request, on_output)
-        finished = False
+        """Streams (replica id, output) until every sample has finished; cancelling the stream aborts the request."""
+        stream = EngineStream(self.engine, request).open()
         try:
-            while not finished:
-                out = await queue.get()
-                finished = out.finish_reason is not None
+            async for out in stream:
                 yield self.replica_id, out
         finally:
-            if not finished:
-                self.engine.abort(request.request_id)
+            stream.close()
 
     # -- fleet-wide calls (the ingress broadcasts them to every replica) ---------------------------------------
     async def abort(self, request_id: str) -> bool:

@@ -36,7 +36,7 @@ def free_port() -> int:
 
 @pytest.fixture(scope="module")
 def cluster():
-    port = free_port()
+    port, http_port = free_port(), free_port()
     options = ClusterOptions(
         serve_argv=["--random-model", "--page-size", str(PAGE), "--kv-pages", str(PAGES), "--max-step-tokens", "64"],
         replicas=2,
@@ -46,8 +46,9 @@ def cluster():
     )
     ray.init(num_cpus=3, include_dashboard=False, namespace=options.hub_namespace, log_to_driver=False)
     try:
-        serve.start(grpc_options=grpc_options(port), http_options=HTTPOptions(host="127.0.0.1", port=free_port()))
+        serve.start(grpc_options=grpc_options(port), http_options=HTTPOptions(host="127.0.0.1", port=http_port))
         serve.run(build_app(options), name=options.app_name)
+        options.http_port = http_port  # for the OpenAI test
         yield f"127.0.0.1:{port}", options
     finally:
         serve.shutdown()
@@ -201,3 +202,19 @@ def test_a_killed_replica_ends_its_streams_and_the_fleet_serves_on(cluster):
             time.sleep(0.5)
         assert victim not in live and len(live) == 2, live
         wait_idle(c, timeout=60)
+
+
+def test_the_openai_api_is_served_for_the_fleet(cluster):
+    import openai
+
+    target, options = cluster
+    api = openai.OpenAI(base_url=f"http://127.0.0.1:{options.http_port}/v1", api_key="tok-alice", max_retries=0)
+    prompt = ids(48, salt=500)
+    first = api.completions.create(model=api.models.list().data[0].id, prompt=prompt, max_tokens=4)
+    again = api.completions.create(model=first.model, prompt=prompt + [9], max_tokens=4)
+    assert first.usage.completion_tokens == 4 and first.choices[0].finish_reason == "length"
+    assert again.usage.prompt_tokens_details.cached_tokens >= 48  # routed to the replica that holds the prompt
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=api.base_url, api_key="nope", max_retries=0).models.list()
+    with Client(target, token="tok-alice") as c:
+        wait_idle(c)
