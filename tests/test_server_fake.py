@@ -4,6 +4,7 @@ cancellation, deadlines, auth, health, reflection, shutdown). The real engine is
 from __future__ import annotations
 
 import asyncio
+import logging
 import subprocess
 import threading
 import time
@@ -358,3 +359,32 @@ def test_tls(tmp_path):
             assert c.generate_text("secure", max_tokens=3).text == "abc"
         with Client(w.target) as plain, pytest.raises(grpc.RpcError):
             plain.generate_text("x", timeout=2)
+
+
+UNDECODABLE = [
+    ("/radixcache.v1.RadixCache/Generate", b"\x12\x02\xff\xfe"),  # text: invalid UTF-8
+    ("/radixcache.v1.RadixCache/Generate", b"\x12\x03\xed\xa0\x80"),  # text: a lone surrogate (U+D800)
+    ("/radixcache.v1.RadixCache/Generate", b"\xff\xff\xff"),  # corrupt wire format
+    ("/radixcache.v1.RadixCache/Tokenize", b"\x0a\x04ab\xc3("),  # text: a truncated 2-byte character
+    ("/radixcache.v1.RadixCache/PinPrefix", b"\x0a\x05ab"),  # a length running past the end
+    ("/radixcache.v1.RadixCache/Abort", b"\x0a\x01\x80"),
+    ("/grpc.health.v1.Health/Check", b"\xff\xff\xff"),
+]
+
+
+def test_undecodable_payloads_are_invalid_argument_with_one_log_line(worker, caplog):
+    with grpc.insecure_channel(worker.target) as ch:
+        for _ in range(3):
+            for method, raw in UNDECODABLE:
+                streaming = method.endswith("/Generate")
+                call = ch.unary_stream(method) if streaming else ch.unary_unary(method)
+                with pytest.raises(grpc.RpcError) as e:
+                    list(call(raw, timeout=5)) if streaming else call(raw, timeout=5)
+                assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (method, raw, e.value.details())
+                assert e.value.details().startswith("the request cannot be decoded: ")
+    logged = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(logged) == 1 and "undecodable request to" in logged[0].getMessage(), [r.getMessage() for r in logged]
+    assert not any(r.exc_info for r in caplog.records)  # no traceback per call
+    assert worker.engine.submitted == []
+    with Client(worker.target) as c:
+        assert c.generate_text("still here", max_tokens=2).text == "ab"

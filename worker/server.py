@@ -22,6 +22,7 @@ from grpc_reflection.v1alpha import reflection
 from radixcache.v1 import radixcache_pb2 as pb
 from radixcache.v1 import radixcache_pb2_grpc as pb_grpc
 from radixcache.worker.auth import Authenticator
+from radixcache.worker.decode_guard import UndecodableRequestInterceptor
 from radixcache.worker.metrics import WorkerMetrics
 from radixcache.worker.servicer import RadixCacheServicer
 
@@ -75,7 +76,9 @@ class WorkerServer:
         """Bind and start serving (health NOT_SERVING until attach()); returns the bound port."""
         o = self.options
         server = grpc.aio.server(
-            options=grpc_server_options(o.max_message_bytes), maximum_concurrent_rpcs=o.max_concurrent_rpcs
+            options=grpc_server_options(o.max_message_bytes),
+            maximum_concurrent_rpcs=o.max_concurrent_rpcs,
+            interceptors=[UndecodableRequestInterceptor()],
         )
         pb_grpc.add_RadixCacheServicer_to_server(self.servicer, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
