@@ -388,3 +388,30 @@ def test_undecodable_payloads_are_invalid_argument_with_one_log_line(worker, cap
     assert worker.engine.submitted == []
     with Client(worker.target) as c:
         assert c.generate_text("still here", max_tokens=2).text == "ab"
+
+
+@pytest.mark.parametrize("version", ["v1", "v1alpha"])
+def test_reflection_v1_and_v1alpha(worker, version):
+    """Newer grpcurl and most tools speak reflection v1; older ones v1alpha. Both list and describe the service."""
+    from google.protobuf import descriptor_pb2
+    from grpc_reflection.v1alpha import reflection_pb2 as r  # v1's messages are the same, field for field
+
+    with grpc.insecure_channel(worker.target) as ch:
+        call = ch.stream_stream(
+            f"/grpc.reflection.{version}.ServerReflection/ServerReflectionInfo",
+            request_serializer=r.ServerReflectionRequest.SerializeToString,
+            response_deserializer=r.ServerReflectionResponse.FromString,
+        )
+        asks = [
+            r.ServerReflectionRequest(list_services=""),
+            r.ServerReflectionRequest(file_containing_symbol="radixcache.v1.RadixCache"),
+            r.ServerReflectionRequest(file_containing_symbol=f"grpc.reflection.{version}.ServerReflection"),
+        ]
+        listed, service, itself = list(call(iter(asks), timeout=5))
+    names = {s.name for s in listed.list_services_response.service}
+    assert {"radixcache.v1.RadixCache", "grpc.health.v1.Health", "grpc.reflection.v1.ServerReflection"} <= names
+    files = [
+        descriptor_pb2.FileDescriptorProto.FromString(b) for b in service.file_descriptor_response.file_descriptor_proto
+    ]
+    assert files[0].name == "radixcache/v1/radixcache.proto" and files[0].service[0].name == "RadixCache"
+    assert itself.WhichOneof("message_response") == "file_descriptor_response"

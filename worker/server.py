@@ -17,13 +17,13 @@ from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from radixcache.v1 import radixcache_pb2 as pb
 from radixcache.v1 import radixcache_pb2_grpc as pb_grpc
 from radixcache.worker.auth import Authenticator
 from radixcache.worker.decode_guard import UndecodableRequestInterceptor
 from radixcache.worker.metrics import WorkerMetrics
+from radixcache.worker.reflection import enable_reflection
 from radixcache.worker.servicer import RadixCacheServicer
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["RadixCache"].full_name
@@ -82,7 +82,7 @@ class WorkerServer:
         )
         pb_grpc.add_RadixCacheServicer_to_server(self.servicer, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
-        reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+        enable_reflection((SERVICE_NAME, health.SERVICE_NAME), server)
         for service in ("", SERVICE_NAME):
             await self.health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
         address = f"{o.host}:{o.port}"
