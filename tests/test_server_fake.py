@@ -415,3 +415,38 @@ def test_reflection_v1_and_v1alpha(worker, version):
     ]
     assert files[0].name == "radixcache/v1/radixcache.proto" and files[0].service[0].name == "RadixCache"
     assert itself.WhichOneof("message_response") == "file_descriptor_response"
+
+
+def test_listening_is_announced_only_once_the_worker_serves():
+    """A script that waits for "listening on" must be able to call at once (it used to come 3-5 s early)."""
+    from radixcache.worker.server import ServerOptions, describe, run_worker
+
+    events: list[str] = []
+    answers: list[str] = []
+
+    def load_engine():
+        time.sleep(0.3)  # loading a model
+        engine = FakeEngine()
+        engine.start()
+        events.append("loaded")
+        return engine, describe(engine, model_name="fake")
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+
+        def call_at_once(target: str) -> None:  # what the newcomer's script does right after the line
+            try:
+                with Client(target) as c:
+                    answers.append(c.generate_text("hi", max_tokens=2, timeout=5).text)
+            finally:
+                loop.call_soon_threadsafe(stop.set)
+
+        def on_listening(host: str, port: int) -> None:
+            events.append("listening")
+            threading.Thread(target=call_at_once, args=(f"{host}:{port}",)).start()
+
+        await run_worker(ServerOptions(port=0, grace_period=1), load_engine, on_listening=on_listening, stop_event=stop)
+
+    asyncio.run(main())
+    assert events == ["loaded", "listening"] and answers == ["ab"]
