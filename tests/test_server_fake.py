@@ -78,7 +78,7 @@ BAD = [
     (dict(text="x", min_p=float("inf")), "min_p must be in [0, 1], got inf"),
     (dict(text="x" * 100_000), "the context allows at most 511 prompt tokens"),
     (dict(messages=[{"role": "user", "content": "x"}] * 600), "messages must hold at most 511 messages"),
-    (dict(messages=[{"role": "user", "content": "x" * 600}]), "messages hold 600 bytes of content"),
+    (dict(messages=[{"role": "user", "content": "x" * 600}]), "messages hold at least 600 bytes of content"),
     (dict(text="x", stop_token_ids=[5] * 257), "stop_token_ids allows at most 256"),
     (dict(text="x", top_p=0.0), "top_p must be in (0, 1]"),
     (dict(text="x", top_p=1.5), "top_p must be in (0, 1]"),
@@ -450,3 +450,37 @@ def test_listening_is_announced_only_once_the_worker_serves():
 
     asyncio.run(main())
     assert events == ["loaded", "listening"] and answers == ["ab"]
+
+
+def test_prompts_are_tokenized_off_the_loop_and_oversized_ones_never(worker):
+    """A 15 MiB prompt used to be tokenized on the event loop, stalling every stream and health for seconds."""
+    tokenizer = worker.engine.tokenizer
+    encoded: list[tuple[str, int]] = []  # (thread, characters) of every encode call
+    plain_encode = tokenizer.encode
+
+    def spy(text: str, add_special_tokens: bool = True) -> list[int]:
+        encoded.append((threading.current_thread().name, len(text)))
+        return plain_encode(text, add_special_tokens)
+
+    tokenizer.encode = spy
+    huge = "x" * (15 << 20)
+    chat = [{"role": "user", "content": huge[: 5 << 20]}] * 3
+    with Client(worker.target) as c:
+        calls = [
+            lambda: c.generate_text(huge),
+            lambda: c.generate_text(messages=chat),
+            lambda: c.tokenize(huge),
+            lambda: c.tokenize(messages=chat),
+            lambda: c.pin(huge),
+            lambda: c.unpin(huge),
+        ]
+        for call in calls:
+            with pytest.raises(grpc.RpcError) as e:
+                call()
+            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "511" in e.value.details()
+        assert c.generate_text("small", max_tokens=2).text == "ab"
+        assert c.tokenize(messages=[{"role": "user", "content": "hi"}])
+        c.pin("a prefix")
+        c.unpin("a prefix")
+    assert max(n for _, n in encoded) < 100  # the huge ones were refused from their size, never tokenized
+    assert len(encoded) >= 4 and "test-worker-loop" not in {thread for thread, _ in encoded}
