@@ -12,6 +12,7 @@ import time
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from loop_stall import measure_loop_stall
 from wire_fuzz import run_wire_fuzz
 from worker_harness import ThreadedWorker
 
@@ -47,3 +48,10 @@ def test_fuzzed_calls_never_end_unknown_or_internal_and_leak_nothing(worker):
     with grpc.insecure_channel(worker.target) as ch:
         health = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5)
     assert health.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_15_mib_prompts_are_refused_while_the_loop_keeps_answering(worker):
+    """Before issue 10 a 15 MiB prompt was tokenized on the event loop: health answered after 84 s."""
+    report = measure_loop_stall(worker.target, seconds=2.0, senders=1)
+    assert report.big_requests >= 2 and set(report.statuses) == {"INVALID_ARGUMENT"}, report
+    assert report.probes >= 5 and report.max_loop_stall_ms < 3000, report  # generous: this machine is shared
