@@ -19,6 +19,7 @@ torch.cuda has streams and events that record which device's stream they were us
 from __future__ import annotations
 
 import math
+import sys
 import types
 from dataclasses import dataclass, field
 from typing import Any
@@ -329,3 +330,17 @@ class FakeCudaTorch:
 
     def zeros(self, *size: Any, device: Any = None, **kwargs: Any) -> torch.Tensor:
         return torch.zeros(*size, **kwargs)
+
+
+def install_fake_cuda(monkeypatch: Any, *, hopper: bool = True) -> types.SimpleNamespace:
+    """A CUDA machine with flashinfer installed, as far as the backends can tell (undone by `monkeypatch`):
+    torch.cuda.is_available() is True, `import flashinfer` gives a FakeFlashInfer, and the flashinfer backend module
+    sees FakeCudaTorch as torch. Returns (lib, torch) to inspect the calls."""
+    import radixcache.worker.attention.flashinfer_backend as fb
+
+    lib = FakeFlashInfer(hopper=hopper)
+    fake_torch = FakeCudaTorch()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setitem(sys.modules, "flashinfer", lib)
+    monkeypatch.setattr(fb, "torch", fake_torch)
+    return types.SimpleNamespace(lib=lib, torch=fake_torch)

@@ -11,7 +11,7 @@ import types
 import pytest
 import torch
 from engine_fixtures import tiny_model
-from fake_flashinfer import FakeCudaTorch, FakeFlashInfer
+from fake_flashinfer import install_fake_cuda
 
 import radixcache.worker.attention.base as base
 import radixcache.worker.attention.flashinfer_backend as fb
@@ -27,13 +27,7 @@ GEOMETRY = {"num_heads": 4, "num_kv_heads": 2, "head_dim": 64, "dtype": torch.bf
 
 @pytest.fixture
 def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> types.SimpleNamespace:
-    """A CUDA machine with flashinfer installed, as far as the backends can tell."""
-    lib = FakeFlashInfer(hopper=True)
-    fake_torch = FakeCudaTorch()
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setitem(sys.modules, "flashinfer", lib)
-    monkeypatch.setattr(fb, "torch", fake_torch)
-    return types.SimpleNamespace(lib=lib, torch=fake_torch)
+    return install_fake_cuda(monkeypatch)
 
 
 # --- defects 1, 2, 6: auto picks flashinfer only where it can run; an explicit choice says why it cannot ----------
