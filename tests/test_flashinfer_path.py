@@ -214,3 +214,16 @@ def test_explicit_backend_that_fails_the_warm_up_stops_start_up(failing_flashinf
     engine = Engine(tiny_model(), EngineConfig(page_size=4, kv_pages=64, backend="flashinfer"))
     with pytest.raises(RuntimeError, match="'flashinfer' failed its start-up warm-up .*FA3 prefill module"):
         engine.start()
+
+
+def test_serve_with_an_impossible_backend_says_why_and_exits_2():
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "radixcache", "serve", "--random-model", "--device", "cpu", "--backend", "flashinfer",
+         "--port", "0"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "cannot run here" in proc.stderr and "Traceback" not in proc.stderr

@@ -176,8 +176,13 @@ def main(argv: list[str]) -> int:
     def on_listening(host: str, port: int) -> None:
         print(f"listening on {host}:{port}", flush=True)
 
+    from radixcache.worker.attention.base import BackendUnavailableError
+
     try:
         return asyncio.run(run_worker(options, load_engine, on_listening=on_listening))
+    except BackendUnavailableError as e:  # --backend flashinfer where it cannot run: say why, no traceback
+        print(f"radixcache serve: --backend: {e}", file=sys.stderr)
+        return 2
     except OSError as e:
         print(f"radixcache serve: {e}", file=sys.stderr)
         return 1
