@@ -139,6 +139,14 @@ def main(argv: list[str]) -> int:
     if bool(args.tls_cert) != bool(args.tls_key):
         print("radixcache serve: TLS needs both --tls-cert and --tls-key", file=sys.stderr)
         return 2
+    if args.kv_events_endpoint:  # fail before loading the model, not after
+        from radixcache.worker.kv_events_zmq import check_available
+
+        try:
+            check_available()
+        except RuntimeError as e:
+            print(f"radixcache serve: {e}", file=sys.stderr)
+            return 2
     options = ServerOptions(
         host=args.host,
         port=args.port,
