@@ -194,6 +194,21 @@ def test_subscribers_replay_to_the_tree_and_only_admins_may_subscribe(worker) ->
         assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
 
 
+def read_until(run, batches, index: PageIndex, expected: dict) -> list[str]:
+    """Apply a hub subscription's batches (read on its loop through `run`) to `index` until it equals `expected`
+    after a RESET; returns the kinds read."""
+    kinds: list[str] = []
+    while index.as_dict() != expected or RESET not in kinds:
+        batch = run(asyncio.wait_for(batches.__anext__(), 10))
+        kinds.append(batch.kind)
+        if batch.kind == SNAPSHOT:
+            index.load(batch.events)
+        elif batch.kind == EVENTS:
+            for e in batch.events:
+                index.apply(e)
+    return kinds
+
+
 def test_a_slow_subscriber_gets_a_reset_and_a_fresh_snapshot(worker) -> None:
     hub = worker.server.servicer.events
     hub.queue_batches = 2  # the next subscription may fall 2 batches behind
@@ -212,17 +227,7 @@ def test_a_slow_subscriber_gets_a_reset_and_a_fresh_snapshot(worker) -> None:
         prefixes = [[rng.randrange(3, 290) for _ in range(10)] for _ in range(3)]
         traffic(worker.target, TENANT, rng, 12, prefixes)  # many batches while nobody reads this subscription
         expected = worker.engine.call(lambda: tree_page_index(worker.engine.cache.tree))
-        kinds = []
-        while True:
-            batch = worker.run(asyncio.wait_for(batches.__anext__(), 10))
-            kinds.append(batch.kind)
-            if batch.kind == SNAPSHOT:
-                index.load(batch.events)
-            elif batch.kind == EVENTS:
-                for e in batch.events:
-                    index.apply(e)
-            if index.as_dict() == expected and RESET in kinds:
-                break
+        kinds = read_until(worker.run, batches, index, expected)
         assert kinds[:2] == [RESET, SNAPSHOT], kinds  # what was queued is dropped: a reset, then a new snapshot
     finally:
         worker.run(batches.aclose())
@@ -415,16 +420,8 @@ def test_records_lost_inside_the_worker_reset_every_reader() -> None:
         for i in range(10):
             serve(f"b{i}", [9, i, 9, i, 9])
         blocked.set()
-        index, kinds = PageIndex(), []
-        expected = tree_page_index(engine.cache.tree)
-        while index.as_dict() != expected:
-            batch = run(asyncio.wait_for(batches.__anext__(), 10))
-            kinds.append(batch.kind)
-            if batch.kind == SNAPSHOT:
-                index.load(batch.events)
-            elif batch.kind == EVENTS:
-                for e in batch.events:
-                    index.apply(e)
+        index, expected = PageIndex(), tree_page_index(engine.cache.tree)
+        kinds = read_until(run, batches, index, expected)
         assert kinds[:2] == [RESET, SNAPSHOT], kinds
         deadline = time.monotonic() + 10
         while publisher.index.as_dict() != expected and time.monotonic() < deadline:
