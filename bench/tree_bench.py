@@ -9,6 +9,13 @@ before timing; the conversion (list[int] -> key) is timed separately. For scale,
 that rebuilds a heap over every leaf on each evict (SGLang's RadixCache) pays for the rebuild alone, on the same
 trees.
 
+Cache events (issue 11): every trace run is repeated with an EventLog attached as the tree's event sink, alternating
+with the runs without, so `insert_us_with_sink` sits beside `insert_us` from the same process and moment. The sink
+only records page ids on the inserting thread; turning them into hashed events happens where the log is drained
+(another thread in a worker), timed separately as `event_drain_us` (per request, i.e. per insert). On a shared,
+loaded machine wall-clock times swing by tens of percent between runs; the insert phase is therefore also timed in
+CPU time of this process (`insert_cpu_us`, `insert_cpu_us_with_sink`), and `sink_overhead` is their ratio - 1.
+
 Prints a table, then as its LAST line one JSON object. `--quick` keeps it well under a minute.
 """
 
@@ -26,6 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from radixcache.event_log import EventLog  # noqa: E402
 from radixcache.keys import encode  # noqa: E402
 from radixcache.tree import RadixTree  # noqa: E402
 
@@ -38,8 +46,9 @@ def make_trace(num_requests: int, seed: int = 0) -> list[list[int]]:
     return [prefixes[i % PREFIXES] + [rng.randrange(VOCAB) for _ in range(SUFFIX_LEN)] for i in range(num_requests)]
 
 
-def bench_trace(trace: list[list[int]], page_size: int, evict_calls: int) -> dict[str, float]:
-    """us per insert / match / evict(256 tokens) on the trace, at one page size."""
+def bench_trace(trace: list[list[int]], page_size: int, evict_calls: int, *, sink: bool = False) -> dict[str, float]:
+    """us per insert / match / evict(256 tokens) on the trace, at one page size (with `sink`: an EventLog attached,
+    plus the us per request to drain it into hashed events)."""
     keys = [encode(tokens) for tokens in trace]
     n_pages = len(trace[0]) // page_size
     prefix_pages = PREFIX_LEN // page_size
@@ -51,12 +60,20 @@ def bench_trace(trace: list[list[int]], page_size: int, evict_calls: int) -> dic
         start = base + i * (n_pages - prefix_pages)
         pages.append(shared[i % PREFIXES] + list(range(start, start + n_pages - prefix_pages)))
     tree = RadixTree(page_size)
+    log = EventLog(page_size, max_pending=1 << 62) if sink else None
+    tree.set_event_sink(log)
+    drain = 0.0
     gc.disable()
     try:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for key, p in zip(keys, pages, strict=True):
             tree.insert(key, p)
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), time.process_time()
+        if log is not None:  # not part of insert: a worker drains on another thread
+            events = log.drain()
+            drain = time.perf_counter() - t1
+            assert len(events) == len(trace), "one stored event per insert"
+        t_match = time.perf_counter()
         hits = 0
         for key in keys:
             hits += tree.match(key).tokens
@@ -75,9 +92,11 @@ def bench_trace(trace: list[list[int]], page_size: int, evict_calls: int) -> dic
     n = len(trace)
     return {
         "insert_us": (t1 - t0) / n * 1e6,
-        "match_us": (t2 - t1) / n * 1e6,
+        "insert_cpu_us": (c1 - c0) / n * 1e6,
+        "match_us": (t2 - t_match) / n * 1e6,
         "evict_us": (t3 - t2) / evict_calls * 1e6,
         "leaves": leaves,
+        "drain_us": drain / n * 1e6,
     }
 
 
@@ -135,10 +154,14 @@ def main(argv: list[str] | None = None) -> int:
     trace = make_trace(4000)
     # The machine is shared and noisy: each figure is the best of `repeats` runs on a fresh tree.
     repeats = 2 if args.quick else 5
-    results = {}
+    results, with_sink = {}, {}
     for ps in (1, 16):
-        runs = [bench_trace(trace, ps, evict_calls=200) for _ in range(repeats)]
+        runs, sink_runs = [], []
+        for _ in range(repeats):  # alternating, so both see the same machine load
+            runs.append(bench_trace(trace, ps, evict_calls=200))
+            sink_runs.append(bench_trace(trace, ps, evict_calls=200, sink=True))
         results[ps] = {name: min(run[name] for run in runs) for name in runs[0]}
+        with_sink[ps] = {name: min(run[name] for run in sink_runs) for name in sink_runs[0]}
     calls = 200 if args.quick else 1000
     scaling = {n: bench_evict_scaling(n, calls) for n in (1_000, 10_000, 100_000)}
     convert = bench_convert(trace)
@@ -150,10 +173,22 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{'evictable leaves':>16} {'evict(256 tok) us':>18} {'heap rebuild us':>16} {'rebuild/evict':>14}")
     for n, (ev, rebuild) in scaling.items():
         print(f"{n:>16} {ev:>18.1f} {rebuild:>16.0f} {rebuild / ev:>13.0f}x")
+    print(f"\n{'page':>5} {'insert us/op':>13} {'with event sink':>16} {'CPU us/op':>10} {'with sink':>10}", end="")
+    print(f" {'overhead (CPU)':>15} {'drain to events us/op':>22}")
+    for ps, r in results.items():
+        s = with_sink[ps]
+        overhead = s["insert_cpu_us"] / r["insert_cpu_us"] - 1
+        print(f"{ps:>5} {r['insert_us']:>13.2f} {s['insert_us']:>16.2f} {r['insert_cpu_us']:>10.2f}", end="")
+        print(f" {s['insert_cpu_us']:>10.2f} {overhead:>15.1%} {s['drain_us']:>22.1f}")
     print(f"\nconvert list[int] -> key: {convert:.2f} us per {len(trace[0])}-token request")
     r16 = results[16]
     summary = {
         "insert_us": round(r16["insert_us"], 3),
+        "insert_us_with_sink": round(with_sink[16]["insert_us"], 3),
+        "insert_cpu_us": round(r16["insert_cpu_us"], 3),
+        "insert_cpu_us_with_sink": round(with_sink[16]["insert_cpu_us"], 3),
+        "sink_overhead": round(with_sink[16]["insert_cpu_us"] / r16["insert_cpu_us"] - 1, 4),
+        "event_drain_us": round(with_sink[16]["drain_us"], 2),
         "match_us": round(r16["match_us"], 3),
         "evict_us": round(r16["evict_us"], 2),
         "evict_leaves": r16["leaves"],
@@ -162,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         "evict_us_100k": round(scaling[100_000][0], 2),
         "convert_us": round(convert, 3),
         "insert_us_page1": round(results[1]["insert_us"], 3),
+        "insert_us_with_sink_page1": round(with_sink[1]["insert_us"], 3),
         "match_us_page1": round(results[1]["match_us"], 3),
         "evict_us_page1": round(results[1]["evict_us"], 2),
         "heap_rebuild_us_100k": round(scaling[100_000][1], 1),

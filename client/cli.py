@@ -1,9 +1,10 @@
-"""The client subcommands of `radixcache`: generate, chat, stats, pin. Imports only grpc and the stubs.
+"""The client subcommands of `radixcache`: generate, chat, stats, pin, events. Imports only grpc and the stubs.
 
     radixcache generate --target 127.0.0.1:50051 "Once upon a time" --max-tokens 64
     radixcache chat --system "You are terse."          # one user turn per stdin line; prints cached_tokens per turn
     radixcache stats
     radixcache pin --ttl 600 --file system_prompt.txt  # --unpin to remove it
+    radixcache events --token ADMIN_TOKEN              # the cache event stream: snapshot, then live batches
 
 The target and token may also come from RADIXCACHE_TARGET and RADIXCACHE_TOKEN.
 """
@@ -70,6 +71,14 @@ def parser(command: str) -> argparse.ArgumentParser:
         src.add_argument("--file", help="read the prefix from this file")
         p.add_argument("--ttl", type=float, help="seconds the pin lasts (default: until unpinned)")
         p.add_argument("--unpin", action="store_true", help="remove the pin instead")
+    elif command == "events":
+        p.description = (
+            "Print the worker's cache event stream (needs an admin token with --auth-tokens): a snapshot of every "
+            "cached page, then live batches of stored/removed/cleared pages, until interrupted."
+        )
+        p.add_argument("--json", action="store_true", help="one JSON object per batch (token ids included)")
+        p.add_argument("--snapshot-only", action="store_true", help="exit once the snapshot is printed")
+        p.add_argument("--batches", type=int, help="exit after this many messages")
     return p
 
 
@@ -156,7 +165,60 @@ def _pin(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"generate": _generate, "chat": _chat, "stats": _stats, "pin": _pin}
+BATCH_KINDS = {1: "snapshot", 2: "events", 3: "reset"}
+
+
+def _hashes(values: Any) -> str:
+    return "[" + " ".join(f"{h:016x}" for h in values) + "]"
+
+
+def _batch_json(m: Any) -> dict[str, Any]:
+    events = []
+    for e in m.events:
+        kind = e.WhichOneof("event")
+        item: dict[str, Any] = {"type": kind, "namespace": e.namespace}
+        if kind == "stored":
+            item["parent_hash"] = e.stored.parent_hash if e.stored.HasField("parent_hash") else None
+            item["page_hashes"] = list(e.stored.page_hashes)
+            item["token_ids"] = list(e.stored.token_ids)
+        elif kind == "removed":
+            item["page_hashes"] = list(e.removed.page_hashes)
+        events.append(item)
+    out = {"kind": BATCH_KINDS.get(m.kind, str(m.kind)), "sequence": m.sequence, "page_size": m.page_size}
+    if m.kind == 1:
+        out["snapshot_complete"] = m.snapshot_complete
+    return out | {"timestamp": m.timestamp, "events": events}
+
+
+def _batch_text(m: Any) -> list[str]:
+    kind = BATCH_KINDS.get(m.kind, str(m.kind))
+    head = f"{kind} seq={m.sequence}"
+    if m.kind == 1:
+        head += f" page_size={m.page_size}" + (" (complete)" if m.snapshot_complete else " (part)")
+    lines = [head]
+    for e in m.events:
+        what = e.WhichOneof("event")
+        if what == "stored":
+            parent = f"{e.stored.parent_hash:016x}" if e.stored.HasField("parent_hash") else "-"
+            pages = _hashes(e.stored.page_hashes)
+            lines.append(f"  stored  ns={e.namespace!r} parent={parent} pages={pages} tokens={len(e.stored.token_ids)}")
+        elif what == "removed":
+            lines.append(f"  removed ns={e.namespace!r} pages={_hashes(e.removed.page_hashes)}")
+        else:
+            lines.append(f"  cleared ns={e.namespace!r}")
+    return lines
+
+
+def _events(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        for n, m in enumerate(client.cache_events(timeout=args.timeout), 1):
+            print(json.dumps(_batch_json(m)) if args.json else "\n".join(_batch_text(m)), flush=True)
+            if (args.snapshot_only and m.kind == 1 and m.snapshot_complete) or n == args.batches:
+                break
+    return 0
+
+
+COMMANDS = {"generate": _generate, "chat": _chat, "stats": _stats, "pin": _pin, "events": _events}
 
 
 def main(argv: list[str]) -> int:

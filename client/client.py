@@ -293,6 +293,18 @@ class Client(_Base):
     def abort(self, request_id: str) -> bool:
         return self._stub.Abort(pb.AbortRequest(request_id=request_id), metadata=self._metadata).aborted
 
+    def cache_events(self, timeout: float | None = None) -> Iterator[pb.CacheEventBatch]:
+        """The worker's cache event stream (SubscribeCacheEvents; needs an admin token when the worker uses auth), as
+        radixcache.v1 CacheEventBatch messages: a SNAPSHOT (in parts, the last with snapshot_complete), then EVENTS
+        batches with consecutive sequence numbers; RESET and a new SNAPSHOT when this reader fell behind."""
+        call = self._stub.SubscribeCacheEvents(
+            pb.SubscribeCacheEventsRequest(), timeout=timeout, metadata=self._metadata
+        )
+        try:
+            yield from call
+        finally:
+            call.cancel()
+
 
 class AsyncClient(_Base):
     """asyncio client (grpc.aio); the same methods as Client, awaitable; generate() is an async iterator."""
@@ -388,6 +400,17 @@ class AsyncClient(_Base):
         req = pb.UnpinPrefixRequest()
         _set_input(req, text, token_ids, messages)
         return (await self._stub.UnpinPrefix(req, metadata=self._metadata)).unpinned_tokens
+
+    async def cache_events(self, timeout: float | None = None) -> AsyncIterator[pb.CacheEventBatch]:
+        """Client.cache_events, as an async iterator."""
+        call = self._stub.SubscribeCacheEvents(
+            pb.SubscribeCacheEventsRequest(), timeout=timeout, metadata=self._metadata
+        )
+        try:
+            async for message in call:
+                yield message
+        finally:
+            call.cancel()
 
     async def abort(self, request_id: str) -> bool:
         return (await self._stub.Abort(pb.AbortRequest(request_id=request_id), metadata=self._metadata)).aborted

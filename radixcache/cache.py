@@ -22,11 +22,15 @@ import itertools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from radixcache.keys import TOKEN_BYTES, encode
 from radixcache.node import Node
 from radixcache.pages import PageAllocator
 from radixcache.tree import RadixTree
+
+if TYPE_CHECKING:
+    from radixcache.event_log import EventSink
 
 Tokens = Sequence[int]
 
@@ -258,6 +262,11 @@ class PrefixCache:
             namespaces=len(self.tree.namespaces()),
             pages_partial=self.tree.partial_pages,
         )
+
+    def set_event_sink(self, sink: EventSink | None) -> None:
+        """Report the pages the tree stores and drops to `sink` (see radixcache.event_log), or stop (None). Call it
+        on the cache's thread; with a tree that already holds pages, follow it with a snapshot."""
+        self.tree.set_event_sink(sink)
 
     def leases(self) -> list[Lease]:
         return list(self._leases.values())

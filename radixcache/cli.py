@@ -16,6 +16,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "chat": ("radixcache.client.cli", "interactive multi-turn chat, printing cached_tokens per turn"),
     "stats": ("radixcache.client.cli", "print a worker's cache statistics"),
     "pin": ("radixcache.client.cli", "pin a prefix (e.g. a system prompt) in a worker's cache"),
+    "events": ("radixcache.client.cli", "print a worker's cache event stream (snapshot, then live changes)"),
     "memory": ("radixcache.memory", "KV-cache memory calculator"),
 }
 

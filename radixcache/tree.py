@@ -14,6 +14,11 @@ Each namespace has its own root, so a prefix cached for one namespace is a miss 
 Ownership: the tree only records which page ids hold which tokens. It never allocates or frees; `insert` returns
 the pages it newly stores and `evict`/`flush` return the pages it dropped, and the caller adjusts refcounts.
 
+Events: with an event sink (`set_event_sink`, see `radixcache.event_log.EventSink`), the tree also reports, by page
+id, every run of pages it starts storing (`stored`, with the page it continues and its key), the whole pages it
+drops (`removed`: eviction, flush; a partial tail is never reported, stored or removed) and a namespace a flush left
+empty (`cleared`). Without a sink the only cost is one None check where pages enter or leave.
+
 Protection: a node is protected while its subtree holds a lock (`lock`, counted up to the root) or a pin
 (`pin_ref`). Only unprotected leaves are evictable; `radixcache.lru.LeafLRU` keeps them in LRU order incrementally
 whenever a node's leaf/lock/pin status or access time changes, so one evicted node costs O(log n) however large the
@@ -27,6 +32,7 @@ import math
 import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 from sortedcontainers import SortedList
 
@@ -35,6 +41,9 @@ from radixcache.keys import common_prefix as _common
 from radixcache.lru import ID_BITS, RECENT, LeafLRU
 from radixcache.node import InsertResult, Match, Node
 from radixcache.tree_check import check_tree
+
+if TYPE_CHECKING:
+    from radixcache.event_log import EventSink
 
 
 class RadixTree:
@@ -56,6 +65,7 @@ class RadixTree:
         self.protected_pages = 0  # pages in nodes whose subtree is locked or pinned
         self.pinned_pages = 0
         self.partial_pages = 0  # cached pages that hold a partial tail
+        self._sink: EventSink | None = None
 
     # ---- queries -------------------------------------------------------------------------------------------
     @property
@@ -180,9 +190,11 @@ class RadixTree:
             child = node.children.get(key[off : off + bpp])
             if child is None:
                 if bpp > TOKEN_BYTES and (node.partial_children or end - off < bpp) and node.sorted_keys:
-                    node, new_pages = self._place(node, key[off:end], pages, off // bpp, tick, segments, replaced)
+                    node, new_pages = self._place(
+                        node, key[off:end], pages, off // bpp, tick, segments, replaced, namespace
+                    )
                 else:  # the common case, kept free of the partial-tail checks
-                    node = self._attach(key[off:end], pages[off // bpp :], node, tick)
+                    node = self._attach(key[off:end], pages[off // bpp :], node, tick, namespace)
                     new_pages = node.pages
                 break
             edge = child.key
@@ -197,7 +209,7 @@ class RadixTree:
                     if off + len(edge) < end:
                         segments.append((start, child.pages[:keep]))
                         new_pages = pages[start + keep :]
-                        replaced.append(self._regrow(child, key[off + keep * bpp : end], new_pages, tick))
+                        replaced.append(self._regrow(child, key[off + keep * bpp : end], new_pages, tick, namespace))
                     else:
                         segments.append((start, child.pages))
                     break
@@ -218,7 +230,15 @@ class RadixTree:
         return InsertResult(node if n else None, new_pages, pages, segments, replaced)
 
     def _place(
-        self, parent: Node, key: bytes, pages: list[int], start: int, tick: int, segments: list, replaced: list[int]
+        self,
+        parent: Node,
+        key: bytes,
+        pages: list[int],
+        start: int,
+        tick: int,
+        segments: list,
+        replaced: list[int],
+        namespace: str,
     ) -> tuple[Node, list[int]]:
         """Store `key` (from page `start` of the insert, so pages[start:]) below `parent`, no child of which starts
         with key's first page, where partial tails may be involved (the key is one, or `parent` has some). A sibling
@@ -236,16 +256,19 @@ class RadixTree:
             return above, []
         if i > 0 and len(sk[i - 1]) < len(rem) and rem.startswith(sk[i - 1]):
             below = parent.children[sk[i - 1]]
-            replaced.append(self._regrow(below, key, pages[start:], tick))
+            replaced.append(self._regrow(below, key, pages[start:], tick, namespace))
             return below, pages[start:]
-        node = self._attach(key, pages[start:], parent, tick)
+        node = self._attach(key, pages[start:], parent, tick, namespace)
         return node, node.pages
 
-    def _regrow(self, node: Node, key: bytes, pages: list[int], tick: int) -> int:
+    def _regrow(self, node: Node, key: bytes, pages: list[int], tick: int, namespace: str) -> int:
         """Put `pages` for `key` in place of leaf `node`'s partial tail page (key starts at that page and continues
         its tokens), in place, so that locks on `node` stay valid. Returns the page the tree no longer stores."""
         bpp, keep = self.bpp, len(node.pages) - 1
         old = node.pages[keep]
+        if self._sink is not None:  # the tail was never reported; what covers it is new
+            after = node.pages[keep - 1] if keep else node.parent.pages[-1] if node.parent.pages else None
+            self._sink.stored(namespace, after, pages, key)
         node.key = node.key[: keep * bpp] + key
         node.pages = node.pages[:keep] + pages
         grown = len(pages) - 1
@@ -275,8 +298,10 @@ class RadixTree:
             self._lru.touch(node)
         return old
 
-    def _attach(self, key: bytes, pages: list[int], parent: Node, tick: int) -> Node:
+    def _attach(self, key: bytes, pages: list[int], parent: Node, tick: int, namespace: str) -> Node:
         node = Node(key, pages, parent, next(self._ids), tick)
+        if self._sink is not None:
+            self._sink.stored(namespace, parent.pages[-1] if parent.pages else None, pages, key)
         node.first = first = key[: self.bpp]
         parent.children[first] = node
         if len(key) % self.bpp:
@@ -443,6 +468,8 @@ class RadixTree:
                     self.partial_pages -= 1
                 keep = n - need
                 freed += node.pages[keep:]
+                if self._sink is not None:
+                    self._sink.removed(node.pages[keep : n - 1] if node.tail else node.pages[keep:])
                 node.pages, node.key, node.tail = node.pages[:keep], node.key[: keep * bpp], 0
                 self.cached_pages -= need
                 break
@@ -454,6 +481,8 @@ class RadixTree:
         """Remove an evictable (listed) leaf with all its pages; its parent may become an evictable leaf."""
         self._lru.remove(node)
         node.evicted = True
+        if self._sink is not None:
+            self._sink.removed(node.pages[:-1] if node.tail else node.pages)
         if node.tail:
             self.partial_pages -= 1
         self.cached_pages -= len(node.pages)
@@ -475,10 +504,17 @@ class RadixTree:
         if namespace is None:
             for node in list(self._pinned.values()):
                 self._set_pin(node, None)
-            return self.evict(self.cached_pages)
+            held = [ns for ns, root in self._roots.items() if root.children]
+            freed = self.evict(self.cached_pages)
+            if self._sink is not None:
+                for ns in held:
+                    if not self._roots[ns].children:
+                        self._sink.cleared(ns)
+            return freed
         root = self._roots.get(namespace)
         if root is None:
             return []
+        held = bool(root.children)
         for node in list(self._pinned.values()):
             top = node
             while top.parent is not None:
@@ -494,7 +530,26 @@ class RadixTree:
         for node in reversed(preorder):  # children before parents, so emptied parents go too
             if node.ev_key is not None:
                 freed += self._drop_leaf(node)
+        if self._sink is not None and held and not root.children:
+            self._sink.cleared(namespace)
         return freed
+
+    # ---- events --------------------------------------------------------------------------------------------
+    def set_event_sink(self, sink: EventSink | None) -> None:
+        """Report stored/removed/cleared pages to `sink` from now on (None: stop). A sink attached to a tree that
+        already holds pages learns them from `page_records` (a snapshot), not from events."""
+        self._sink = sink
+
+    def page_records(self) -> Iterator[tuple[str, int | None, list[int], bytes]]:
+        """(namespace, the page continued or None, pages, key) for every node, parents before children: what a
+        sink's `stored` would have received to build the tree as it is now."""
+        for namespace, root in self._roots.items():
+            stack = list(root.children.values())
+            while stack:
+                node = stack.pop()
+                parent = node.parent
+                yield namespace, parent.pages[-1] if parent.pages else None, node.pages, node.key
+                stack.extend(node.children.values())
 
     # ---- introspection -------------------------------------------------------------------------------------
     def items(self) -> Iterator[tuple[str, bytes, int]]:

@@ -61,7 +61,16 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, default=50051, help="port (default 50051; 0 picks a free one)")
     s.add_argument("--tls-cert", help="PEM certificate chain: serve TLS (with --tls-key)")
     s.add_argument("--tls-key", help="PEM private key")
-    s.add_argument("--auth-tokens", type=Path, help='bearer tokens: JSON {"token": "tenant"} or "token tenant" lines')
+    s.add_argument(
+        "--auth-tokens",
+        type=Path,
+        help='bearer tokens: JSON {"token": "tenant"} or "token tenant" lines; "token tenant admin" marks an admin',
+    )
+    s.add_argument(
+        "--kv-events-endpoint",
+        help="publish cache events in vLLM's KV-event format on this ZMQ endpoint, e.g. tcp://*:5557 "
+        "(a wildcard host binds, another host is connected to); needs the 'events' extra",
+    )
     s.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port (0: a free one)")
     s.add_argument("--grace-period", type=float, default=30.0, help="seconds to drain streams on SIGTERM")
     s.add_argument("--max-concurrent-rpcs", type=int, default=1024)
@@ -127,23 +136,33 @@ def load_model(args: argparse.Namespace) -> tuple[Any, str, str]:
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv[1:])
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    from radixcache.worker.auth import load_tokens
+    from radixcache.worker.auth import load_token_file
     from radixcache.worker.server import ServerOptions, run_worker
 
     try:
-        tokens = load_tokens(args.auth_tokens) if args.auth_tokens else None
+        tokens, admins = load_token_file(args.auth_tokens) if args.auth_tokens else (None, None)
     except (OSError, ValueError) as e:
         print(f"radixcache serve: --auth-tokens: {e}", file=sys.stderr)
         return 2
     if bool(args.tls_cert) != bool(args.tls_key):
         print("radixcache serve: TLS needs both --tls-cert and --tls-key", file=sys.stderr)
         return 2
+    if args.kv_events_endpoint:  # fail before loading the model, not after
+        from radixcache.worker.kv_events_zmq import check_available
+
+        try:
+            check_available()
+        except RuntimeError as e:
+            print(f"radixcache serve: {e}", file=sys.stderr)
+            return 2
     options = ServerOptions(
         host=args.host,
         port=args.port,
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
         auth_tokens=tokens,
+        admin_tokens=admins,
+        kv_events_endpoint=args.kv_events_endpoint,
         metrics_port=args.metrics_port,
         grace_period=args.grace_period,
         max_message_bytes=args.max_message_mib << 20,

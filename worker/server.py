@@ -40,6 +40,8 @@ class ServerOptions:
     tls_cert: str | None = None  # PEM files; both or neither
     tls_key: str | None = None
     auth_tokens: dict[str, str] | None = None  # token -> tenant; None: no auth, every caller is tenant ""
+    admin_tokens: set[str] | None = None  # of auth_tokens, those that may subscribe to cache events
+    kv_events_endpoint: str | None = None  # ZMQ endpoint publishing cache events in vLLM's format
     metrics_port: int | None = None  # None: no metrics endpoint; 0: a free port
     grace_period: float = 30.0  # seconds in-flight streams get to finish on shutdown
     max_message_bytes: int = 16 * MiB
@@ -66,7 +68,7 @@ class WorkerServer:
 
     def __init__(self, options: ServerOptions) -> None:
         self.options = options
-        self.servicer = RadixCacheServicer(Authenticator(options.auth_tokens))
+        self.servicer = RadixCacheServicer(Authenticator(options.auth_tokens, options.admin_tokens or ()))
         self.metrics = WorkerMetrics(lambda: self.servicer.engine.stats() if self.servicer.engine else None)
         self.servicer.metrics = self.metrics
         self.health = health.aio.HealthServicer()
@@ -107,9 +109,26 @@ class WorkerServer:
 
     async def attach(self, engine: Any, model_info: pb.ModelInfo) -> None:
         """Serve `engine` (already started and warmed up): health turns SERVING."""
+        await self._start_events(engine)
         self.servicer.attach(engine, model_info)
         for service in ("", SERVICE_NAME):
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
+
+    async def _start_events(self, engine: Any) -> None:
+        """Cache events for engines that have a cache (the real one; not every test double)."""
+        if not hasattr(engine, "cache") or not hasattr(engine, "call"):
+            if self.options.kv_events_endpoint:
+                raise ValueError("--kv-events-endpoint: this engine reports no cache events")
+            return
+        from radixcache.worker.cache_events import CacheEventHub
+
+        hub = CacheEventHub(engine)
+        await hub.start()
+        self.servicer.events = hub
+        if self.options.kv_events_endpoint:
+            from radixcache.worker.kv_events_zmq import ZmqKvEventPublisher
+
+            hub.add_publisher(ZmqKvEventPublisher(self.options.kv_events_endpoint, hub.page_size))
 
     async def stop(self, grace: float | None = None) -> None:
         """Drain, then close. Idempotent.
@@ -125,6 +144,8 @@ class WorkerServer:
         deadline = time.monotonic() + grace
         await self.health.enter_graceful_shutdown()
         self.servicer.draining = True
+        if self.servicer.events is not None:  # subscribers' streams end now, not at the end of the grace period
+            await self.servicer.events.close()
         engine = self.servicer.engine
         if engine is not None:
             loop = asyncio.get_running_loop()

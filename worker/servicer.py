@@ -15,6 +15,7 @@ engine's next step.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from typing import Any, NoReturn
 
@@ -86,6 +87,7 @@ class RadixCacheServicer(pb_grpc.RadixCacheServicer):
         self.draining = False
         # (tenant, client request id) -> engine request id, for the caller's running requests
         self._active: dict[tuple[str, str], str] = {}
+        self.events: Any = None  # the engine's CacheEventHub (radixcache.worker.cache_events), once attached
 
     def attach(self, engine: Any, model_info: pb.ModelInfo) -> None:
         self.model_info = model_info
@@ -283,3 +285,22 @@ class RadixCacheServicer(pb_grpc.RadixCacheServicer):
         engine = await self._ready(context)
         engine_id = self._active.get((tenant, request.request_id))  # only the caller's own requests
         return pb.AbortResponse(aborted=bool(engine_id is not None and engine.abort(engine_id)))
+
+    # -- cache events --------------------------------------------------------------------------------------------
+    async def SubscribeCacheEvents(
+        self, request: pb.SubscribeCacheEventsRequest, context: grpc.aio.ServicerContext
+    ) -> None:
+        await self._tenant(context)
+        if not self.auth.is_admin(context.invocation_metadata()):
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "cache events need a token marked admin")
+        await self._ready(context)
+        hub = self.events
+        if hub is None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this worker's engine reports no cache events")
+        from radixcache.worker.events_proto import batch_to_proto
+
+        async with contextlib.aclosing(hub.subscribe()) as batches:
+            async for batch in batches:
+                for message in batch_to_proto(batch, hub.page_size):
+                    await context.write(message)
+        await context.abort(grpc.StatusCode.UNAVAILABLE, "the worker is shutting down")

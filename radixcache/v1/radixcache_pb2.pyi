@@ -14,11 +14,22 @@ class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FINISH_REASON_STOP_STRING: _ClassVar[FinishReason]
     FINISH_REASON_LENGTH: _ClassVar[FinishReason]
     FINISH_REASON_ABORTED: _ClassVar[FinishReason]
+
+class CacheEventBatchKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CACHE_EVENT_BATCH_KIND_UNSPECIFIED: _ClassVar[CacheEventBatchKind]
+    CACHE_EVENT_BATCH_KIND_SNAPSHOT: _ClassVar[CacheEventBatchKind]
+    CACHE_EVENT_BATCH_KIND_EVENTS: _ClassVar[CacheEventBatchKind]
+    CACHE_EVENT_BATCH_KIND_RESET: _ClassVar[CacheEventBatchKind]
 FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_STOP_TOKEN: FinishReason
 FINISH_REASON_STOP_STRING: FinishReason
 FINISH_REASON_LENGTH: FinishReason
 FINISH_REASON_ABORTED: FinishReason
+CACHE_EVENT_BATCH_KIND_UNSPECIFIED: CacheEventBatchKind
+CACHE_EVENT_BATCH_KIND_SNAPSHOT: CacheEventBatchKind
+CACHE_EVENT_BATCH_KIND_EVENTS: CacheEventBatchKind
+CACHE_EVENT_BATCH_KIND_RESET: CacheEventBatchKind
 
 class TokenIds(_message.Message):
     __slots__ = ("ids",)
@@ -257,3 +268,55 @@ class AbortResponse(_message.Message):
     ABORTED_FIELD_NUMBER: _ClassVar[int]
     aborted: bool
     def __init__(self, aborted: _Optional[bool] = ...) -> None: ...
+
+class SubscribeCacheEventsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class CacheEventBatch(_message.Message):
+    __slots__ = ("kind", "sequence", "events", "snapshot_complete", "page_size", "timestamp")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    kind: CacheEventBatchKind
+    sequence: int
+    events: _containers.RepeatedCompositeFieldContainer[CacheEvent]
+    snapshot_complete: bool
+    page_size: int
+    timestamp: float
+    def __init__(self, kind: _Optional[_Union[CacheEventBatchKind, str]] = ..., sequence: _Optional[int] = ..., events: _Optional[_Iterable[_Union[CacheEvent, _Mapping]]] = ..., snapshot_complete: _Optional[bool] = ..., page_size: _Optional[int] = ..., timestamp: _Optional[float] = ...) -> None: ...
+
+class CacheEvent(_message.Message):
+    __slots__ = ("namespace", "stored", "removed", "cleared")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    STORED_FIELD_NUMBER: _ClassVar[int]
+    REMOVED_FIELD_NUMBER: _ClassVar[int]
+    CLEARED_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    stored: PagesStored
+    removed: PagesRemoved
+    cleared: NamespaceCleared
+    def __init__(self, namespace: _Optional[str] = ..., stored: _Optional[_Union[PagesStored, _Mapping]] = ..., removed: _Optional[_Union[PagesRemoved, _Mapping]] = ..., cleared: _Optional[_Union[NamespaceCleared, _Mapping]] = ...) -> None: ...
+
+class PagesStored(_message.Message):
+    __slots__ = ("parent_hash", "page_hashes", "token_ids")
+    PARENT_HASH_FIELD_NUMBER: _ClassVar[int]
+    PAGE_HASHES_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    parent_hash: int
+    page_hashes: _containers.RepeatedScalarFieldContainer[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, parent_hash: _Optional[int] = ..., page_hashes: _Optional[_Iterable[int]] = ..., token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class PagesRemoved(_message.Message):
+    __slots__ = ("page_hashes",)
+    PAGE_HASHES_FIELD_NUMBER: _ClassVar[int]
+    page_hashes: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, page_hashes: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class NamespaceCleared(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

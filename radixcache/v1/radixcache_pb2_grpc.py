@@ -74,6 +74,11 @@ class RadixCacheStub:
                 request_serializer=radixcache_dot_v1_dot_radixcache__pb2.AbortRequest.SerializeToString,
                 response_deserializer=radixcache_dot_v1_dot_radixcache__pb2.AbortResponse.FromString,
                 _registered_method=True)
+        self.SubscribeCacheEvents = channel.unary_stream(
+                '/radixcache.v1.RadixCache/SubscribeCacheEvents',
+                request_serializer=radixcache_dot_v1_dot_radixcache__pb2.SubscribeCacheEventsRequest.SerializeToString,
+                response_deserializer=radixcache_dot_v1_dot_radixcache__pb2.CacheEventBatch.FromString,
+                _registered_method=True)
 
 
 class RadixCacheServicer:
@@ -138,6 +143,17 @@ class RadixCacheServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SubscribeCacheEvents(self, request, context):
+        """Streams what the worker's cache holds, exactly, for routers: first a snapshot of every cached page (all
+        namespaces), then live batches of stored / removed / cleared events with consecutive sequence numbers. A
+        subscriber that reads too slowly is not buffered without bound: it gets a RESET batch, then a fresh snapshot.
+        Events reveal every tenant's token ids, so with --auth-tokens only tokens marked admin may subscribe (others get
+        PERMISSION_DENIED). The stream ends with UNAVAILABLE when the worker shuts down.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RadixCacheServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -180,6 +196,11 @@ def add_RadixCacheServicer_to_server(servicer, server):
                     servicer.Abort,
                     request_deserializer=radixcache_dot_v1_dot_radixcache__pb2.AbortRequest.FromString,
                     response_serializer=radixcache_dot_v1_dot_radixcache__pb2.AbortResponse.SerializeToString,
+            ),
+            'SubscribeCacheEvents': grpc.unary_stream_rpc_method_handler(
+                    servicer.SubscribeCacheEvents,
+                    request_deserializer=radixcache_dot_v1_dot_radixcache__pb2.SubscribeCacheEventsRequest.FromString,
+                    response_serializer=radixcache_dot_v1_dot_radixcache__pb2.CacheEventBatch.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -398,6 +419,33 @@ class RadixCache:
             '/radixcache.v1.RadixCache/Abort',
             radixcache_dot_v1_dot_radixcache__pb2.AbortRequest.SerializeToString,
             radixcache_dot_v1_dot_radixcache__pb2.AbortResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SubscribeCacheEvents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/radixcache.v1.RadixCache/SubscribeCacheEvents',
+            radixcache_dot_v1_dot_radixcache__pb2.SubscribeCacheEventsRequest.SerializeToString,
+            radixcache_dot_v1_dot_radixcache__pb2.CacheEventBatch.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,202 @@
+"""EventLog: the tree's event sink. Records by page id on the cache's thread; names pages by hash when drained.
+
+The tree reports what it knows, page ids (`EventSink`); subscribers want page hashes (`radixcache.events`). Hashing a
+page costs about a microsecond, more than the tree spends inserting it, so the recording side (`stored`, `removed`,
+`cleared`, `snapshot`, called on the thread that owns the cache) only appends a tuple to a deque, and `drain` (any
+one consumer thread, e.g. an asyncio loop) turns the records into events in order, keeping the map page id ->
+(namespace, hash) of every page the events have stored.
+
+Snapshots: `snapshot(tree, token)` (on the cache's thread) puts the tree's current pages into the record stream, so
+`drain` returns a `Snapshot` exactly between the events before it and those after: a consumer that starts from it
+and applies what follows is exact. The map is rebuilt from each snapshot.
+
+Bounded: beyond `max_pending` undrained records the log drops them all and records `LOST` instead; drain then returns
+`LOST` and ignores records until the next snapshot (every consumer must start over from that snapshot).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from radixcache.events import (
+    CacheEvent,
+    NamespaceCleared,
+    PagesRemoved,
+    PagesStored,
+    hash_key_pages,
+    namespace_prefix,
+)
+from radixcache.keys import TOKEN_BYTES, decode
+
+if TYPE_CHECKING:
+    from radixcache.tree import RadixTree
+
+log = logging.getLogger("radixcache.events")
+
+
+class EventSink(Protocol):
+    """What a RadixTree reports (on its own thread; must be cheap and must not call back into the tree)."""
+
+    def stored(self, namespace: str, after: int | None, pages: list[int], key: bytes) -> None:
+        """The tree now stores `pages` for the tokens of `key` (radixcache.keys format), continuing page `after`
+        (None: from the namespace's root). If `key` ends mid-page, its last page is a partial tail (not a page yet)."""
+
+    def removed(self, pages: list[int]) -> None:
+        """The tree no longer stores these whole pages (reported stored before)."""
+
+    def cleared(self, namespace: str) -> None:
+        """A flush left `namespace` without any page (its removals were reported first)."""
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Every page the cache held at this point of the stream, as one PagesStored per node, parents first."""
+
+    token: object  # what the snapshot's requester passed, to recognise its own
+    events: list[PagesStored]
+
+
+LOST = "lost"  # drained when records were dropped: consumers must wait for the next Snapshot
+_STORED, _REMOVED, _CLEARED, _SNAPSHOT = 0, 1, 2, 3
+
+
+class EventLog:
+    """An EventSink that buffers records for one consumer. See the module docstring for the threads' parts."""
+
+    def __init__(
+        self,
+        page_size: int,
+        *,
+        on_pending: Callable[[], None] | None = None,
+        max_pending: int = 1_000_000,
+        strict: bool = False,
+    ) -> None:
+        """on_pending: called (on the recording thread) when records arrive and no drain is due yet, e.g. to
+        schedule one on a loop; it must not block. strict: an inconsistency raises instead of being logged (tests).
+        The log starts in step with an empty tree; attach it to a tree that holds pages only with a snapshot."""
+        self.page_size = page_size
+        self.max_pending = max_pending
+        self.strict = strict
+        self._bpp = page_size * TOKEN_BYTES
+        self._records: deque = deque()
+        self._on_pending = on_pending
+        self._due = False  # a drain is scheduled (on_pending was called and that drain has not started yet)
+        self._synced = True  # the map below matches the tree as of the last drained record
+        self._pages: dict[int, tuple[str, int]] = {}  # page id -> (namespace, hash), for every page stored
+        self._prefixes: dict[str, bytes] = {}
+
+    # ---- the recording side (the cache's thread) -------------------------------------------------------------
+    def _push(self, record: tuple) -> None:
+        records = self._records
+        if len(records) >= self.max_pending:
+            records.clear()
+            record = (LOST,)
+        records.append(record)
+        if not self._due and self._on_pending is not None:
+            self._due = True
+            self._on_pending()
+
+    def stored(self, namespace: str, after: int | None, pages: list[int], key: bytes) -> None:
+        # _push inlined: this runs on every insert that stores pages
+        records = self._records
+        if len(records) < self.max_pending:
+            records.append((_STORED, namespace, after, pages, key))
+            if not self._due and self._on_pending is not None:
+                self._due = True
+                self._on_pending()
+        else:
+            self._push((_STORED, namespace, after, pages, key))
+
+    def removed(self, pages: list[int]) -> None:
+        if pages:
+            self._push((_REMOVED, pages))
+
+    def cleared(self, namespace: str) -> None:
+        self._push((_CLEARED, namespace))
+
+    def snapshot(self, tree: RadixTree, token: object = None) -> None:
+        """Record the tree's current pages (call it on the cache's thread, between tree operations)."""
+        self._push((_SNAPSHOT, token, list(tree.page_records())))
+
+    @property
+    def pending(self) -> int:
+        return len(self._records)
+
+    # ---- the consuming side (one consumer thread) -------------------------------------------------------------
+    def drain(self) -> list[CacheEvent | Snapshot | str]:
+        """Everything recorded so far, in order: CacheEvents, Snapshots, and LOST where records were dropped."""
+        self._due = False  # before taking records: one recorded after this schedules the next drain
+        records, out = self._records, []
+        while records:
+            record = records.popleft()
+            kind = record[0]
+            if kind == _SNAPSHOT:
+                out.append(self._load(record[1], record[2]))
+            elif kind == LOST:
+                self._lose(out)
+            elif self._synced:
+                try:
+                    event = self._event(record)
+                except KeyError as exc:
+                    if self.strict:
+                        raise
+                    log.error("cache events out of step (page %s unknown); consumers restart from a snapshot", exc)
+                    self._lose(out)
+                    continue
+                if event is not None:
+                    out.append(event)
+        return out
+
+    def discard(self) -> None:
+        """Drop what is recorded, snapshots included (nobody listens): the log is out of step until the next
+        snapshot, so keeping no map meanwhile costs nothing."""
+        self._due = False
+        self._records.clear()
+        self._synced = False
+        self._pages.clear()
+
+    def _lose(self, out: list) -> None:
+        self._synced = False
+        self._pages.clear()
+        out.append(LOST)
+
+    def _prefix(self, namespace: str) -> bytes:
+        prefix = self._prefixes.get(namespace)
+        if prefix is None:
+            prefix = self._prefixes[namespace] = namespace_prefix(namespace)
+        return prefix
+
+    def _event(self, record: tuple) -> CacheEvent | None:
+        kind = record[0]
+        if kind == _STORED:
+            return self._stored(self._pages, *record[1:])
+        if kind == _REMOVED:
+            pages = self._pages
+            first = pages.pop(record[1][0])
+            hashes = [first[1]] + [pages.pop(p)[1] for p in record[1][1:]]
+            return PagesRemoved(first[0], hashes)
+        return NamespaceCleared(record[1])
+
+    def _stored(
+        self, pages: dict[int, tuple[str, int]], namespace: str, after: int | None, ids: list[int], key: bytes
+    ) -> PagesStored | None:
+        bpp = self._bpp
+        whole = len(key) // bpp
+        if whole == 0:  # only a partial tail: not a page yet
+            return None
+        key = key[: whole * bpp]
+        parent = None if after is None else pages[after][1]
+        hashes = hash_key_pages(key, bpp, self._prefix(namespace), parent)
+        for page, h in zip(ids[:whole], hashes, strict=True):  # ids may hold one more: the partial tail
+            pages[page] = (namespace, h)
+        return PagesStored(namespace, parent, hashes, decode(key))
+
+    def _load(self, token: object, records: list) -> Snapshot:
+        self._pages = pages = {}
+        events = [e for r in records if (e := self._stored(pages, *r)) is not None]
+        self._synced = True
+        return Snapshot(token, events)

@@ -1,0 +1,161 @@
+"""Cache events: what the cache stores and drops, named by page hashes that every process computes the same way.
+
+Page hash (stable across processes, machines and restarts; not Python's `hash()`): for the whole pages of a
+namespace's token sequence, in order,
+
+    hash(page i) = H(parent(i) as 8 bytes big-endian || len(ns) as 4 bytes big-endian || ns (UTF-8) || the page's
+                     page_size token ids, 4 bytes each big-endian)
+    H(x)         = the first 8 bytes of BLAKE2b(x, digest_size=8) read big-endian, shifted right by one bit (so it
+                   fits a signed and an unsigned 64-bit integer alike), and 1 if that is 0
+    parent(i)    = hash(page i-1), and 0 for the first page
+
+So a page's hash names its whole prefix and its namespace: two workers holding the same prefix for the same tenant
+(with the same page size) report the same hashes, and a router can hash a prompt with `page_hashes` and look its
+pages up. 0 is never a page hash; it stands for "no parent".
+
+Only whole pages appear. A partial tail (the unfinished last page of a released sequence, see radixcache.cache) is
+never reported: a router counting cached pages needs whole pages, and a tail is only ever copied from, never read as
+a page. When a longer sequence later covers the tail with a whole page, that page is reported stored.
+
+Events (each for one namespace):
+- `PagesStored(namespace, parent_hash, page_hashes, token_ids)`: a run of pages, each the child of the one before;
+  the first continues `parent_hash` (None: it starts at the namespace's root). token_ids holds the run's tokens,
+  page_size per page.
+- `PagesRemoved(namespace, page_hashes)`: pages the cache no longer holds (eviction, flush).
+- `NamespaceCleared(namespace)`: after a flush, the namespace holds no page at all (its pages' removals come first).
+
+Replaying a snapshot (one PagesStored per tree node, parents first) and then the events in order gives exactly the
+cache's pages: `PageIndex` does that, `tree_page_index` computes the same from a tree directly (what the tests
+compare). The recording sink that turns the tree's page ids into these events is `radixcache.event_log.EventLog`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from hashlib import blake2b
+from typing import TYPE_CHECKING
+
+from radixcache.keys import TOKEN_BYTES, encode
+
+if TYPE_CHECKING:
+    from radixcache.tree import RadixTree
+
+NO_PARENT = 0  # the parent of a namespace's first page in the hash input (never a page hash itself)
+
+
+def namespace_prefix(namespace: str) -> bytes:
+    """The namespace's part of every page hash's input: its UTF-8 length (4 bytes big-endian), then the bytes."""
+    raw = namespace.encode("utf-8")
+    return len(raw).to_bytes(4, "big") + raw
+
+
+def hash_key_pages(key: bytes, page_bytes: int, ns_prefix: bytes, parent: int | None) -> list[int]:
+    """Chained hashes of the whole pages of `key` (radixcache.keys format), the first continuing `parent`."""
+    out: list[int] = []
+    prev = (parent or NO_PARENT).to_bytes(8, "big")
+    for off in range(0, len(key) - page_bytes + 1, page_bytes):
+        h = int.from_bytes(blake2b(prev + ns_prefix + key[off : off + page_bytes], digest_size=8).digest(), "big") >> 1
+        h = h or 1
+        out.append(h)
+        prev = h.to_bytes(8, "big")
+    return out
+
+
+def page_hashes(tokens: Sequence[int], page_size: int, namespace: str = "", parent: int | None = None) -> list[int]:
+    """The page hashes of the whole pages of `tokens` (a trailing partial page has none), as a worker with this
+    page size reports them for `namespace`. With `parent`, the tokens continue the page of that hash."""
+    if page_size < 1:
+        raise ValueError(f"page_size must be >= 1, got {page_size}")
+    return hash_key_pages(encode(tokens), page_size * TOKEN_BYTES, namespace_prefix(namespace), parent)
+
+
+@dataclass(frozen=True)
+class PagesStored:
+    namespace: str
+    parent_hash: int | None
+    page_hashes: list[int]
+    token_ids: list[int]
+
+
+@dataclass(frozen=True)
+class PagesRemoved:
+    namespace: str
+    page_hashes: list[int]
+
+
+@dataclass(frozen=True)
+class NamespaceCleared:
+    namespace: str
+
+
+CacheEvent = PagesStored | PagesRemoved | NamespaceCleared
+
+
+class ReplayError(ValueError):
+    """An event does not fit the state replayed so far (a store of a held page, a removal of an unknown one)."""
+
+
+class PageIndex:
+    """What a subscriber knows of a worker's cache: per namespace, {page hash: parent hash or None}.
+
+    `apply` replays events in order; `load` starts over from a snapshot. With `strict`, an event that contradicts the
+    state (storing a page already held, removing one not held) raises ReplayError: the stream is then not exact.
+    """
+
+    def __init__(self, *, strict: bool = True) -> None:
+        self.strict = strict
+        self.pages: dict[str, dict[int, int | None]] = {}
+
+    def load(self, snapshot: Iterable[PagesStored]) -> None:
+        self.pages = {}
+        for event in snapshot:
+            self.apply(event)
+
+    def apply(self, event: CacheEvent) -> None:
+        if isinstance(event, PagesStored):
+            held = self.pages.setdefault(event.namespace, {})
+            parent = event.parent_hash
+            if self.strict and parent is not None and parent not in held:
+                raise ReplayError(f"{event.namespace!r}: stored under parent {parent:#x}, which is not held")
+            for h in event.page_hashes:
+                if self.strict and h in held:
+                    raise ReplayError(f"{event.namespace!r}: page {h:#x} stored twice")
+                held[h] = parent
+                parent = h
+        elif isinstance(event, PagesRemoved):
+            held = self.pages.get(event.namespace, {})
+            for h in event.page_hashes:
+                if held.pop(h, 0) == 0 and self.strict:  # a parent is None or a nonzero hash, never 0
+                    raise ReplayError(f"{event.namespace!r}: removed page {h:#x}, which is not held")
+        elif isinstance(event, NamespaceCleared):
+            held = self.pages.pop(event.namespace, {})
+            if self.strict and held:
+                raise ReplayError(f"{event.namespace!r}: cleared, yet {len(held)} pages were never removed")
+        else:
+            raise TypeError(f"not a cache event: {event!r}")
+
+    def as_dict(self) -> dict[str, dict[int, int | None]]:
+        """Per namespace holding at least one page: {page hash: parent hash or None}."""
+        return {ns: dict(held) for ns, held in self.pages.items() if held}
+
+
+def tree_page_index(tree: RadixTree) -> dict[str, dict[int, int | None]]:
+    """The pages a tree holds, as `PageIndex.as_dict` would after an exact replay; computed from the tree's keys
+    alone (independent of any event), for comparison."""
+    bpp = tree.bpp
+    out: dict[str, dict[int, int | None]] = {}
+    for namespace, root in tree._roots.items():
+        prefix = namespace_prefix(namespace)
+        held: dict[int, int | None] = {}
+        stack = [(child, None) for child in root.children.values()]
+        while stack:
+            node, parent = stack.pop()
+            hashes = hash_key_pages(node.key, bpp, prefix, parent)
+            for h in hashes:
+                held[h] = parent
+                parent = h
+            stack.extend((child, parent) for child in node.children.values())
+        if held:
+            out[namespace] = held
+    return out
