@@ -72,6 +72,9 @@ def parser() -> argparse.ArgumentParser:
         "(a wildcard host binds, another host is connected to); needs the 'events' extra",
     )
     s.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port (0: a free one)")
+    s.add_argument(
+        "--http-port", type=int, help="also serve the OpenAI-compatible HTTP API on this port (0: a free one)"
+    )
     s.add_argument("--grace-period", type=float, default=30.0, help="seconds to drain streams on SIGTERM")
     s.add_argument("--max-concurrent-rpcs", type=int, default=1024)
     s.add_argument("--max-message-mib", type=int, default=16, help="largest request/response message, MiB")
@@ -155,6 +158,14 @@ def main(argv: list[str]) -> int:
         except RuntimeError as e:
             print(f"radixcache serve: {e}", file=sys.stderr)
             return 2
+    if args.http_port is not None:
+        try:
+            import fastapi  # noqa: F401
+            import uvicorn  # noqa: F401
+        except ImportError as e:
+            print(f"radixcache serve: --http-port needs the openai extra (pip install 'radixcache[openai]'): {e}",
+                  file=sys.stderr)  # fmt: skip
+            return 2
     options = ServerOptions(
         host=args.host,
         port=args.port,
@@ -167,6 +178,7 @@ def main(argv: list[str]) -> int:
         grace_period=args.grace_period,
         max_message_bytes=args.max_message_mib << 20,
         max_concurrent_rpcs=args.max_concurrent_rpcs,
+        http_port=args.http_port,
     )
 
     def load_engine() -> tuple[Any, Any]:

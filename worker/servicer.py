@@ -8,8 +8,8 @@ milliseconds.
 
 Cancellation: a Generate handler is a coroutine that writes its messages itself, so a cancelled or disconnected
 client raises CancelledError inside it at an await; a deadline is watched by the handler itself (time_remaining ->
-DEADLINE_EXCEEDED). Either way its `finally` aborts the engine request, which frees the request's pages in the
-engine's next step.
+DEADLINE_EXCEEDED). Either way closing its EngineStream aborts the engine request, which frees the request's pages
+in the engine's next step.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from radixcache.v1 import radixcache_pb2 as pb
 from radixcache.v1 import radixcache_pb2_grpc as pb_grpc
 from radixcache.worker.auth import Authenticator
 from radixcache.worker.engine import DuplicateRequestError, RequestTooLargeError
+from radixcache.worker.engine_stream import EngineStream, engine_request_id
 from radixcache.worker.metrics import WorkerMetrics, flatten_stats
 from radixcache.worker.pb_inputs import prompt_input, sampling_values
 from radixcache.worker.request import ErrorKind, FinishReason, Request, RequestOutput, SamplingParams
@@ -65,6 +66,7 @@ def to_response(request_id: str, out: RequestOutput) -> pb.GenerateResponse:
         cached_tokens=out.cached_tokens,
         completion_tokens=out.completion_tokens,
         finish_reason=FINISH_REASONS.get(out.finish_reason, pb.FINISH_REASON_UNSPECIFIED),  # type: ignore[arg-type]
+        index=out.index,
     )
     for lp in out.logprobs:
         resp.logprobs.add(
@@ -119,15 +121,11 @@ class RadixCacheServicer(pb_grpc.RadixCacheServicer):
         tokenize = tokenize_prompt if fit else render_prompt
         return await self._in_thread(tokenize, prompt, self.engine.tokenizer, self.limits)
 
-    @staticmethod
-    def _engine_id(tenant: str, request_id: str) -> str:
-        # Tenant names never contain "/", so this is unique per (tenant, request id) and names the tenant in leaks.
-        return f"{tenant}/{request_id}" if tenant else request_id
-
-    async def _submit(self, engine: Any, request: Request, on_output: Any, context: grpc.aio.ServicerContext) -> None:
-        """engine.submit, with its synchronous refusals turned into the status codes the proto promises."""
+    async def _submit(self, stream: EngineStream, context: grpc.aio.ServicerContext) -> None:
+        """stream.open() (engine.submit), with its synchronous refusals turned into the status codes the proto
+        promises."""
         try:
-            engine.submit(request, on_output)
+            stream.open()
         except RequestTooLargeError as e:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
         except DuplicateRequestError as e:  # e.g. retried with the same id before the cancelled run wound down
@@ -168,41 +166,22 @@ class RadixCacheServicer(pb_grpc.RadixCacheServicer):
         sampling: SamplingParams,
     ) -> None:
         tenant, request_id = key
-        engine_id = self._engine_id(tenant, request_id)
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
-
-        def on_output(out: RequestOutput) -> None:  # engine thread
-            try:
-                loop.call_soon_threadsafe(queue.put_nowait, out)
-            except RuntimeError:  # the loop is closed: nobody is listening any more
-                pass
-
-        await self._submit(engine, Request(engine_id, prompt, sampling, namespace=tenant), on_output, context)
+        engine_id = engine_request_id(tenant, request_id)
+        stream = EngineStream(engine, Request(engine_id, prompt, sampling, namespace=tenant), self.metrics)
+        await self._submit(stream, context)
         self._active[key] = engine_id
-        finished = False
-        first = True
         try:
-            while True:
-                remaining = context.time_remaining()
+            while not stream.finished:
                 try:
-                    out = await asyncio.wait_for(queue.get(), remaining) if remaining is not None else await queue.get()
+                    out = await stream.next(context.time_remaining())
                 except asyncio.TimeoutError:
                     await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded")
-                if out.finish_reason is not None:
-                    finished = True
-                if self.metrics is not None:
-                    self.metrics.observe(out, first=first)
-                first = False
                 if out.finish_reason is FinishReason.ERROR:
                     await context.abort(ERROR_STATUS[out.error_kind], f"request {request_id!r} failed: {out.error}")
                 await context.write(to_response(request_id, out))
-                if finished:
-                    return
         finally:
             self._active.pop(key, None)
-            if not finished:
-                engine.abort(engine_id)
+            stream.close()
 
     # -- unary RPCs ----------------------------------------------------------------------------------------------
     async def Tokenize(self, request: pb.TokenizeRequest, context: grpc.aio.ServicerContext) -> pb.TokenizeResponse:
@@ -251,23 +230,15 @@ class RadixCacheServicer(pb_grpc.RadixCacheServicer):
         return pb.PinPrefixResponse(pinned_tokens=pinned, prompt_tokens=len(ids))
 
     async def _warm(self, engine: Any, tenant: str, ids: list[int], context: grpc.aio.ServicerContext) -> None:
-        loop = asyncio.get_running_loop()
-        done: asyncio.Future[RequestOutput] = loop.create_future()
-
-        def on_output(out: RequestOutput) -> None:  # engine thread
-            if out.finish_reason is not None:
-                loop.call_soon_threadsafe(lambda: done.done() or done.set_result(out))
-
-        engine_id = self._engine_id(tenant, "pin-" + uuid.uuid4().hex)
-        request = Request(engine_id, ids, SamplingParams(max_tokens=1), namespace=tenant)
-        await self._submit(engine, request, on_output, context)
+        engine_id = engine_request_id(tenant, "pin-" + uuid.uuid4().hex)
+        stream = EngineStream(engine, Request(engine_id, ids, SamplingParams(max_tokens=1), namespace=tenant))
+        await self._submit(stream, context)
         try:
-            out = await done
+            async for out in stream:
+                if out.finish_reason is FinishReason.ERROR:
+                    await context.abort(ERROR_STATUS[out.error_kind], f"computing the prefix failed: {out.error}")
         finally:
-            if not done.done():
-                engine.abort(engine_id)
-        if out.finish_reason is FinishReason.ERROR:
-            await context.abort(ERROR_STATUS[out.error_kind], f"computing the prefix failed: {out.error}")
+            stream.close()
 
     async def UnpinPrefix(
         self, request: pb.UnpinPrefixRequest, context: grpc.aio.ServicerContext

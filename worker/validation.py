@@ -34,7 +34,9 @@ class InvalidArgument(ValueError):
 class TokenizerLike(Protocol):
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str: ...
+    def apply_chat_template(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **variables: Any
+    ) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -67,11 +69,16 @@ class ModelLimits:
 
 @dataclass(frozen=True)
 class PromptInput:
-    """A prompt as a front received it: exactly one of text, token ids or chat messages ({"role", "content"})."""
+    """A prompt as a front received it: exactly one of text, token ids or chat messages ({"role", "content"}).
+
+    tools: with messages, the tool (function) definitions the chat template renders, as Hugging Face's
+    apply_chat_template takes them ([{"type": "function", "function": {"name", "description", "parameters"}}]).
+    """
 
     text: str | None = None
     token_ids: Sequence[int] | None = None
     messages: Sequence[Mapping[str, Any]] | None = None
+    tools: Sequence[Mapping[str, Any]] | None = None
 
     @property
     def kind(self) -> str | None:
@@ -96,6 +103,9 @@ class SamplingValues:
     ignore_eos: bool | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
+    n: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
 
 
 def check_request_id(request_id: str) -> None:
@@ -221,7 +231,8 @@ def render_prompt(prompt: PromptInput, tokenizer: TokenizerLike | None, limits: 
         return list(tokenizer.encode(text)), text
     messages = chat_messages(prompt.messages or (), limits)
     try:
-        rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        variables = {"tools": list(prompt.tools)} if prompt.tools else {}
+        rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True, **variables)
     except Exception as e:  # no template (ValueError), or the template rejects the conversation (TemplateError)
         raise InvalidArgument(f"messages: the model's chat template cannot render them: {e}") from e
     return list(tokenizer.encode(rendered, add_special_tokens=False)), rendered
@@ -268,7 +279,10 @@ def sampling_params(values: SamplingValues, *, prompt_tokens: int | None, limits
         "stop": tuple(values.stop),
         "stop_token_ids": tuple(values.stop_token_ids),
     }
-    for name in ("temperature", "top_k", "top_p", "min_p", "seed", "ignore_eos", "logprobs", "top_logprobs"):
+    for name in (
+        "temperature", "top_k", "top_p", "min_p", "seed", "ignore_eos", "logprobs", "top_logprobs", "n",
+        "presence_penalty", "frequency_penalty",
+    ):  # fmt: skip
         value = getattr(values, name)
         if value is not None:
             kwargs[name] = value

@@ -155,8 +155,11 @@ class Tokenizer:
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, *, tools: list[Any] | None = None
+    ) -> str:
         """Render messages ([{"role", "content"}, ...]) with the checkpoint's jinja2 chat template (sandboxed).
+        `tools` (function definitions) is the template's `tools` variable, as in Hugging Face's apply_chat_template.
 
         Raises ValueError when the checkpoint has no template, and jinja2's TemplateError when the template
         rejects the conversation (its raise_exception helper)."""
@@ -173,6 +176,7 @@ class Tokenizer:
             self._template = env.from_string(self.chat_template)
         return self._template.render(
             messages=messages,
+            tools=tools,
             add_generation_prompt=add_generation_prompt,
             bos_token=self.bos_token or "",
             eos_token=self.eos_token or "",
