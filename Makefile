@@ -42,7 +42,9 @@ bench: setup
 	$(PY) bench/tree_bench.py --quick
 	$(PY) bench/run_all.py
 
-# For a machine with CUDA: flashinfer against the torch backend, then a timing table. Without CUDA it says so.
+# For a machine with CUDA: flashinfer against the torch backend on the configurations users hit, the default model
+# served both ways, then timings (~8 min at most); table + logs under $OUT (default ./gpu-check-out). Without CUDA it
+# runs the CPU parts and exits 0. No venv needed there: it runs with the machine's python3 (BENCHMARKS.md, GPU).
 gpu-check:
 	PYTHONPATH=$${PYTHONPATH:+$$PYTHONPATH:}. $(PYTHON) scripts/gpu_check.py
 

@@ -12,7 +12,9 @@ trees.
 Cache events (issue 11): every trace run is repeated with an EventLog attached as the tree's event sink, alternating
 with the runs without, so `insert_us_with_sink` sits beside `insert_us` from the same process and moment. The sink
 only records page ids on the inserting thread; turning them into hashed events happens where the log is drained
-(another thread in a worker), timed separately as `event_drain_us` (per request, i.e. per insert).
+(another thread in a worker), timed separately as `event_drain_us` (per request, i.e. per insert). On a shared,
+loaded machine wall-clock times swing by tens of percent between runs; the insert phase is therefore also timed in
+CPU time of this process (`insert_cpu_us`, `insert_cpu_us_with_sink`), and `sink_overhead` is their ratio - 1.
 
 Prints a table, then as its LAST line one JSON object. `--quick` keeps it well under a minute.
 """
@@ -63,10 +65,10 @@ def bench_trace(trace: list[list[int]], page_size: int, evict_calls: int, *, sin
     drain = 0.0
     gc.disable()
     try:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for key, p in zip(keys, pages, strict=True):
             tree.insert(key, p)
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), time.process_time()
         if log is not None:  # not part of insert: a worker drains on another thread
             events = log.drain()
             drain = time.perf_counter() - t1
@@ -90,6 +92,7 @@ def bench_trace(trace: list[list[int]], page_size: int, evict_calls: int, *, sin
     n = len(trace)
     return {
         "insert_us": (t1 - t0) / n * 1e6,
+        "insert_cpu_us": (c1 - c0) / n * 1e6,
         "match_us": (t2 - t_match) / n * 1e6,
         "evict_us": (t3 - t2) / evict_calls * 1e6,
         "leaves": leaves,
@@ -170,16 +173,21 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{'evictable leaves':>16} {'evict(256 tok) us':>18} {'heap rebuild us':>16} {'rebuild/evict':>14}")
     for n, (ev, rebuild) in scaling.items():
         print(f"{n:>16} {ev:>18.1f} {rebuild:>16.0f} {rebuild / ev:>13.0f}x")
-    print(f"\n{'page':>5} {'insert us/op':>13} {'with event sink':>16} {'overhead':>9} {'drain to events us/op':>22}")
+    print(f"\n{'page':>5} {'insert us/op':>13} {'with event sink':>16} {'CPU us/op':>10} {'with sink':>10}", end="")
+    print(f" {'overhead (CPU)':>15} {'drain to events us/op':>22}")
     for ps, r in results.items():
         s = with_sink[ps]
-        overhead = s["insert_us"] / r["insert_us"] - 1
-        print(f"{ps:>5} {r['insert_us']:>13.2f} {s['insert_us']:>16.2f} {overhead:>8.1%} {s['drain_us']:>22.1f}")
+        overhead = s["insert_cpu_us"] / r["insert_cpu_us"] - 1
+        print(f"{ps:>5} {r['insert_us']:>13.2f} {s['insert_us']:>16.2f} {r['insert_cpu_us']:>10.2f}", end="")
+        print(f" {s['insert_cpu_us']:>10.2f} {overhead:>15.1%} {s['drain_us']:>22.1f}")
     print(f"\nconvert list[int] -> key: {convert:.2f} us per {len(trace[0])}-token request")
     r16 = results[16]
     summary = {
         "insert_us": round(r16["insert_us"], 3),
         "insert_us_with_sink": round(with_sink[16]["insert_us"], 3),
+        "insert_cpu_us": round(r16["insert_cpu_us"], 3),
+        "insert_cpu_us_with_sink": round(with_sink[16]["insert_cpu_us"], 3),
+        "sink_overhead": round(with_sink[16]["insert_cpu_us"] / r16["insert_cpu_us"] - 1, 4),
         "event_drain_us": round(with_sink[16]["drain_us"], 2),
         "match_us": round(r16["match_us"], 3),
         "evict_us": round(r16["evict_us"], 2),

@@ -1,41 +1,50 @@
-"""`make gpu-check`: the flashinfer backend against the torch backend, then a decode-attention timing table.
+"""`make gpu-check`: the FlashInfer path checked against the torch backend on what users will run, then timings.
 
 Runs from a bare checkout (`PYTHONPATH=. python3 scripts/gpu_check.py`, the project not installed): it maps
-worker/ to radixcache.worker itself. Installs nothing. Without CUDA it runs the CPU parts (layout building and the
-torch reference on a few random layouts), says there is no CUDA and exits 0. With CUDA:
+worker/ to radixcache.worker itself. Installs nothing. Everything it prints also goes to files under --out (default
+$OUT, else ./gpu-check-out), rewritten after every line so a run stopped at its time limit keeps what it did:
+gpu_check.txt (the tables), gpu_check.log (logging, with tracebacks) and gpu_check.json (one record per check).
 
-1. correctness: random layouts (prefill, decode, mixed prefill+decode with cached prefixes), page sizes 1 and 16,
-   GQA ratios 1 and 4, bf16. flashinfer's output (written into a NaN-filled buffer, so an unwritten element shows)
-   must be within relative error 1e-2 of the torch backend run in float32 on the same bf16 data, and both must
-   write the same K/V into the pages.
-2. timing: decode attention time and the KV bandwidth it achieves, next to the device's measured copy bandwidth.
+Sections (each row says ok / FAIL; exit status 1 if any check fails, 0 otherwise, including without CUDA):
+1. environment: torch, CUDA, the GPU, nvcc, flashinfer.
+2. backend selection and fallbacks: fp32, head_dim 96 and a CPU device must give the torch backend under `auto`
+   (and run a step), while an explicit `flashinfer` must refuse with its reason.
+3. kernels, on the configurations users hit: the default model's geometry (4 heads, 2 KV heads, head_dim 64) and
+   head_dim 128 with GQA groups 1, 4 and 8; bf16 and fp16; page sizes 1 and 16. Per configuration, one backend
+   lives through a scripted serving lifecycle: re-planned every step, prefill / decode / mixed steps alternating,
+   3 layers per plan, a partial prefix hit starting mid-page through KVPool.copy_prefix, a chunked prefill on a
+   sequence's own prefix, and a context of 8k tokens. Every step and layer is compared with the torch backend in
+   float32 on the same data, error measured per sequence (a wrong short sequence cannot hide behind a long one),
+   K/V written to the same slots, and once per step the kernel runs into a NaN-filled buffer (a skipped row shows).
+   The first configuration's first step carries FlashInfer's JIT compilation: its time is printed.
+4. engine: the shipped default model served with flashinfer and with torch gives the same greedy tokens.
+5. timings: decode attention time and the KV bandwidth it reaches, next to the device's copy bandwidth.
+Sections 3 and 5 stop starting new work after --budget seconds, so the whole run stays under ~8 minutes.
 
-The table is printed and, when $OUT is set, also written to $OUT/gpu_check.txt. Exit status 1 if a check fails.
+Without CUDA, section 2 runs on the CPU and section 3 runs as a dry run with the torch backend as the candidate on
+short contexts (it checks this script's own logic), then it says there is no CUDA and exits 0.
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
+import itertools
+import json
+import logging
 import os
 import random
+import shutil
 import sys
+import threading
 import time
+import traceback
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-START = time.monotonic()
-TIME_BUDGET_S = 7 * 60  # stop timing rows early so the whole run stays under 8 minutes
-REL_TOL = 1e-2
-LINES: list[str] = []
-
-
-def log(line: str = "") -> None:
-    print(line, flush=True)
-    LINES.append(line)
-    out = os.environ.get("OUT")
-    if out:  # rewrite on every line: whatever ran is kept even if the command is stopped at its limit
-        Path(out).mkdir(parents=True, exist_ok=True)
-        Path(out, "gpu_check.txt").write_text("\n".join(LINES) + "\n")
 
 
 def register_worker_package() -> None:
@@ -64,111 +73,391 @@ register_worker_package()
 import torch  # noqa: E402
 
 from radixcache.pool import KVPool, KVShape  # noqa: E402
-from radixcache.worker.attention import BatchLayout, SequenceSlice, create_backend  # noqa: E402
+from radixcache.worker.attention import AttentionBackend, BatchLayout, SequenceSlice, create_backend  # noqa: E402
+from radixcache.worker.attention.base import BackendUnavailableError, resolve_backend_name  # noqa: E402
+
+log = logging.getLogger("radixcache.gpu_check")
+LAYERS = 3
+TOLERANCE = {torch.bfloat16: 1e-2, torch.float16: 2e-3}  # max |err| per sequence / max |reference| of it
 
 
-def random_batch(rng: random.Random, kinds: str, page_size: int, max_ctx: int) -> list[SequenceSlice]:
-    """Scattered block tables; 'p' = a prefill chunk on a cached prefix (maybe empty), 'd' = one decode token."""
-    free = list(range(4 * len(kinds) * (max_ctx // page_size + 2)))
-    rng.shuffle(free)
-    seqs = []
-    for kind in kinds:
-        if kind == "p":
-            cached, new = rng.choice([0, rng.randint(1, max_ctx // 2)]), rng.randint(2, max_ctx // 2)
-        else:
-            cached, new = rng.randint(1, max_ctx - 1), 1
-        pages = [free.pop() for _ in range(-(-(cached + new) // page_size))]
-        seqs.append(SequenceSlice(pages, cached, new))
-    return seqs
+# --- output: every line to stdout and to files that survive a stopped run ----------------------------------------
+class Report:
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        out.mkdir(parents=True, exist_ok=True)
+        self.lines: list[str] = []
+        self.records: list[dict[str, Any]] = []
+        self.failures = 0
+        handler = logging.FileHandler(out / "gpu_check.log", mode="w")
+        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+        root = logging.getLogger()
+        root.addHandler(handler)
+        self._level = root.level
+        root.setLevel(logging.INFO)
+        self._handler = handler
+
+    def line(self, text: str = "") -> None:
+        print(text, flush=True)
+        self.lines.append(text)
+        (self.out / "gpu_check.txt").write_text("\n".join(self.lines) + "\n")
+
+    def record(self, section: str, ok: bool, **fields: Any) -> None:
+        self.failures += not ok
+        self.records.append({"section": section, "ok": ok, **fields})
+        (self.out / "gpu_check.json").write_text(json.dumps(self.records, indent=1, default=str) + "\n")
+
+    def close(self) -> None:
+        logging.getLogger().removeHandler(self._handler)
+        logging.getLogger().setLevel(self._level)
+        self._handler.close()
 
 
-def make_case(seed: int, kinds: str, page_size: int, kv_heads: int, group: int, dim: int, max_ctx: int, device):  # noqa: ANN001, ANN201
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+# --- configurations ------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Config:
+    label: str
+    heads: int
+    kv_heads: int
+    head_dim: int
+    dtype: torch.dtype
+    page_size: int
+
+    @property
+    def group(self) -> int:
+        return self.heads // self.kv_heads
+
+    def options(self) -> dict[str, Any]:
+        return {"num_heads": self.heads, "num_kv_heads": self.kv_heads, "head_dim": self.head_dim, "dtype": self.dtype}
+
+
+GEOMETRIES = [("default model", 4, 2, 64), ("hd128 group 4", 32, 8, 128), ("hd128 group 1", 8, 8, 128)]
+GEOMETRIES += [("hd128 group 8", 64, 8, 128)]
+
+
+def config_matrix() -> list[Config]:
+    """Every geometry x dtype x page size, most used first (the default model in bf16, then head_dim 128), so the
+    time budget cuts the rarest; each new (dtype, head_dim) pair JIT-compiles its own kernels."""
+    configs = [
+        Config(label, heads, kv_heads, dim, dtype, page)
+        for dtype in (torch.bfloat16, torch.float16)
+        for page in (16, 1)
+        for label, heads, kv_heads, dim in GEOMETRIES
+    ]
+    return configs
+
+
+# --- one configuration through a serving lifecycle -----------------------------------------------------------------
+@dataclass
+class SeqState:
+    pages: list[int]
+    length: int = 0  # tokens whose K/V is in the pages
+
+
+@dataclass
+class StepSpec:
+    kind: str
+    # (sequence name, new tokens); a sequence seen first here starts cold, unless it appears in `hits` / `preload`
+    work: list[tuple[str, int]]
+    hits: dict[str, tuple[str, int]] = field(default_factory=dict)  # seq -> (source seq, cached tokens from it)
+    preload: dict[str, int] = field(default_factory=dict)  # seq -> tokens already cached (written directly)
+
+
+def lifecycle(context: int) -> list[StepSpec]:
+    """The steps one backend lives through: prefill / decode / mixed alternating, a partial hit starting mid-page,
+    a chunked prefill on its own prefix, and a sequence reaching `context` tokens (its prefix already cached)."""
+    everyone = ["A", "B", "C", "D"]
+    long_chunk = min(1024, context // 2)
+    return [
+        StepSpec("prefill", [("A", 45), ("C", 20)]),
+        StepSpec("mixed", [("A", 1), ("C", 1), ("B", 18)], hits={"B": ("A", 29)}),  # 29 = mid-page for page 16
+        StepSpec("decode", [("A", 1), ("B", 1), ("C", 1)]),
+        StepSpec("prefill", [("D", 30)]),
+        StepSpec("mixed", [("D", 20), ("A", 1), ("B", 1), ("C", 1)]),  # D: a chunk on its own cached prefix
+        StepSpec("decode", [(s, 1) for s in everyone]),
+        StepSpec("prefill", [("E", long_chunk)], preload={"E": context - long_chunk}),
+        StepSpec("mixed", [("E", 1), ("F", 7), *[(s, 1) for s in everyone]]),
+        StepSpec("decode", [("E", 1), *[(s, 1) for s in everyone]]),
+    ]
+
+
+@dataclass
+class CaseResult:
+    name: str
+    steps: int = 0
+    worst_error: float = 0.0
+    worst_where: str = ""
+    first_step_s: float = 0.0
+    seconds: float = 0.0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def per_sequence_errors(got: torch.Tensor, want: torch.Tensor, layout: BatchLayout) -> list[float]:
+    """max |got - want| / max |want| over each sequence's rows (inf where got is not finite)."""
+    errors = []
+    bounds = layout.qo_indptr.tolist()
+    for b in range(layout.batch_size):
+        g, w = got[bounds[b] : bounds[b + 1]].float(), want[bounds[b] : bounds[b + 1]]
+        if not bool(torch.isfinite(g).all()):
+            errors.append(float("inf"))
+            continue
+        errors.append(float((g - w).abs().max() / w.abs().max().clamp_min(1e-6)))
+    return errors
+
+
+def nan_buffer_check(backend: AttentionBackend, q: torch.Tensor, kv_layer: torch.Tensor, got: torch.Tensor) -> bool:
+    """Run the planned FlashInfer kernel again into a NaN-filled buffer: every element must be written, and equal
+    to what forward returned. True for backends without a wrapper (nothing to check)."""
+    wrapper = getattr(backend, "_decode" if getattr(backend, "_use_decode", False) else "_prefill", None)
+    if wrapper is None:
+        return True
+    out = torch.full_like(q, float("nan"))
+    wrapper.run(q.contiguous(), kv_layer, out=out)
+    return bool(torch.isfinite(out).all()) and torch.equal(out, got)
+
+
+def run_case(
+    config: Config,
+    device: str,
+    make_candidate: Callable[[Config], AttentionBackend],
+    *,
+    context: int = 8192,
+    seed: int = 0,
+) -> CaseResult:
+    """One candidate backend through lifecycle(context) against the torch backend in float32 on the same data."""
+    start = time.monotonic()
+    result = CaseResult(config.label)
     rng = random.Random(seed)
     torch.manual_seed(seed)
-    seqs = random_batch(rng, kinds, page_size, max_ctx)
-    layout = BatchLayout.build(seqs, page_size, device)
-    num_pages = int(layout.kv_indices.max()) + 1
-    pool = KVPool(
-        KVShape(1, kv_heads, dim), page_size=page_size, num_pages=num_pages, dtype=torch.bfloat16, device=device
+    ps = config.page_size
+    num_pages = 2 * (context + 512) // ps + 64
+    shape = KVShape(LAYERS, config.kv_heads, config.head_dim)
+    pool = KVPool(shape, page_size=ps, num_pages=num_pages, dtype=config.dtype, device=device)
+    pool.kv.normal_()  # stale values everywhere: only the right slots may be read
+    ref_pool = KVPool(shape, page_size=ps, num_pages=num_pages, dtype=torch.float32, device=device)
+    ref_pool.kv.copy_(pool.kv.float())
+    free = list(range(num_pages))
+    rng.shuffle(free)  # scattered block tables
+    seqs: dict[str, SeqState] = {}
+
+    def grow(seq: SeqState, new: int) -> None:
+        while len(seq.pages) * ps < seq.length + new:
+            seq.pages.append(free.pop())
+
+    candidate = make_candidate(config)
+    reference = create_backend("torch", device)
+    for step_no, spec in enumerate(lifecycle(context)):
+        slices, names = [], []
+        for name, new in spec.work:
+            if name not in seqs:
+                seq = seqs[name] = SeqState([])
+                if name in spec.hits:  # a partial hit: share the whole pages, copy the partial one
+                    source, cached = spec.hits[name]
+                    src = seqs[source]
+                    seq.pages = src.pages[: cached // ps]
+                    if cached % ps:
+                        dst = free.pop()
+                        for p in (pool, ref_pool):
+                            p.copy_prefix(src.pages[cached // ps], dst, cached % ps)
+                        seq.pages.append(dst)
+                    seq.length = cached
+                if name in spec.preload:  # a long cached prefix: K/V already in the pages
+                    seq.length = spec.preload[name]
+                    grow(seq, 0)
+            seq = seqs[name]
+            grow(seq, new)
+            slices.append(SequenceSlice(list(seq.pages), seq.length, new))
+            names.append(name)
+        layout = BatchLayout.build(slices, ps, device)
+        step_start = time.monotonic()
+        candidate.begin_step(layout)
+        reference.begin_step(layout)
+        for layer in range(LAYERS):
+            q = torch.randn(layout.num_tokens, config.heads, config.head_dim, device=device).to(config.dtype)
+            k, v = torch.randn(2, layout.num_tokens, config.kv_heads, config.head_dim, device=device).to(config.dtype)
+            got = candidate.forward(layer, q, k, v, pool.layer(layer), layout)
+            want = reference.forward(layer, q.float(), k.float(), v.float(), ref_pool.layer(layer), layout)
+            if layer == 0 and step_no == 0:
+                if device.startswith("cuda"):
+                    torch.cuda.synchronize()
+                result.first_step_s = time.monotonic() - step_start
+            where = f"step {step_no + 1} ({spec.kind}) layer {layer}"
+            for name, err in zip(names, per_sequence_errors(got, want, layout), strict=True):
+                if err > result.worst_error or result.worst_where == "":
+                    result.worst_error, result.worst_where = err, f"{name}@{step_no + 1}"
+                if not err <= TOLERANCE.get(config.dtype, 1e-4):
+                    result.problems.append(f"{where}: sequence {name} rel err {err:.2e}")
+            if not torch.equal(pool.layer(layer).float(), ref_pool.layer(layer)):
+                result.problems.append(f"{where}: K/V not written to the same slots")
+            if layer == 0 and not nan_buffer_check(candidate, q, pool.layer(layer), got):
+                result.problems.append(f"{where}: the kernel left elements unwritten (NaN buffer)")
+        for name, new in spec.work:
+            seqs[name].length += new
+        result.steps += 1
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    result.seconds = time.monotonic() - start
+    return result
+
+
+def check_kernels(
+    report: Report,
+    configs: list[Config],
+    device: str,
+    make_candidate: Callable[[Config], AttentionBackend],
+    *,
+    context: int,
+    deadline: float,
+    compile_note: bool = True,
+) -> None:
+    report.line(f"{'configuration':<16} {'dtype':<8} {'page':>4} {'heads':>7} {'hd':>4} {'steps':>5} "
+                f"{'worst seq err':>13} {'(seq@step)':<11} {'1st step s':>10} {'total s':>7}  result")  # fmt: skip
+    for i, config in enumerate(configs):
+        if time.monotonic() > deadline:
+            report.line(f"(time budget reached: {len(configs) - i} configurations not run)")
+            report.record("kernels", True, skipped=[c.label for c in configs[i:]])
+            return
+        heads = f"{config.heads}/{config.kv_heads}"
+        prefix = (
+            f"{config.label:<16} {dtype_name(config.dtype):<8} {config.page_size:>4} {heads:>7} {config.head_dim:>4}"
+        )
+        try:
+            res = run_case(config, device, make_candidate, context=context, seed=i)
+        except Exception as exc:  # a kernel that fails to compile or run is a result, not the end of the run
+            log.exception("configuration %s failed", config)
+            report.line(f"{prefix} FAIL: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+            report.record("kernels", False, config=asdict_config(config), error=f"{type(exc).__name__}: {exc}")
+            continue
+        verdict = "ok" if res.ok else f"FAIL ({len(res.problems)}): {res.problems[0]}"
+        report.line(
+            f"{prefix} {res.steps:>5} {res.worst_error:>13.2e} {res.worst_where:<11} {res.first_step_s:>10.2f} "
+            f"{res.seconds:>7.1f}  {verdict}"
+        )
+        report.record("kernels", res.ok, config=asdict_config(config), **asdict(res))
+        if i == 0 and compile_note:
+            report.line(
+                f"  first configuration's first step (with flashinfer it includes the JIT compile of the prefill kernels): {res.first_step_s:.1f} s"
+            )
+
+
+def asdict_config(config: Config) -> dict[str, Any]:
+    return {**asdict(config), "dtype": dtype_name(config.dtype)}
+
+
+# --- backend selection and fallbacks -------------------------------------------------------------------------------
+FALLBACKS = [
+    ("float32 model", "cuda", {"num_heads": 4, "num_kv_heads": 2, "head_dim": 64, "dtype": torch.float32}),
+    ("head_dim 96", "cuda", {"num_heads": 4, "num_kv_heads": 2, "head_dim": 96, "dtype": torch.bfloat16}),
+    ("device cpu", "cpu", {"num_heads": 4, "num_kv_heads": 2, "head_dim": 64, "dtype": torch.bfloat16}),
+]
+
+
+def check_fallbacks(report: Report, cuda: bool, context: int = 256) -> None:
+    """auto must pick torch and run; an explicit flashinfer must refuse with its reason."""
+    for label, device, options in FALLBACKS:
+        auto = resolve_backend_name("auto", device, **options)
+        try:
+            create_backend("flashinfer", device, **options)
+            refusal = None
+        except BackendUnavailableError as exc:
+            refusal = str(exc).split("cannot run here: ", 1)[-1].split(". Use backend", 1)[0]
+        ran = "not run (no CUDA)"
+        ok = auto == "torch" and refusal is not None
+        if device == "cpu" or cuda:
+            config = Config(
+                label, options["num_heads"], options["num_kv_heads"], options["head_dim"], options["dtype"], 16
+            )
+            res = run_case(
+                config, device, lambda c, d=device: create_backend("auto", d, **c.options()), context=context
+            )
+            ran = f"a lifecycle on {auto}: worst seq err {res.worst_error:.1e}" + ("" if res.ok else " FAIL")
+            ok &= res.ok
+        report.line(f"{label:<14} auto -> {auto:<10} explicit flashinfer: {refusal or 'ACCEPTED'}; {ran}  "
+                    f"{'ok' if ok else 'FAIL'}")  # fmt: skip
+        report.record("fallbacks", ok, case=label, auto=auto, refusal=refusal)
+
+
+# --- the engine: the default model served with flashinfer and with torch ------------------------------------------
+_request_ids = itertools.count()
+
+
+def greedy_tokens(engine: Any, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+    from radixcache.worker.request import Request, SamplingParams
+
+    base = next(_request_ids)
+    ids = [f"r{base}-{i}" for i in range(len(prompts))]
+    outputs: dict[str, list[int]] = {rid: [] for rid in ids}
+    finished = threading.Semaphore(0)
+    errors: list[str] = []
+
+    def sink(out: Any) -> None:
+        outputs[out.request_id].extend(out.token_ids)
+        if out.finished:
+            if out.error:
+                errors.append(f"{out.request_id}: {out.error}")
+            finished.release()
+
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    for rid, prompt in zip(ids, prompts, strict=True):
+        engine.submit(Request(rid, prompt, params), sink)
+    for _ in prompts:
+        if not finished.acquire(timeout=300):
+            raise TimeoutError("the engine did not finish the requests in 300 s")
+    if errors:
+        raise RuntimeError("; ".join(errors))
+    return [outputs[rid] for rid in ids]
+
+
+def check_engine(report: Report, device: str, candidate: str = "flashinfer", max_tokens: int = 32) -> None:
+    """The shipped default model served by `candidate` and by torch: the same greedy tokens for every request."""
+    from radixcache.worker.engine import Engine, EngineConfig
+    from radixcache.worker.model.loader import load_checkpoint
+
+    path = ROOT / "worker" / "default_model"
+    system = "You are a careful assistant. Answer briefly and say when you are unsure. " * 3
+    questions = ["What is a radix tree?", "Why share a prefix?", "What is a page?", "Name a color.", "Count to five."]
+    tokens: dict[str, list[list[int]]] = {}
+    for name in (candidate, "torch"):
+        loaded = load_checkpoint(path, device=device)
+        prompts = [loaded.tokenizer.encode(system + q) for q in questions]
+        engine = Engine(loaded, EngineConfig(page_size=16, kv_pages=1024, backend=name))
+        started = time.monotonic()
+        engine.start()
+        warm = time.monotonic() - started
+        try:
+            # The first prompt alone, then the rest: they hit its cached system prompt, ending mid-page.
+            tokens[name] = greedy_tokens(engine, prompts[:1], max_tokens) + greedy_tokens(
+                engine, prompts[1:], max_tokens
+            )
+            hit = engine.stats().cached_tokens
+        finally:
+            engine.shutdown(drain=False)
+        dtype = dtype_name(next(loaded.model.parameters()).dtype)
+        report.line(f"engine {name:<10} backend {engine.backend.name}, {dtype}, warm-up {warm:.1f} s, {hit} prompt "
+                    "tokens from the cache")  # fmt: skip
+    same = [a == b for a, b in zip(tokens[candidate], tokens["torch"], strict=True)]
+    detail = ""
+    if not all(same):
+        i = same.index(False)
+        a, b = tokens[candidate][i], tokens["torch"][i]
+        at = next((j for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+        detail = f"; first difference: request {i} token {at}: {candidate} {a[at : at + 4]} torch {b[at : at + 4]}"
+    report.line(
+        f"greedy tokens identical for {sum(same)}/{len(same)} requests{detail}  {'ok' if all(same) else 'FAIL'}"
     )
-    pool.kv.normal_()
-    t = layout.num_tokens
-    q = torch.randn(t, kv_heads * group, dim, device=device).bfloat16()
-    k = torch.randn(t, kv_heads, dim, device=device).bfloat16()
-    v = torch.randn(t, kv_heads, dim, device=device).bfloat16()
-    return layout, pool, q, k, v
+    report.record("engine", all(same), identical=sum(same), requests=len(same), detail=detail)
 
 
-def torch_reference(layout: BatchLayout, pool: KVPool, q, k, v) -> tuple[torch.Tensor, torch.Tensor]:  # noqa: ANN001
-    """The torch backend in float32 on the same (bf16-valued) data: output [T,H,D] float32, written layer."""
-    layer = pool.layer(0).float().clone()
-    backend = create_backend("torch", q.device)
-    backend.begin_step(layout)
-    out = backend.forward(0, q.float(), k.float(), v.float(), layer, layout)
-    return out, layer
-
-
-def cpu_smoke() -> None:
-    """The non-CUDA parts: layouts and the torch reference, checked against a dense per-sequence computation."""
-    for kinds in ("p", "d", "pdd"):
-        for page_size in (1, 16):
-            layout, pool, q, k, v = make_case(1, kinds, page_size, 2, 4, 16, 64, "cpu")
-            out, layer = torch_reference(layout, pool, q, k, v)
-            rows = layer.view(-1, 2, 16)
-            start = 0
-            for b, total in enumerate(layout.seq_lens):
-                n = layout.num_new[b]
-                pages = layout.kv_indices[layout.kv_indptr[b] : layout.kv_indptr[b + 1]].long()
-                slots = (pages[:, None] * 2 * page_size + torch.arange(page_size)).flatten()[:total]
-                keys, values = rows[slots], rows[slots + page_size]
-                qs = q[start : start + n].float().view(n, 2, 4, 16)
-                scores = torch.einsum("nkgd,lkd->nkgl", qs, keys) / 4.0
-                mask = torch.arange(total)[None, :] > torch.arange(total - n, total)[:, None]
-                scores.masked_fill_(mask[:, None, None, :], float("-inf"))
-                want = torch.einsum("nkgl,lkd->nkgd", scores.softmax(-1), values).reshape(n, 8, 16)
-                err = float((out[start : start + n] - want).abs().max())
-                assert err < 1e-4, f"torch reference disagrees with dense attention ({kinds}, page {page_size}): {err}"
-                start += n
-    log("cpu smoke: layouts + torch reference vs dense attention OK (3 batch kinds x page sizes 1, 16)")
-
-
-def check_correctness() -> bool:
-    ok = True
-    log("")
-    log(f"{'case':<28} {'page':>4} {'group':>5} {'tokens':>6} {'rel err':>9}  result")
-    seed = 0
-    for kinds, label in (("pp", "prefill"), ("dddddddd", "decode"), ("pdpddpdd", "mixed prefill+decode")):
-        for page_size in (1, 16):
-            for group in (1, 4):
-                seed += 1
-                layout, pool, q, k, v = make_case(seed, kinds, page_size, 2, group, 128, 700, "cuda")
-                ref, ref_layer = torch_reference(layout, pool, q, k, v)
-                backend = create_backend(
-                    "flashinfer", "cuda", num_heads=2 * group, num_kv_heads=2, head_dim=128, dtype=torch.bfloat16
-                )
-                backend.begin_step(layout)
-                got = backend.forward(0, q, k, v, pool.layer(0), layout)
-                # Again into a NaN-filled buffer: any element the kernel skips stays NaN.
-                wrapper = backend._decode if backend._use_decode else backend._prefill
-                nan_out = torch.full_like(q, float("nan"))
-                try:
-                    wrapper.run(q, pool.layer(0), out=nan_out)
-                except TypeError:  # an older run() without out=: fall back to the returned tensor
-                    nan_out = got
-                torch.cuda.synchronize()
-                rel = float((nan_out.float() - ref).abs().max() / ref.abs().max())
-                written_same = torch.equal(pool.layer(0).float(), ref_layer)
-                finite = bool(torch.isfinite(nan_out).all()) and bool(torch.isfinite(got).all())
-                passed = finite and written_same and rel < REL_TOL and torch.equal(got, nan_out)
-                ok &= passed
-                why = "" if passed else f" (finite={finite}, kv written same={written_same})"
-                log(
-                    f"{label:<28} {page_size:>4} {group:>5} {layout.num_tokens:>6} {rel:>9.2e}  {'ok' if passed else 'FAIL'}{why}"
-                )
-    return ok
-
-
-def time_cuda(fn, iters: int = 20) -> float:  # noqa: ANN001
+# --- timings ---------------------------------------------------------------------------------------------------------
+def time_cuda(fn: Callable[[], Any], iters: int = 20) -> float:
     """Median seconds per call of fn over `iters` calls (after 3 warm-ups)."""
     for _ in range(3):
         fn()
@@ -187,22 +476,19 @@ def copy_bandwidth() -> float:
     """Device-to-device copy GB/s (bytes read + bytes written) of a 1 GiB tensor."""
     src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
-    seconds = time_cuda(lambda: dst.copy_(src), iters=10)
-    return 2 * src.numel() / seconds / 1e9
+    return 2 * src.numel() / time_cuda(lambda: dst.copy_(src), iters=10) / 1e9
 
 
-def timing_table() -> None:
+def timing_table(report: Report, deadline: float) -> None:
     bw = copy_bandwidth()
-    log("")
-    log(f"device copy bandwidth (read+write): {bw:,.0f} GB/s")
-    log("decode attention, bf16, 32 q heads / 8 kv heads / head_dim 128; GB/s = KV bytes read / time")
-    log(
+    report.line(f"device copy bandwidth (read+write): {bw:,.0f} GB/s")
+    report.line("decode attention, bf16, 32 q heads / 8 kv heads / head_dim 128; GB/s = KV bytes read / time")
+    report.line(
         f"{'backend':<11} {'batch':>5} {'context':>7} {'page':>4} {'KV MiB':>8} {'time us':>9} {'GB/s':>8} {'% copy':>7}"
     )
-    rows = [(1, 8192, 16), (32, 2048, 16), (128, 1024, 16), (32, 2048, 1)]
-    for batch, ctx, page_size in rows:
-        if time.monotonic() - START > TIME_BUDGET_S:
-            log("(time budget reached: remaining rows skipped)")
+    for batch, ctx, page_size in [(1, 8192, 16), (32, 2048, 16), (128, 1024, 16), (32, 2048, 1)]:
+        if time.monotonic() > deadline:
+            report.line("(time budget reached: remaining rows skipped)")
             return
         pages_per = ctx // page_size
         seqs = [SequenceSlice(list(range(b * pages_per, (b + 1) * pages_per)), ctx - 1, 1) for b in range(batch)]
@@ -212,40 +498,95 @@ def timing_table() -> None:
         )
         pool.kv.normal_()
         q = torch.randn(batch, 32, 128, device="cuda").bfloat16()
-        k = torch.randn(batch, 8, 128, device="cuda").bfloat16()
-        v = torch.randn(batch, 8, 128, device="cuda").bfloat16()
+        k, v = torch.randn(2, batch, 8, 128, device="cuda").bfloat16()
         kv_bytes = batch * ctx * 8 * 128 * 2 * 2
-        names = ["flashinfer", "torch"] if batch * ctx <= 64 * 1024 else ["flashinfer"]
-        for name in names:
+        for name in ["flashinfer", "torch"] if batch * ctx <= 64 * 1024 else ["flashinfer"]:
             backend = create_backend(name, "cuda", num_heads=32, num_kv_heads=8, head_dim=128, dtype=torch.bfloat16)
             backend.begin_step(layout)
             step = (q, k, v, pool.layer(0), layout)
             seconds = time_cuda(lambda backend=backend, step=step: backend.forward(0, *step))
             gbs = kv_bytes / seconds / 1e9
-            log(
-                f"{name:<11} {batch:>5} {ctx:>7} {page_size:>4} {kv_bytes / 2**20:>8.0f} {seconds * 1e6:>9.1f} "
-                f"{gbs:>8.0f} {100 * gbs / bw:>6.0f}%"
-            )
+            report.line(f"{name:<11} {batch:>5} {ctx:>7} {page_size:>4} {kv_bytes / 2**20:>8.0f} {seconds * 1e6:>9.1f} "
+                        f"{gbs:>8.0f} {100 * gbs / bw:>6.0f}%")  # fmt: skip
 
 
-def main() -> int:
-    log(f"radixcache gpu-check: torch {torch.__version__}")
-    cpu_smoke()
-    if not torch.cuda.is_available():
-        log("no CUDA device: flashinfer checks and timings skipped")
-        return 0
-    log(f"device: {torch.cuda.get_device_name()} (CUDA {torch.version.cuda})")
+# --- main ------------------------------------------------------------------------------------------------------------
+def section(report: Report, title: str, fn: Callable[[], None]) -> None:
+    report.line("")
+    report.line(f"== {title}")
     try:
-        import flashinfer
-    except Exception as exc:  # ImportError, or a broken install raising anything at import
-        log(f"flashinfer does not import ({type(exc).__name__}: {exc}); install flashinfer-python and rerun")
-        return 1
-    log(f"flashinfer {getattr(flashinfer, '__version__', '?')}; first kernels JIT-compile, this can take minutes")
-    ok = check_correctness()
-    log(f"correctness: {'all ok' if ok else 'FAILURES above'} ({time.monotonic() - START:.0f} s so far)")
-    timing_table()
-    log(f"total {time.monotonic() - START:.0f} s")
-    return 0 if ok else 1
+        fn()
+    except Exception as exc:
+        log.exception("%s failed", title)
+        report.line(f"FAIL: {type(exc).__name__}: {exc}")
+        report.line("".join(traceback.format_exception_only(type(exc), exc)).strip())
+        report.record(title, False, error=f"{type(exc).__name__}: {exc}")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or "gpu-check-out"), help="output folder")
+    p.add_argument("--budget", type=float, default=360.0, help="seconds after which no new kernel case starts")
+    p.add_argument("--context", type=int, help="the long sequence's context in the lifecycle (8192; CPU dry run 256)")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    started = time.monotonic()
+    deadline = started + args.budget
+    report = Report(args.out)
+    try:
+        cuda = torch.cuda.is_available()
+        report.line(f"radixcache gpu-check: torch {torch.__version__}, output in {args.out.resolve()}")
+        if cuda:
+            cap = torch.cuda.get_device_capability()
+            report.line(f"device: {torch.cuda.get_device_name()} (sm {cap[0]}{cap[1]}, CUDA {torch.version.cuda}); "
+                        f"nvcc: {shutil.which('nvcc') or 'not on PATH'}")  # fmt: skip
+        section(
+            report,
+            "backend selection and fallbacks",
+            lambda: check_fallbacks(report, cuda, min(args.context or 256, 256)),
+        )
+        if not cuda:
+            report.line("")
+            report.line("== dry run on the CPU: the kernel checks' own logic, torch backend as the candidate")
+            dry = [c for c in config_matrix() if c.head_dim == 64 or c.group == 4][::3]  # both dtypes, pages, dims
+            check_kernels(
+                report,
+                dry,
+                "cpu",
+                lambda c: create_backend("torch", "cpu"),
+                context=args.context or 256,
+                deadline=deadline,
+            )
+            report.line("")
+            report.line("no CUDA device: flashinfer checks, the engine check and timings skipped")
+            return 1 if report.failures else 0
+        try:
+            import flashinfer
+        except Exception as exc:  # ImportError, or a broken install raising anything at import
+            report.line(
+                f"flashinfer does not import ({type(exc).__name__}: {exc}); install flashinfer-python and rerun"
+            )
+            return 1
+        report.line(f"flashinfer {getattr(flashinfer, '__version__', '?')} from {Path(flashinfer.__file__).parent}; "
+                    "the first kernels JIT-compile, this can take minutes")  # fmt: skip
+        configs = config_matrix()
+        flashinfer_backend = lambda c: create_backend("flashinfer", "cuda", **c.options())  # noqa: E731
+        section(report, "kernels vs torch (float32) per sequence",
+                lambda: check_kernels(report, configs[:1], "cuda", flashinfer_backend, context=args.context or 8192,
+                                      deadline=deadline))  # fmt: skip
+        section(report, "engine: default model, flashinfer vs torch, greedy", lambda: check_engine(report, "cuda"))
+        section(report, "kernels vs torch (float32), the rest of the matrix",
+                lambda: check_kernels(report, configs[1:], "cuda", flashinfer_backend, context=args.context or 8192,
+                                      deadline=deadline, compile_note=False))  # fmt: skip
+        section(report, "decode timings", lambda: timing_table(report, deadline + 60))
+        return 1 if report.failures else 0
+    finally:
+        report.line("")
+        report.line(f"{report.failures} failed checks; total {time.monotonic() - started:.0f} s")
+        report.close()
 
 
 if __name__ == "__main__":

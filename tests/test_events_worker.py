@@ -194,6 +194,21 @@ def test_subscribers_replay_to_the_tree_and_only_admins_may_subscribe(worker) ->
         assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
 
 
+def read_until(run, batches, index: PageIndex, expected: dict) -> list[str]:
+    """Apply a hub subscription's batches (read on its loop through `run`) to `index` until it equals `expected`
+    after a RESET; returns the kinds read."""
+    kinds: list[str] = []
+    while index.as_dict() != expected or RESET not in kinds:
+        batch = run(asyncio.wait_for(batches.__anext__(), 10))
+        kinds.append(batch.kind)
+        if batch.kind == SNAPSHOT:
+            index.load(batch.events)
+        elif batch.kind == EVENTS:
+            for e in batch.events:
+                index.apply(e)
+    return kinds
+
+
 def test_a_slow_subscriber_gets_a_reset_and_a_fresh_snapshot(worker) -> None:
     hub = worker.server.servicer.events
     hub.queue_batches = 2  # the next subscription may fall 2 batches behind
@@ -212,17 +227,7 @@ def test_a_slow_subscriber_gets_a_reset_and_a_fresh_snapshot(worker) -> None:
         prefixes = [[rng.randrange(3, 290) for _ in range(10)] for _ in range(3)]
         traffic(worker.target, TENANT, rng, 12, prefixes)  # many batches while nobody reads this subscription
         expected = worker.engine.call(lambda: tree_page_index(worker.engine.cache.tree))
-        kinds = []
-        while True:
-            batch = worker.run(asyncio.wait_for(batches.__anext__(), 10))
-            kinds.append(batch.kind)
-            if batch.kind == SNAPSHOT:
-                index.load(batch.events)
-            elif batch.kind == EVENTS:
-                for e in batch.events:
-                    index.apply(e)
-            if index.as_dict() == expected and RESET in kinds:
-                break
+        kinds = read_until(worker.run, batches, index, expected)
         assert kinds[:2] == [RESET, SNAPSHOT], kinds  # what was queued is dropped: a reset, then a new snapshot
     finally:
         worker.run(batches.aclose())
@@ -345,3 +350,86 @@ def test_tokens_files_mark_admins_and_stay_backward_compatible(tmp_path) -> None
     assert auth.is_admin([("authorization", "Bearer t2")]) and auth.tenant([("authorization", "Bearer t2")]) == "ops"
     assert not auth.is_admin([("authorization", "Bearer t1")]) and not auth.is_admin(None)
     assert Authenticator().is_admin(None)  # no auth: every caller may
+
+
+def test_records_lost_inside_the_worker_reset_every_reader() -> None:
+    """When the loop falls max_pending records behind the engine, subscribers get RESET + a snapshot and publishers
+    a full reset, and both are exact again afterwards."""
+    from radixcache.cache import PrefixCache
+    from radixcache.worker.cache_events import CacheEventHub
+
+    class Engine_:  # the engine's part the hub uses; `call` runs on the caller's thread under the engine's lock
+        page_size = 2
+        cache = PrefixCache(64, 2)
+        lock = threading.Lock()
+
+        def call(self, fn):
+            with self.lock:
+                return fn()
+
+    class Recorder:
+        def __init__(self) -> None:
+            self.resets: list = []
+            self.index = PageIndex()
+
+        def reset(self, snapshot) -> None:
+            self.resets.append(len(snapshot))
+            self.index.load(snapshot)
+
+        def publish(self, events, timestamp) -> None:
+            for e in events:
+                self.index.apply(e)
+
+        def close(self) -> None:
+            pass
+
+    engine = Engine_()
+
+    def serve(owner: str, tokens: list[int]) -> None:
+        with engine.lock:
+            lease = engine.cache.acquire(owner, tokens, max_cached=0)
+            engine.cache.allocate(lease, -(-len(tokens) // 2))
+            engine.cache.release(lease, tokens)
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+
+    def run(coro):
+        return asyncio.run_coroutine_threadsafe(coro, loop).result(10)
+
+    hub = CacheEventHub(engine, max_pending=5)
+    publisher = Recorder()
+    try:
+        serve("a", [1, 2, 3, 4])
+        run(hub.start())
+
+        async def setup():
+            hub.add_publisher(publisher)
+            batches = hub.subscribe()
+            return batches, await batches.__anext__()
+
+        batches, first = run(setup())
+        assert first.kind == SNAPSHOT and len(first.events) == 1
+        deadline = time.monotonic() + 10
+        while not publisher.resets and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert publisher.resets == [1]
+        blocked = threading.Event()
+        loop.call_soon_threadsafe(blocked.wait)  # the loop stalls: nothing is drained meanwhile
+        for i in range(10):
+            serve(f"b{i}", [9, i, 9, i, 9])
+        blocked.set()
+        index, expected = PageIndex(), tree_page_index(engine.cache.tree)
+        kinds = read_until(run, batches, index, expected)
+        assert kinds[:2] == [RESET, SNAPSHOT], kinds
+        deadline = time.monotonic() + 10
+        while publisher.index.as_dict() != expected and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert publisher.index.as_dict() == expected and publisher.resets == [1, 11]
+        run(batches.aclose())
+    finally:
+        run(hub.close())
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+        loop.close()

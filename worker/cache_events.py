@@ -86,7 +86,7 @@ class CacheEventHub:
     may leave undrained before the log drops them (then every reader starts over from a snapshot).
     """
 
-    def __init__(self, engine: Any, *, queue_batches: int = 256, max_pending: int = 1_000_000) -> None:
+    def __init__(self, engine: Any, *, queue_batches: int = 256, max_pending: int = 100_000) -> None:
         if queue_batches < 1:
             raise ValueError(f"queue_batches must be >= 1, got {queue_batches}")
         self.engine = engine

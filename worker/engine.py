@@ -30,6 +30,7 @@ from radixcache.worker.request import ErrorKind, FinishReason, Request, RequestO
 from radixcache.worker.sampling import apply_penalties, sample_row, token_logprob
 from radixcache.worker.scheduler import Chunk, Scheduler
 from radixcache.worker.sequence import SeqStatus, Sequence
+from radixcache.worker.warmup import warm_up
 
 log = logging.getLogger("radixcache.engine")
 
@@ -196,7 +197,8 @@ class Engine:
 
     # --- lifecycle -------------------------------------------------------------------------------------------
     def start(self) -> None:
-        """Warm up (one forward, so the first request does not pay for lazy initialisation), then run the loop."""
+        """Warm up (a prefill, a decode and a mixed step, so the first request does not pay for kernel compilation
+        or lazy initialisation; see _warm_up), then run the loop."""
         if self._thread is not None:
             raise RuntimeError("engine already started")
         with torch.inference_mode():
@@ -506,10 +508,21 @@ class Engine:
             seq.finish_reason = FinishReason.LENGTH
 
     def _warm_up(self) -> None:
-        lease = self.cache.acquire("warm-up", [0], "", max_cached=0)
+        """A short prefill, a decode and a mixed batch (worker/warmup.py), so kernels compile before any request.
+        Under backend 'auto', a backend other than torch that fails them is replaced by torch, with a warning."""
         try:
-            self.cache.allocate(lease, 1)
-            layout = BatchLayout.build([SequenceSlice(lease.pages, 0, 1)], self.page_size, self.device)
-            self.model(torch.zeros(1, dtype=torch.long, device=self.device), layout, self.pool, self.backend)
-        finally:
-            self.cache.release(lease)
+            warm_up(self.model, self.pool, self.cache, self.backend)
+        except Exception as exc:
+            if self.backend.name == "torch":
+                raise
+            if self.config.backend != "auto":
+                raise RuntimeError(
+                    f"attention backend {self.backend.name!r} failed its start-up warm-up ({type(exc).__name__}: "
+                    f"{exc}); use backend 'auto' or 'torch'"
+                ) from exc
+            log.warning(
+                "attention backend %s failed its start-up warm-up (%s: %s); falling back to the torch backend",
+                self.backend.name, type(exc).__name__, exc, exc_info=True,
+            )  # fmt: skip
+            self.backend = create_backend("torch", self.device)
+            warm_up(self.model, self.pool, self.cache, self.backend)

@@ -43,6 +43,11 @@ def _modules() -> tuple[Any, Any]:
     return zmq, msgpack
 
 
+def check_available() -> None:
+    """RuntimeError naming the extra to install when pyzmq or msgpack is missing."""
+    _modules()
+
+
 def vllm_event(event: CacheEvent, page_size: int) -> list | None:
     """The msgpack-ready array of one event (None: no vLLM counterpart)."""
     if isinstance(event, PagesStored):

@@ -86,36 +86,83 @@ def available_backends() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def flashinfer_usable() -> bool:
-    """True when CUDA is present and flashinfer imports (it is only imported here when CUDA is present)."""
+FLASHINFER_DTYPES = (torch.float16, torch.bfloat16)
+# The head_dims FlashInfer 0.6.1's prefill kernels (which also run mixed prefill+decode batches) exist for. On Hopper
+# they are FA3 kernels, instantiated for 64, 128 and 256 only. Elsewhere FA2 runs, whose loads work in 64-wide
+# blocks: other sizes fault or return wrong values without an error (flashinfer-ai/flashinfer#4299), and a fault
+# poisons the CUDA context, so a bad size must be refused up front, not caught after a failed warm-up. Decode
+# compiles for more sizes, so a decode-only warm-up would pass and every prefill then fail.
+FLASHINFER_HEAD_DIMS = (64, 128, 256)
+
+
+class BackendUnavailableError(ValueError):
+    """An explicitly requested backend cannot run this model on this device; the message says why."""
+
+
+def flashinfer_unsupported_reason(
+    device: str | torch.device,
+    *,
+    num_heads: int | None = None,
+    num_kv_heads: int | None = None,
+    head_dim: int | None = None,
+    dtype: torch.dtype | None = None,
+) -> str | None:
+    """Why the flashinfer backend cannot run a model of this geometry and dtype on `device`; None when it can.
+
+    Checks, cheapest first: a CUDA device that torch sees, the geometry and a 16-bit dtype (plan() needs them), a
+    head_dim FlashInfer's prefill kernels exist for, and last that flashinfer imports (only ever imported once
+    everything else holds, so a CPU machine or a CPU device never touches it).
+    """
+    device = torch.device(device)
+    if device.type != "cuda":
+        return f"it needs a CUDA device, and the model is on {device}"
     if not torch.cuda.is_available():
-        return False
+        return "torch sees no CUDA device"
+    if None in (num_heads, num_kv_heads, head_dim):
+        return "it needs num_heads, num_kv_heads and head_dim to plan, and some are unset"
+    if dtype is None:
+        return "it needs the model dtype to plan, and it is unset"
+    if dtype not in FLASHINFER_DTYPES:
+        return f"its kernels run float16/bfloat16, and the model is {str(dtype).removeprefix('torch.')}"
+    if num_heads % num_kv_heads:  # type: ignore[operator]
+        return f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}"
+    if head_dim not in FLASHINFER_HEAD_DIMS:
+        return f"head_dim {head_dim} has no FlashInfer prefill kernel (it supports {FLASHINFER_HEAD_DIMS})"
     try:
         importlib.import_module("flashinfer")
-    except Exception:  # an ImportError, or a broken install raising anything at import
-        return False
-    return True
+    except Exception as exc:  # an ImportError, or a broken install raising anything at import
+        return f"flashinfer does not import ({type(exc).__name__}: {exc}); `pip install flashinfer-python`"
+    return None
 
 
-def resolve_backend_name(name: str) -> str:
-    """'auto' -> 'flashinfer' when usable, else 'torch'; other names are checked against the registry."""
+def resolve_backend_name(name: str, device: str | torch.device = "cpu", **options: object) -> str:
+    """'auto' -> 'flashinfer' when it can run this model on `device` (see flashinfer_unsupported_reason), else
+    'torch'. Other names are checked against the registry; an explicit 'flashinfer' that cannot run raises
+    BackendUnavailableError saying why."""
+    geometry = {key: options.get(key) for key in ("num_heads", "num_kv_heads", "head_dim", "dtype")}
     if name == "auto":
-        return "flashinfer" if flashinfer_usable() else "torch"
+        return "flashinfer" if flashinfer_unsupported_reason(device, **geometry) is None else "torch"  # type: ignore[arg-type]
     if name not in _REGISTRY:
         raise ValueError(f"unknown attention backend {name!r}; choose 'auto' or one of {available_backends()}")
+    if name == "flashinfer":
+        reason = flashinfer_unsupported_reason(device, **geometry)  # type: ignore[arg-type]
+        if reason is not None:
+            raise BackendUnavailableError(
+                f"attention backend 'flashinfer' cannot run here: {reason}. Use backend 'torch' (or 'auto', "
+                "which picks flashinfer only where it can run)"
+            )
     return name
 
 
 def create_backend(name: str = "auto", device: str | torch.device = "cpu", **options: object) -> AttentionBackend:
     """Create a backend by name ("auto" | "torch" | "flashinfer").
 
-    auto = flashinfer when CUDA is available, flashinfer imports and dtype is float16/bfloat16; otherwise torch.
-    options: num_heads, num_kv_heads, head_dim, dtype (the flashinfer backend needs them to plan; torch ignores them).
+    auto = flashinfer when it can run this model on `device` (a CUDA device, 16-bit dtype, a head_dim its prefill
+    kernels support, flashinfer importable); otherwise torch. An explicit "flashinfer" that cannot run raises
+    BackendUnavailableError naming the reason. options: num_heads, num_kv_heads, head_dim, dtype (the flashinfer
+    backend needs them to plan; torch ignores them).
     """
-    if name == "auto" and options.get("dtype") not in (None, torch.float16, torch.bfloat16):
-        resolved = "torch"  # flashinfer kernels run 16-bit only; float32 models use the torch backend
-    else:
-        resolved = resolve_backend_name(name)
+    resolved = resolve_backend_name(name, device, **options)
     target = _REGISTRY[resolved]
     if isinstance(target, str):
         module_name, _, attr = target.partition(":")

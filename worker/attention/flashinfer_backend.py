@@ -21,11 +21,10 @@ import math
 
 import torch
 
-from radixcache.worker.attention.base import AttentionBackend
+from radixcache.worker.attention.base import AttentionBackend, BackendUnavailableError, flashinfer_unsupported_reason
 from radixcache.worker.attention.layout import BatchLayout
 
 WORKSPACE_BYTES = 128 * 1024 * 1024
-SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 
 
 class FlashInferAttentionBackend(AttentionBackend):
@@ -43,25 +42,23 @@ class FlashInferAttentionBackend(AttentionBackend):
         workspace_bytes: int = WORKSPACE_BYTES,
     ) -> None:
         super().__init__(device, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype)
-        if self.device.type != "cuda":
-            raise ValueError(f"the flashinfer backend needs a CUDA device, got {self.device}; use backend 'torch'")
-        if None in (num_heads, num_kv_heads, head_dim, dtype):
-            raise ValueError("the flashinfer backend needs num_heads, num_kv_heads, head_dim and dtype to plan")
-        if dtype not in SUPPORTED_DTYPES:
-            raise ValueError(f"flashinfer runs float16/bfloat16, not {dtype}; use backend 'torch' for {dtype}")
-        try:
-            import flashinfer
-        except ImportError as exc:
-            raise ImportError("the flashinfer backend needs `pip install flashinfer-python` (CUDA only)") from exc
+        reason = flashinfer_unsupported_reason(
+            self.device, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype
+        )
+        if reason is not None:
+            raise BackendUnavailableError(f"the flashinfer backend cannot run here: {reason}; use backend 'torch'")
+        import flashinfer  # imports: flashinfer_unsupported_reason just imported it
+
         self.kv_dtype = kv_dtype or dtype
         self.sm_scale = 1.0 / math.sqrt(head_dim)
         group = num_heads // num_kv_heads
-        # Separate workspaces and wrappers: their plans never share a pinned staging buffer.
+        # Separate workspaces and wrappers: their plans never share a pinned staging buffer. Zeroed: the decode
+        # wrapper documents that its float workspace "must be initialized to 0 for its first use".
         self._prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
-            torch.empty(workspace_bytes, dtype=torch.uint8, device=self.device), "NHD"
+            torch.zeros(workspace_bytes, dtype=torch.uint8, device=self.device), "NHD"
         )
         self._decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-            torch.empty(workspace_bytes, dtype=torch.uint8, device=self.device),
+            torch.zeros(workspace_bytes, dtype=torch.uint8, device=self.device),
             "NHD",
             # The CUDA-core decode kernels are specialised for group sizes 1, 2, 3, 4, 8; tensor cores take any.
             use_tensor_cores=group not in (1, 2, 3, 4, 8),
@@ -76,8 +73,10 @@ class FlashInferAttentionBackend(AttentionBackend):
             event.synchronize()
 
     def _mark_planned(self, which: str) -> None:
+        # On the stream plan() queued its copies on: the backend device's current stream. A bare record() would use
+        # the current device's stream, which with --device cuda:1 is another GPU's and guards nothing.
         event = torch.cuda.Event()
-        event.record()
+        event.record(torch.cuda.current_stream(self.device))
         self._planned[which] = event
 
     def begin_step(self, layout: BatchLayout) -> None:

@@ -1,0 +1,229 @@
+"""The flashinfer path on the CPU: backend selection, the backend's calls into FlashInfer 0.6.1 and the start-up
+warm-up, with CUDA and flashinfer faked (tests/fake_flashinfer.py) so the first GPU run finds a working path."""
+
+from __future__ import annotations
+
+import logging
+import random
+import sys
+import types
+
+import pytest
+import torch
+from engine_fixtures import tiny_model
+from fake_flashinfer import install_fake_cuda
+
+import radixcache.worker.attention.base as base
+import radixcache.worker.attention.flashinfer_backend as fb
+from radixcache.pool import KVPool, KVShape
+from radixcache.worker.attention import BatchLayout, SequenceSlice, create_backend
+from radixcache.worker.attention.base import BackendUnavailableError
+from radixcache.worker.attention.torch_backend import TorchAttentionBackend
+from radixcache.worker.engine import Engine, EngineConfig
+from radixcache.worker.request import Request, SamplingParams
+
+GEOMETRY = {"num_heads": 4, "num_kv_heads": 2, "head_dim": 64, "dtype": torch.bfloat16}  # the default model's
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> types.SimpleNamespace:
+    return install_fake_cuda(monkeypatch)
+
+
+# --- defects 1, 2, 6: auto picks flashinfer only where it can run; an explicit choice says why it cannot ----------
+def test_auto_picks_torch_for_a_cpu_device_on_a_cuda_machine(fake_cuda: types.SimpleNamespace) -> None:
+    assert create_backend("auto", "cpu", **GEOMETRY).name == "torch"  # `serve --device cpu`, default bf16 model
+    assert create_backend("auto", "cuda", **GEOMETRY).name == "flashinfer"
+
+
+def test_auto_with_dtype_or_geometry_unset_picks_torch(fake_cuda: types.SimpleNamespace) -> None:
+    assert create_backend("auto", "cuda").name == "torch"
+    assert create_backend("auto", "cuda", **{**GEOMETRY, "dtype": None}).name == "torch"
+
+
+@pytest.mark.parametrize("head_dim", [16, 32, 96])
+def test_auto_picks_torch_for_a_head_dim_without_prefill_kernels(fake_cuda, head_dim: int) -> None:  # noqa: ANN001
+    assert create_backend("auto", "cuda", **{**GEOMETRY, "head_dim": head_dim}).name == "torch"
+    with pytest.raises(BackendUnavailableError, match=f"head_dim {head_dim} has no FlashInfer prefill kernel"):
+        create_backend("flashinfer", "cuda", **{**GEOMETRY, "head_dim": head_dim})
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_auto_picks_flashinfer_for_supported_head_dims(fake_cuda, head_dim: int) -> None:  # noqa: ANN001
+    heads = {"num_heads": 8, "num_kv_heads": 8, "head_dim": head_dim, "dtype": torch.float16}
+    assert create_backend("auto", "cuda:0", **heads).name == "flashinfer"
+
+
+@pytest.mark.parametrize(
+    ("device", "options", "reason"),
+    [
+        ("cpu", GEOMETRY, "needs a CUDA device, and the model is on cpu"),
+        ("cuda", {**GEOMETRY, "dtype": torch.float32}, "float16/bfloat16, and the model is float32"),
+        ("cuda", {**GEOMETRY, "dtype": None}, "dtype to plan, and it is unset"),
+    ],
+)
+def test_explicit_flashinfer_says_why_it_cannot_run(fake_cuda, device: str, options: dict, reason: str) -> None:  # noqa: ANN001
+    assert create_backend("auto", device, **options).name == "torch"
+    with pytest.raises(BackendUnavailableError, match=reason):
+        create_backend("flashinfer", device, **options)
+
+
+def test_flashinfer_that_does_not_import_is_never_picked(fake_cuda, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    monkeypatch.setitem(sys.modules, "flashinfer", None)  # `import flashinfer` raises ImportError
+    assert create_backend("auto", "cuda", **GEOMETRY).name == "torch"
+    with pytest.raises(BackendUnavailableError, match="flashinfer does not import"):
+        create_backend("flashinfer", "cuda", **GEOMETRY)
+
+
+# --- defects 4, 5: the plan-race event and the workspaces ----------------------------------------------------------
+def test_plan_event_is_recorded_on_the_backend_devices_stream(fake_cuda: types.SimpleNamespace) -> None:
+    backend = create_backend("flashinfer", "cuda:1", **GEOMETRY)
+    layout = BatchLayout.build([SequenceSlice([3, 5], 0, 20)], 16)
+    backend.begin_step(layout)
+    backend.begin_step(layout)  # a re-plan of the same wrapper waits on the event recorded after the previous one
+    events = fake_cuda.torch.events
+    assert len(events) == 2
+    assert [s.device for s in events[0].recorded_on] == [torch.device("cuda:1")]
+    assert [s.device for s in events[1].recorded_on] == [torch.device("cuda:1")]
+    first, second = events[0].recorded_on[0], events[1].recorded_on[0]
+    assert fake_cuda.torch.log == [("record", first), ("synchronize", events[0]), ("record", second)]
+
+
+def test_workspaces_are_zeroed(fake_cuda: types.SimpleNamespace) -> None:
+    create_backend("flashinfer", "cuda", **GEOMETRY)
+    kinds = {type(w).kind: w.workspace for w in fake_cuda.lib.wrappers}
+    assert set(kinds) == {"prefill", "decode"}
+    for kind, workspace in kinds.items():  # fresh device memory holds garbage: the decode kernels need zeros
+        assert workspace.numel() == fb.WORKSPACE_BYTES and not bool(workspace.any()), kind
+
+
+# --- what the backend asks FlashInfer for computes the same attention as the torch backend ------------------------
+def _random_step(rng: random.Random, kinds: str, page_size: int, num_pages: int) -> list[SequenceSlice]:
+    free = list(range(num_pages))
+    rng.shuffle(free)
+    slices = []
+    for kind in kinds:
+        cached, new = (
+            (rng.choice([0, rng.randint(1, 40)]), rng.randint(2, 30)) if kind == "p" else (rng.randint(1, 60), 1)
+        )
+        slices.append(SequenceSlice([free.pop() for _ in range(-(-(cached + new) // page_size))], cached, new))
+    return slices
+
+
+@pytest.mark.parametrize(
+    ("page_size", "heads", "kv_heads"), [(16, 4, 2), (1, 4, 2), (16, 8, 8), (16, 12, 2)]
+)  # the default model's group 2 (both page sizes); group 1; group 6 takes the tensor-core decode
+def test_flashinfer_backend_calls_mean_the_same_attention_as_torch(
+    fake_cuda, page_size: int, heads: int, kv_heads: int
+) -> None:  # noqa: ANN001, E501
+    """Prefill, decode and mixed steps, re-planned on one backend, several layers each: the fake kernels (FlashInfer's
+    documented semantics) over the backend's plan() arguments agree with the torch backend."""
+    rng = random.Random(page_size * 100 + heads)
+    dim, num_pages, layers = 64, 200, 2
+    shape = KVShape(layers, kv_heads, dim)
+    pool = KVPool(shape, page_size=page_size, num_pages=num_pages, dtype=torch.bfloat16)
+    pool.kv.normal_()
+    ref_pool = KVPool(shape, page_size=page_size, num_pages=num_pages, dtype=torch.float32)
+    ref_pool.kv.copy_(pool.kv.float())
+    backend = create_backend(
+        "flashinfer", "cuda", num_heads=heads, num_kv_heads=kv_heads, head_dim=dim, dtype=torch.bfloat16
+    )
+    reference = create_backend("torch", "cpu")
+    for kinds in ("pp", "dddd", "pdpd", "d", "pdd"):
+        layout = BatchLayout.build(_random_step(rng, kinds, page_size, num_pages), page_size)
+        backend.begin_step(layout)
+        reference.begin_step(layout)
+        for layer in range(layers):
+            q = torch.randn(layout.num_tokens, heads, dim).bfloat16()
+            k, v = torch.randn(2, layout.num_tokens, kv_heads, dim).bfloat16()
+            got = backend.forward(layer, q, k, v, pool.layer(layer), layout)
+            want = reference.forward(layer, q.float(), k.float(), v.float(), ref_pool.layer(layer), layout)
+            assert got.dtype == torch.bfloat16
+            torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=2e-2)
+            assert torch.equal(pool.layer(layer).float(), ref_pool.layer(layer))  # K/V written to the same slots
+    plans = [c for c in fake_cuda.lib.calls if c[1] == "plan"]
+    assert [c[0] for c in plans] == ["prefill", "decode", "prefill", "decode", "prefill"]
+    assert all(p.causal and p.sm_scale == pytest.approx(dim**-0.5) for kind, _, p in plans if kind == "prefill")
+    decode = next(w for w in fake_cuda.lib.wrappers if type(w).kind == "decode")
+    assert decode.use_tensor_cores == (heads // kv_heads not in (1, 2, 3, 4, 8))
+
+
+# --- defect 3: the warm-up runs a prefill, a decode and a mixed batch; under auto a failure falls back to torch ------
+class PrefillFailsBackend(TorchAttentionBackend):
+    """Like FlashInfer on Hopper with a head_dim FA3 lacks: decode works, every prefill plan fails."""
+
+    name = "flashinfer"
+    steps: list[str] = []
+
+    def begin_step(self, layout: BatchLayout) -> None:
+        kind = "decode" if layout.is_decode else "mixed" if 1 in layout.num_new else "prefill"
+        type(self).steps.append(kind)
+        if kind != "decode":
+            raise RuntimeError("FA3 prefill module failed to compile")
+        super().begin_step(layout)
+
+
+@pytest.fixture
+def failing_flashinfer(monkeypatch: pytest.MonkeyPatch) -> type[PrefillFailsBackend]:
+    monkeypatch.setattr(base, "flashinfer_unsupported_reason", lambda *a, **k: None)
+    monkeypatch.setitem(base._REGISTRY, "flashinfer", PrefillFailsBackend)
+    monkeypatch.setattr(PrefillFailsBackend, "steps", [])
+    return PrefillFailsBackend
+
+
+def test_warm_up_runs_prefill_decode_and_mixed(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[tuple[list[int], list[int]]] = []
+
+    class Recording(TorchAttentionBackend):
+        def begin_step(self, layout: BatchLayout) -> None:
+            seen.append((layout.num_new, [s - n for s, n in zip(layout.seq_lens, layout.num_new, strict=True)]))
+            super().begin_step(layout)
+
+    monkeypatch.setitem(base._REGISTRY, "torch", Recording)
+    engine = Engine(tiny_model(), EngineConfig(page_size=4, kv_pages=64, backend="torch"))
+    engine.start()
+    try:
+        assert seen == [([6], [0]), ([1], [6]), ([1, 6], [7, 0])]  # a prefill across pages; decodes start mid-page
+        engine.cache.check(idle=True)
+        assert engine.cache.stats().pages_in_use == 0  # nothing of the warm-up is kept or served
+    finally:
+        engine.shutdown()
+
+
+def test_auto_falls_back_to_torch_when_the_warm_up_fails(failing_flashinfer, caplog: pytest.LogCaptureFixture) -> None:  # noqa: ANN001
+    engine = Engine(tiny_model(), EngineConfig(page_size=4, kv_pages=64, backend="auto"))
+    assert engine.backend.name == "flashinfer"
+    with caplog.at_level(logging.WARNING, logger="radixcache.engine"):
+        engine.start()
+    try:
+        assert failing_flashinfer.steps == ["prefill"]  # the decode-only warm-up never reached the failing kind
+        assert engine.backend.name == "torch"
+        assert any(
+            "failed its start-up warm-up" in r.getMessage() and "torch" in r.getMessage() for r in caplog.records
+        )
+        done = []
+        engine.submit(Request("r", [5, 6, 7, 8, 9], SamplingParams(max_tokens=3)), done.append)
+        engine.shutdown(drain=True, timeout=30)
+        assert done[-1].finished and done[-1].error is None
+        assert sum(len(o.token_ids) for o in done) == 3
+    finally:
+        engine.shutdown(drain=False)
+
+
+def test_explicit_backend_that_fails_the_warm_up_stops_start_up(failing_flashinfer) -> None:  # noqa: ANN001
+    engine = Engine(tiny_model(), EngineConfig(page_size=4, kv_pages=64, backend="flashinfer"))
+    with pytest.raises(RuntimeError, match="'flashinfer' failed its start-up warm-up .*FA3 prefill module"):
+        engine.start()
+
+
+def test_serve_with_an_impossible_backend_says_why_and_exits_2():
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "radixcache", "serve", "--random-model", "--device", "cpu", "--backend", "flashinfer",
+         "--port", "0"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "cannot run here" in proc.stderr and "Traceback" not in proc.stderr

@@ -1,0 +1,100 @@
+"""scripts/gpu_check.py on the CPU, so a typo or a wrong check does not waste the first GPU run: its exit path without
+CUDA, and its lifecycle run through the real flashinfer backend code over fake kernels (tests/fake_flashinfer.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from fake_flashinfer import install_fake_cuda
+
+from radixcache.worker.attention import BatchLayout
+from radixcache.worker.attention.flashinfer_backend import FlashInferAttentionBackend
+from radixcache.worker.attention.torch_backend import TorchAttentionBackend
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "gpu_check.py"
+
+
+@pytest.fixture(scope="module")
+def gpu_check():  # noqa: ANN201 (the script, imported as a module)
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_check"] = module
+    spec.loader.exec_module(module)
+    yield module
+    del sys.modules["gpu_check"]
+
+
+def test_without_cuda_runs_the_cpu_parts_writes_files_and_exits_0(gpu_check, tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    small = gpu_check.Config("tiny", 4, 2, 64, torch.bfloat16, 16)
+    monkeypatch.setattr(gpu_check, "config_matrix", lambda: [small])
+    assert gpu_check.main(["--out", str(tmp_path), "--context", "48"]) == 0
+    text = (tmp_path / "gpu_check.txt").read_text()
+    assert "no CUDA device" in text and "0 failed checks" in text
+    assert "device cpu     auto -> torch      explicit flashinfer: it needs a CUDA device" in text
+    records = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert [r["section"] for r in records] == ["fallbacks"] * 3 + ["kernels"]
+    assert all(r["ok"] for r in records) and records[-1]["steps"] == len(gpu_check.lifecycle(48))
+    assert (tmp_path / "gpu_check.log").exists()
+
+
+def test_the_config_matrix_covers_what_users_hit(gpu_check) -> None:  # noqa: ANN001
+    matrix = gpu_check.config_matrix()
+    seen = {(c.head_dim, c.group, c.dtype, c.page_size) for c in matrix}
+    for dtype in (torch.bfloat16, torch.float16):
+        for page in (1, 16):
+            assert (64, 2, dtype, page) in seen  # the shipped default model's geometry
+            assert {(128, g, dtype, page) for g in (1, 4, 8)} <= seen
+    first = matrix[0]
+    assert (first.head_dim, first.group, first.dtype, first.page_size) == (64, 2, torch.bfloat16, 16)
+
+
+def test_lifecycle_runs_through_the_flashinfer_backend(gpu_check, monkeypatch) -> None:  # noqa: ANN001
+    """Re-plans, alternating prefill/decode/mixed steps, a mid-page hit and the long sequence, all through the real
+    backend code; the fake kernels compute FlashInfer's documented semantics, so the per-sequence check passes."""
+    fake = install_fake_cuda(monkeypatch)
+    config = gpu_check.Config("default model", 4, 2, 64, torch.bfloat16, 16)
+    result = gpu_check.run_case(config, "cpu", lambda c: FlashInferAttentionBackend("cuda", **c.options()), context=64)
+    assert result.ok, result.problems
+    plans = [kind for kind, call, _ in fake.lib.calls if call == "plan"]
+    assert plans == [spec.kind.replace("mixed", "prefill") for spec in gpu_check.lifecycle(64)]
+    runs = [c for c in fake.lib.calls if c[1] == "run"]
+    assert len(runs) == len(plans) * (gpu_check.LAYERS + 1)  # every layer, plus the NaN-buffer rerun per step
+
+
+class OneSequenceWrong(TorchAttentionBackend):
+    """Right everywhere except the rows of the batch's last sequence in mixed steps: off by 2%."""
+
+    def forward(self, layer_idx, q, k, v, kv_layer, layout: BatchLayout):  # noqa: ANN001, ANN201
+        out = super().forward(layer_idx, q, k, v, kv_layer, layout)
+        if not layout.is_decode and layout.batch_size > 1:
+            start = int(layout.qo_indptr[-2])
+            out[start:] = out[start:] * 1.02
+        return out
+
+
+def test_a_wrong_sequence_next_to_right_ones_is_named(gpu_check) -> None:  # noqa: ANN001
+    config = gpu_check.Config("default model", 4, 2, 64, torch.bfloat16, 16)
+    result = gpu_check.run_case(config, "cpu", lambda c: OneSequenceWrong("cpu"), context=64)
+    assert result.problems[0].startswith("step 1 (prefill) layer 0: sequence C rel err")
+    assert not any("sequence A" in problem for problem in result.problems)  # never last: never wrong, never named
+    assert result.worst_where[0] in "BCDF"
+
+
+def test_engine_check_serves_the_default_model_both_ways(gpu_check, tmp_path) -> None:  # noqa: ANN001
+    """The engine section with torch standing in for flashinfer: same greedy tokens, a partial hit served."""
+    report = gpu_check.Report(tmp_path)
+    try:
+        gpu_check.check_engine(report, "cpu", candidate="torch", max_tokens=4)
+    finally:
+        report.close()
+    assert report.failures == 0 and report.records[-1]["identical"] == report.records[-1]["requests"] == 5
+    lines = (tmp_path / "gpu_check.txt").read_text().splitlines()
+    assert lines[0].startswith("engine torch      backend torch, bfloat16, warm-up")
+    assert int(lines[0].split(", ")[-1].split()[0]) > 0  # prompt tokens served from the cache
