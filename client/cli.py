@@ -148,8 +148,15 @@ def _stats(args: argparse.Namespace) -> int:
         if args.model:
             print(f"[{section}]")
         for k, v in values.items():
-            print(f"{k:<16} {v:.4f}" if isinstance(v, float) else f"{k:<16} {v}")
+            if k == "replicas":  # a cluster: one line per replica, its main figures
+                for r in v:
+                    print(f"replica {r['replica_id']}: " + " ".join(f"{f}={r[f]}" for f in _REPLICA_FIELDS))
+            else:
+                print(f"{k:<16} {v:.4f}" if isinstance(v, float) else f"{k:<16} {v}")
     return 0
+
+
+_REPLICA_FIELDS = ("running", "waiting", "pages_cached", "pages_free", "hit_tokens", "queried_tokens")
 
 
 def _pin(args: argparse.Namespace) -> int:

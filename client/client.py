@@ -165,8 +165,11 @@ def generate_request(
     return req
 
 
-def _stats(m: pb.CacheStats) -> dict[str, float]:
-    return {f.name: getattr(m, f.name) for f in m.DESCRIPTOR.fields}
+def _stats(m: pb.CacheStats) -> dict[str, Any]:
+    """The counters by name; on a cluster, "replicas" lists each replica's as {"replica_id", counters...}."""
+    d: dict[str, Any] = {f.name: getattr(m, f.name) for f in m.DESCRIPTOR.fields if f.name != "replicas"}
+    d["replicas"] = [{"replica_id": r.replica_id, **_stats(r.stats)} for r in m.replicas]
+    return d
 
 
 def _model_info(m: pb.ModelInfo) -> dict[str, Any]:
@@ -269,7 +272,7 @@ class Client(_Base):
     def model_info(self) -> dict[str, Any]:
         return _model_info(self._stub.GetModelInfo(pb.GetModelInfoRequest(), metadata=self._metadata))
 
-    def stats(self) -> dict[str, float]:
+    def stats(self) -> dict[str, Any]:
         return _stats(self._stub.GetCacheStats(pb.GetCacheStatsRequest(), metadata=self._metadata))
 
     def flush(self) -> int:
@@ -381,7 +384,7 @@ class AsyncClient(_Base):
     async def model_info(self) -> dict[str, Any]:
         return _model_info(await self._stub.GetModelInfo(pb.GetModelInfoRequest(), metadata=self._metadata))
 
-    async def stats(self) -> dict[str, float]:
+    async def stats(self) -> dict[str, Any]:
         return _stats(await self._stub.GetCacheStats(pb.GetCacheStatsRequest(), metadata=self._metadata))
 
     async def flush(self) -> int:

@@ -12,6 +12,7 @@ import sys
 # subcommand -> (module with `main(argv) -> int`, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("radixcache.worker.cli", "run the gRPC worker"),
+    "cluster": ("radixcache.cluster.cli", "run N workers on Ray Serve behind one endpoint (extra: cluster)"),
     "generate": ("radixcache.client.cli", "stream a completion from a worker"),
     "chat": ("radixcache.client.cli", "interactive multi-turn chat, printing cached_tokens per turn"),
     "stats": ("radixcache.client.cli", "print a worker's cache statistics"),

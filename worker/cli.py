@@ -136,6 +136,32 @@ def load_model(args: argparse.Namespace) -> tuple[Any, str, str]:
     return loaded, Path(path).resolve().name, str(Path(path).resolve())
 
 
+def build_engine(args: argparse.Namespace) -> tuple[Any, Any]:
+    """Load the model, start and warm up the engine as the options ask: (Engine, ModelInfo). Also what each
+    replica of `radixcache cluster` runs."""
+    from radixcache.worker.engine import Engine, EngineConfig
+    from radixcache.worker.server import describe
+
+    loaded, name, path = load_model(args)
+    config = EngineConfig(
+        page_size=args.page_size,
+        kv_pages=args.kv_pages,
+        kv_memory_bytes=args.kv_memory,
+        max_step_tokens=args.max_step_tokens,
+        max_running=args.max_running,
+        cache_enabled=not args.no_cache,
+        backend=args.backend,
+    )
+    engine = Engine(loaded, config)
+    engine.start()  # warm-up forward, then the engine thread
+    info = describe(engine, model_name=name, model_path=path, cache_enabled=not args.no_cache)
+    log.info(
+        "serving %s: %d KV pages of %d tokens (%.1f MiB), backend %s, %s on %s",
+        name, info.kv_pages, info.page_size, info.kv_bytes / 2**20, info.backend, info.dtype, info.device,
+    )  # fmt: skip
+    return engine, info
+
+
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv[1:])
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -182,27 +208,7 @@ def main(argv: list[str]) -> int:
     )
 
     def load_engine() -> tuple[Any, Any]:
-        from radixcache.worker.engine import Engine, EngineConfig
-        from radixcache.worker.server import describe
-
-        loaded, name, path = load_model(args)
-        config = EngineConfig(
-            page_size=args.page_size,
-            kv_pages=args.kv_pages,
-            kv_memory_bytes=args.kv_memory,
-            max_step_tokens=args.max_step_tokens,
-            max_running=args.max_running,
-            cache_enabled=not args.no_cache,
-            backend=args.backend,
-        )
-        engine = Engine(loaded, config)
-        engine.start()  # warm-up forward, then the engine thread
-        info = describe(engine, model_name=name, model_path=path, cache_enabled=not args.no_cache)
-        log.info(
-            "serving %s: %d KV pages of %d tokens (%.1f MiB), backend %s, %s on %s",
-            name, info.kv_pages, info.page_size, info.kv_bytes / 2**20, info.backend, info.dtype, info.device,
-        )  # fmt: skip
-        return engine, info
+        return build_engine(args)
 
     def on_listening(host: str, port: int) -> None:
         print(f"listening on {host}:{port}", flush=True)

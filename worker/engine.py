@@ -97,6 +97,33 @@ class EngineStats:
         return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
 
+def validate_request(request: Request, vocab_size: int, context_length: int, page_size: int, num_pages: int) -> None:
+    """What an engine of this geometry refuses before anything is allocated (also checked by the cluster's ingress,
+    which routes a request only if any replica would take it): ValueError, or RequestTooLargeError for a request
+    that can never fit in the KV pool."""
+    vocab, context = vocab_size, context_length
+    bad = next((t for t in request.prompt_ids if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise ValueError(f"token id {bad} is outside the vocabulary [0, {vocab})")
+    for t in request.sampling.stop_token_ids:
+        if not 0 <= t < vocab:
+            raise ValueError(f"stop_token_ids: {t} is outside the vocabulary [0, {vocab})")
+    prompt = len(request.prompt_ids)
+    if prompt >= context:
+        raise ValueError(f"the prompt has {prompt} tokens; the context holds {context}, leaving no room to generate")
+    if prompt + request.sampling.max_tokens > context:
+        raise ValueError(
+            f"max_tokens must be in [1, {context - prompt}] for this {prompt}-token prompt "
+            f"(context length {context}), got {request.sampling.max_tokens}"
+        )
+    pages = -(-(prompt + request.sampling.max_tokens) // page_size)
+    if pages > num_pages:
+        raise RequestTooLargeError(
+            f"prompt + max_tokens = {prompt + request.sampling.max_tokens} tokens need {pages} KV pages; "
+            f"this worker has {num_pages} pages of {page_size} tokens"
+        )
+
+
 class Engine:
     def __init__(self, loaded: Any, config: EngineConfig | None = None) -> None:
         self.config = config or EngineConfig()
@@ -275,29 +302,7 @@ class Engine:
 
     # --- validation (caller's thread; reads only immutable facts) -------------------------------------------
     def _validate(self, request: Request) -> None:
-        vocab, context = self.vocab_size, self.context_length
-        bad = next((t for t in request.prompt_ids if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise ValueError(f"token id {bad} is outside the vocabulary [0, {vocab})")
-        for t in request.sampling.stop_token_ids:
-            if not 0 <= t < vocab:
-                raise ValueError(f"stop_token_ids: {t} is outside the vocabulary [0, {vocab})")
-        prompt = len(request.prompt_ids)
-        if prompt >= context:
-            raise ValueError(
-                f"the prompt has {prompt} tokens; the context holds {context}, leaving no room to generate"
-            )
-        if prompt + request.sampling.max_tokens > context:
-            raise ValueError(
-                f"max_tokens must be in [1, {context - prompt}] for this {prompt}-token prompt "
-                f"(context length {context}), got {request.sampling.max_tokens}"
-            )
-        pages = -(-(prompt + request.sampling.max_tokens) // self.page_size)
-        if pages > self.num_pages:
-            raise RequestTooLargeError(
-                f"prompt + max_tokens = {prompt + request.sampling.max_tokens} tokens need {pages} KV pages; "
-                f"this worker has {self.num_pages} pages of {self.page_size} tokens"
-            )
+        validate_request(request, self.vocab_size, self.context_length, self.page_size, self.num_pages)
 
     # --- the engine thread -----------------------------------------------------------------------------------
     def _detokenizer(self) -> Any:

@@ -34,6 +34,7 @@ class ErrorKind(str, enum.Enum):
     NO_CAPACITY = (
         "no_capacity"  # it cannot fit in the KV cache even alone, e.g. beside pinned pages (RESOURCE_EXHAUSTED)
     )
+    UNAVAILABLE = "unavailable"  # the replica serving it went away mid-stream (cluster only; UNAVAILABLE)
 
 
 @dataclass(frozen=True)

@@ -53,6 +53,7 @@ FINISH_REASONS = {
 ERROR_STATUS = {
     ErrorKind.INTERNAL: grpc.StatusCode.INTERNAL,
     ErrorKind.NO_CAPACITY: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    ErrorKind.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
     None: grpc.StatusCode.INTERNAL,
 }
 
@@ -201,7 +202,12 @@ class RadixCacheServicer(pb_grpc.RadixCacheServicer):
     async def GetCacheStats(self, request: pb.GetCacheStatsRequest, context: grpc.aio.ServicerContext) -> pb.CacheStats:
         await self._tenant(context)
         engine = await self._ready(context)
-        s = flatten_stats(await self._in_thread(engine.stats))
+        return self.cache_stats_message(await self._in_thread(engine.stats))
+
+    @staticmethod
+    def cache_stats_message(stats: Any) -> pb.CacheStats:
+        """engine.stats() as the CacheStats message."""
+        s = flatten_stats(stats)
         fields = pb.CacheStats.DESCRIPTOR.fields_by_name
         return pb.CacheStats(**{k: (v if k == "hit_rate" else int(v)) for k, v in s.items() if k in fields})
 

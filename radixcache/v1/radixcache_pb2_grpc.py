@@ -107,7 +107,8 @@ class RadixCacheServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetCacheStats(self, request, context):
-        """Cache and scheduler counters, worker-wide (all tenants together).
+        """Cache and scheduler counters, worker-wide (all tenants together); on a cluster, summed over the replicas and
+        listed per replica.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

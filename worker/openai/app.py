@@ -39,7 +39,7 @@ from radixcache.worker.validation import InvalidArgument, check_prompt_input, sa
 log = logging.getLogger("radixcache.openai")
 
 DEFAULT_MAX_BODY_BYTES = 16 << 20
-ERROR_STATUS = {ErrorKind.NO_CAPACITY: 503, ErrorKind.INTERNAL: 500, None: 500}
+ERROR_STATUS = {ErrorKind.NO_CAPACITY: 503, ErrorKind.UNAVAILABLE: 503, ErrorKind.INTERNAL: 500, None: 500}
 
 
 def _pydantic_param(error: dict[str, Any]) -> str:

@@ -1,0 +1,84 @@
+"""`radixcache cluster`: N engine replicas on Ray Serve behind one gRPC endpoint, routed by cached prefix.
+
+Every flag `radixcache serve` takes for the model and the cache (--model, --random-model, --page-size, --kv-pages,
+--kv-memory, --max-step-tokens, --backend, --no-cache, --dtype, --device, ...) is passed to each replica as is.
+Prints "serving on HOST:PORT" once the Serve application is running and answers, then runs until SIGTERM/SIGINT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from radixcache.cluster.policy import DEFAULT_BALANCE_ABS, DEFAULT_BALANCE_REL, DEFAULT_MIN_MATCH_PAGES
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="radixcache cluster",
+        description="Run N radixcache replicas on Ray Serve behind one gRPC endpoint, routed by cached prefix. "
+        "Unknown flags go to every replica's `radixcache serve` (model and cache options).",
+    )
+    p.add_argument("--replicas", type=int, default=2, help="engine replicas (default 2)")
+    p.add_argument("--replica-cpus", type=float, default=1.0, help="Ray CPUs (and torch threads) per replica")
+    p.add_argument("--ray-address", help="join this Ray cluster (default: start a local instance)")
+    p.add_argument("--host", default="127.0.0.1", help="address of Serve's proxies (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=50051, help="gRPC port of Serve's proxy (default 50051)")
+    p.add_argument("--auth-tokens", type=Path, help="bearer tokens, as for `radixcache serve`")
+    r = p.add_argument_group("routing")
+    r.add_argument(
+        "--balance-abs",
+        type=int,
+        default=DEFAULT_BALANCE_ABS,
+        help=f"queue-length gap beyond which load wins over cache (default {DEFAULT_BALANCE_ABS})",
+    )
+    r.add_argument(
+        "--balance-rel",
+        type=float,
+        default=DEFAULT_BALANCE_REL,
+        help=f"...and busiest/idlest ratio beyond which load wins (default {DEFAULT_BALANCE_REL})",
+    )
+    r.add_argument("--min-match-pages", type=int, default=DEFAULT_MIN_MATCH_PAGES,
+                   help=f"cached pages below which a match is ignored (default {DEFAULT_MIN_MATCH_PAGES})")  # fmt: skip
+    return p
+
+
+def main(argv: list[str]) -> int:
+    args, serve_argv = parser().parse_known_args(argv[1:])
+    import ray
+    from ray import serve
+    from ray.serve.config import HTTPOptions
+
+    from radixcache.cluster.app import ClusterOptions, build_app, grpc_options
+    from radixcache.cluster.policy import RoutingThresholds
+    from radixcache.worker.auth import load_tokens
+
+    try:
+        thresholds = RoutingThresholds(args.balance_abs, args.balance_rel, args.min_match_pages)
+        tokens = load_tokens(args.auth_tokens) if args.auth_tokens else None
+    except (OSError, ValueError) as e:
+        print(f"radixcache cluster: {e}", file=sys.stderr)
+        return 2
+    options = ClusterOptions(
+        serve_argv=serve_argv,
+        replicas=args.replicas,
+        replica_cpus=args.replica_cpus,
+        thresholds=thresholds,
+        auth_tokens=tokens,
+    )
+    ray.init(address=args.ray_address, namespace=options.hub_namespace, include_dashboard=False)
+    serve.start(grpc_options=grpc_options(args.port), http_options=HTTPOptions(host=args.host, port=0))
+    serve.run(build_app(options), name=options.app_name)
+    print(f"serving on {args.host}:{args.port}", flush=True)
+    print(json.dumps({"replicas": args.replicas, "serve_argv": serve_argv}), flush=True)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    serve.shutdown()
+    ray.shutdown()
+    return 0

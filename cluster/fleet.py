@@ -1,0 +1,156 @@
+"""FleetEngine: the engine interface (submit / abort / stats / flush_cache / pin / unpin) over N Ray Serve replicas.
+
+The gRPC servicer of a single worker runs unchanged on top of it (DESIGN.md, "Fronts, engine, hosts"): it validates,
+tokenizes and streams exactly as on one worker, while each call here goes through a DeploymentHandle. Generate is
+routed by the handle's CacheAwareRouter to one replica; the fleet-wide calls (stats, flush, pin, unpin, abort) are
+broadcast to every replica (Serve's `handle.broadcast`), each answering for itself. Everything runs on the ingress
+replica's asyncio loop, except the calls the servicer makes from a worker thread, which hop onto that loop.
+
+Faults: a replica that dies mid-stream ends the request with ErrorKind.UNAVAILABLE; one that dies before streaming
+anything is retried once on another replica (nothing was sent to the client, so the retry is invisible).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from radixcache.worker.engine import DuplicateRequestError, EngineStats, validate_request
+from radixcache.worker.request import ErrorKind, FinishReason, Request, RequestOutput
+
+log = logging.getLogger("radixcache.cluster")
+
+RETRIES_BEFORE_FIRST_OUTPUT = 1
+BROADCAST_TIMEOUT_S = 60.0  # a fleet-wide call does without a replica that does not answer by then
+
+
+class FleetEngine:
+    def __init__(self, handle: Any, tokenizer: Any, model_info: Any, loop: asyncio.AbstractEventLoop) -> None:
+        self.handle = handle  # DeploymentHandle of EngineReplica (with the CacheAwareRouter)
+        self.tokenizer = tokenizer
+        self.model_info = model_info
+        self.page_size = int(model_info.page_size)
+        self.num_pages = int(model_info.kv_pages)
+        self.vocab_size = int(model_info.vocab_size)
+        self.context_length = int(model_info.context_length)
+        self.loop = loop
+        self._relays: dict[str, asyncio.Task] = {}  # request id -> the task relaying its stream
+
+    # -- the engine interface, called on the loop ---------------------------------------------------------------
+    def submit(self, request: Request, on_output: Callable[[RequestOutput], None]) -> None:
+        """Raises like Engine.submit (ValueError, RequestTooLargeError, DuplicateRequestError) before routing."""
+        validate_request(request, self.vocab_size, self.context_length, self.page_size, self.num_pages)
+        if request.request_id in self._relays:
+            raise DuplicateRequestError(f"request_id {request.request_id!r} is already running; ids must be unique")
+        # Serve's router tells concurrent requests apart by their internal request id, which a call's sub-requests
+        # inherit: give each relay its own, or two streams of one call (n samples) could wait on each other.
+        context = contextvars.copy_context()
+        context.run(_new_serve_request_id)
+        task = self.loop.create_task(self._relay(request, on_output), context=context)
+        self._relays[request.request_id] = task
+        task.add_done_callback(lambda _: self._relays.pop(request.request_id, None))
+
+    def abort(self, request_id: str) -> bool:
+        if request_id not in self._relays:
+            return False
+        # The replica running it ends it with FINISH_REASON_ABORTED, as one worker would; the others answer False.
+        self.handle.broadcast("abort", request_id)
+        return True
+
+    async def _relay(self, request: Request, on_output: Callable[[RequestOutput], None]) -> None:
+        unfinished = set(range(request.sampling.n))  # samples whose last output has not come yet
+        attempts = 0
+        while True:
+            stream = self.handle.options(stream=True).generate.remote(request)
+            sent_any = False
+            try:
+                async for _replica, out in stream:
+                    sent_any = True
+                    if out.finish_reason is not None:
+                        unfinished.discard(out.index)
+                    on_output(out)
+                return
+            except asyncio.CancelledError:
+                stream.cancel()
+                for index in sorted(unfinished):
+                    on_output(_final(request, index, FinishReason.ABORTED))
+                raise
+            except Exception as e:  # the replica died (or failed) under the request
+                if not sent_any and attempts < RETRIES_BEFORE_FIRST_OUTPUT:
+                    attempts += 1
+                    log.warning("request %s: replica failed before any output (%s); retrying", request.request_id, e)
+                    continue
+                for index in sorted(unfinished):  # every front waits for each sample's last output
+                    on_output(_final(request, index, FinishReason.ERROR, f"the replica serving it failed: {e}"))
+                return
+
+    # -- fleet-wide calls, made from a worker thread ------------------------------------------------------------
+    def stats(self) -> EngineStats:
+        return sum_stats([s for _, s in self.per_replica_stats()])
+
+    def per_replica_stats(self) -> list[tuple[str, EngineStats]]:
+        return sorted(self._broadcast("stats"))
+
+    def flush_cache(self, namespace: str | None = None) -> int:
+        return sum(self._broadcast("flush_cache", namespace or ""))
+
+    def pin(self, token_ids: list[int], namespace: str = "", ttl_s: float | None = None) -> int:
+        """Pins on every replica (each computing the prefix first where it is not cached); the least any pinned."""
+        return min(self._broadcast("pin", token_ids, namespace, ttl_s), default=0)
+
+    def unpin(self, token_ids: list[int], namespace: str = "") -> int:
+        return max(self._broadcast("unpin", token_ids, namespace), default=0)
+
+    def _broadcast(self, method: str, *args: Any) -> list[Any]:
+        """Every live replica's answer; a replica that failed or did not answer in time is left out (logged)."""
+
+        async def call() -> list[Any]:
+            response = self.handle.broadcast(method, *args)
+            return await response.results_async(timeout_s=BROADCAST_TIMEOUT_S, return_exceptions=True)
+
+        results = asyncio.run_coroutine_threadsafe(call(), self.loop).result()
+        for r in results:
+            if isinstance(r, BaseException):
+                log.warning("%s: a replica did not answer: %s", method, r)
+        return [r for r in results if not isinstance(r, BaseException)]
+
+
+def _new_serve_request_id() -> None:
+    from ray.serve import context
+
+    context._set_request_context(_internal_request_id=uuid.uuid4().hex)
+
+
+def _final(request: Request, index: int, reason: FinishReason, error: str | None = None) -> RequestOutput:
+    return RequestOutput(
+        request_id=request.request_id,
+        index=index,
+        token_ids=[],
+        text="",
+        prompt_tokens=len(request.prompt_ids),
+        cached_tokens=0,
+        completion_tokens=0,
+        finish_reason=reason,
+        error=error,
+        error_kind=ErrorKind.UNAVAILABLE if reason is FinishReason.ERROR else None,
+    )
+
+
+def sum_stats(parts: list[EngineStats]) -> EngineStats:
+    """The fleet's counters: every replica's added up (the cache's too)."""
+    from dataclasses import fields
+
+    from radixcache.cache import CacheStats
+
+    def add(cls: Any, items: list[Any]) -> Any:
+        values = {}
+        for f in fields(cls):
+            vals = [getattr(i, f.name) for i in items]
+            values[f.name] = add(CacheStats, vals) if f.name == "cache" else sum(vals)
+        return cls(**values)
+
+    return add(EngineStats, parts)

@@ -1,0 +1,130 @@
+"""The router's view of what each replica caches: exact pages from cache events, plus prompts routed but not stored yet.
+
+Pages are identified by the chained page hashes of radixcache.events, so a request's prompt is looked up by computing
+its own hash chain once and walking it per replica. Two sources feed the view (DESIGN.md, "Routing across replicas"):
+- events: exactly what the replica's tree holds (stored / removed / cleared, snapshot on (re)subscribe);
+- in flight: the pages of prompts this router sent to a replica and has not seen stored yet. Requests sent moments
+  apart with the same new prefix must stick together before any event says the prefix is cached. In-flight entries
+  expire after `inflight_ttl_s`, and a stored event for the same hash supersedes them.
+Only whole pages count: partial tails are not in the event stream.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+Replica = Hashable
+
+
+@dataclass
+class _ReplicaView:
+    cached: dict[str, set[int]] = field(default_factory=dict)  # namespace -> page hashes its events say it holds
+    inflight: dict[tuple[str, int], float] = field(default_factory=dict)  # (namespace, hash) -> expiry time
+
+
+class PrefixIndex:
+    """Longest cached prefix per replica. Not thread-safe: use from one asyncio loop (the router's)."""
+
+    def __init__(self, *, inflight_ttl_s: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.inflight_ttl_s = inflight_ttl_s
+        self.clock = clock
+        self._replicas: dict[Replica, _ReplicaView] = {}
+
+    # -- events ----------------------------------------------------------------------------------------------------
+    def stored(self, replica: Replica, namespace: str, page_hashes: Sequence[int]) -> None:
+        view = self._view(replica)
+        view.cached.setdefault(namespace, set()).update(page_hashes)
+        for h in page_hashes:
+            view.inflight.pop((namespace, h), None)
+
+    def removed(self, replica: Replica, namespace: str, page_hashes: Sequence[int]) -> None:
+        cached = self._view(replica).cached.get(namespace)
+        if cached is not None:
+            cached.difference_update(page_hashes)
+
+    def cleared(self, replica: Replica, namespace: str | None = None) -> None:
+        """A namespace flushed, or (None) everything: a reset before a fresh snapshot."""
+        view = self._view(replica)
+        if namespace is None:
+            view.cached.clear()
+        else:
+            view.cached.pop(namespace, None)
+
+    def apply(self, replica: Replica, events: Sequence[tuple[Any, ...]]) -> None:
+        """Apply one replica's batch of hub events, in order (see radixcache.cluster.hub.Event)."""
+        for event in events:
+            kind = event[0]
+            if kind == "stored":
+                self.stored(replica, event[1], event[2])
+            elif kind == "removed":
+                self.removed(replica, event[1], event[2])
+            elif kind == "cleared":
+                self.cleared(replica, event[1])
+            elif kind == "reset":
+                self.cleared(replica)
+            else:
+                raise ValueError(f"unknown cache event {kind!r}")
+
+    def snapshot(self) -> list[tuple[Replica, list[tuple[Any, ...]]]]:
+        """Every replica's cached pages as hub events: ("reset",) then one "stored" per namespace."""
+        return [
+            (replica, [("reset",)] + [("stored", ns, sorted(h)) for ns, h in view.cached.items() if h])
+            for replica, view in self._replicas.items()
+        ]
+
+    def forget(self, replica: Replica) -> None:
+        """The replica is gone (died or scaled down): nothing routes by its cache any more."""
+        self._replicas.pop(replica, None)
+
+    # -- routing ---------------------------------------------------------------------------------------------------
+    def routed(self, replica: Replica, namespace: str, page_hashes: Sequence[int]) -> None:
+        """A prompt was sent to `replica`: count its pages as (soon) cached there until events say otherwise."""
+        view = self._view(replica)
+        expiry = self.clock() + self.inflight_ttl_s
+        cached = view.cached.get(namespace, ())
+        for h in page_hashes:
+            if h not in cached:
+                view.inflight[(namespace, h)] = expiry
+
+    def match(self, replica: Replica, namespace: str, page_hashes: Sequence[int]) -> int:
+        """How many leading pages of the chain `replica` holds (or will hold, in flight)."""
+        view = self._replicas.get(replica)
+        if view is None:
+            return 0
+        cached = view.cached.get(namespace, ())
+        now = self.clock()
+        n = 0
+        for h in page_hashes:
+            if h in cached:
+                n += 1
+                continue
+            expiry = view.inflight.get((namespace, h))
+            if expiry is None:
+                break
+            if expiry < now:
+                del view.inflight[(namespace, h)]
+                break
+            n += 1
+        return n
+
+    def held_pages(self, replica: Replica) -> int:
+        """Pages `replica` holds by its events, plus those in flight (expired ones included until looked up)."""
+        view = self._replicas.get(replica)
+        return sum(map(len, view.cached.values())) + len(view.inflight) if view else 0
+
+    def cached_hashes(self, replica: Replica, namespace: str) -> set[int]:
+        """What the events say `replica` holds in `namespace` (a copy; for tests and stats)."""
+        view = self._replicas.get(replica)
+        return set(view.cached.get(namespace, ())) if view else set()
+
+    def replicas(self) -> list[Replica]:
+        return list(self._replicas)
+
+    def _view(self, replica: Replica) -> _ReplicaView:
+        view = self._replicas.get(replica)
+        if view is None:
+            view = self._replicas[replica] = _ReplicaView()
+        return view

@@ -1,0 +1,123 @@
+"""Ingress: the `radixcache.v1.RadixCache` contract behind Ray Serve's gRPC proxy, and the OpenAI-compatible HTTP
+API behind its HTTP proxy, for a whole fleet.
+
+Ray Serve's gRPC proxy calls a method of this deployment named after the RPC, with the request message and a
+RayServegRPCContext. Each method runs the single worker's RadixCacheServicer unchanged (authentication, validation,
+tokenizing, streaming, status codes), over a FleetEngine instead of an Engine: the servicer writes its messages and
+aborts through `ServeCallContext`, which carries them to the proxy. So the Client and CLI work against a cluster as
+against one worker, apart from the address.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+
+from radixcache.v1 import radixcache_pb2 as pb
+
+
+class CallAborted(Exception):
+    """The servicer ended the call with a status (already set on the Ray Serve context)."""
+
+
+class ServeCallContext:
+    """The part of grpc.aio.ServicerContext that RadixCacheServicer uses, over Ray Serve's gRPC context."""
+
+    def __init__(self, serve_context: Any, writes: asyncio.Queue | None = None) -> None:
+        self.serve_context = serve_context
+        self.writes = writes
+
+    def invocation_metadata(self) -> list[tuple[str, str]]:
+        return list(self.serve_context.invocation_metadata())
+
+    def time_remaining(self) -> float | None:
+        return None  # the proxy enforces the client's deadline by cancelling the call, which aborts the request
+
+    async def write(self, message: Any) -> None:
+        assert self.writes is not None, "write() on a unary call"
+        await self.writes.put(message)
+
+    async def abort(self, code: grpc.StatusCode, details: str = "") -> None:
+        self.serve_context.set_code(code)
+        self.serve_context.set_details(details)
+        raise CallAborted(details)
+
+
+_END = object()
+
+
+class Ingress:
+    """The deployment class (wrapped with serve.ingress() and serve.deployment by the app): the gRPC methods below,
+    and the OpenAI-compatible HTTP API (worker.openai's app over the same servicer) through Serve's HTTP proxy."""
+
+    async def __init__(self, replicas: Any, auth_tokens: dict[str, str] | None) -> None:
+        from radixcache.cluster.fleet import FleetEngine
+        from radixcache.worker.auth import Authenticator
+        from radixcache.worker.servicer import RadixCacheServicer
+
+        info = pb.ModelInfo.FromString(await replicas.model_info.remote())
+        tokenizer = await replicas.tokenizer.remote()
+        self.fleet = FleetEngine(replicas, tokenizer, info, asyncio.get_running_loop())
+        self.servicer = RadixCacheServicer(Authenticator(auth_tokens))
+        self.servicer.attach(self.fleet, info)
+
+    def __serve_build_asgi_app__(self) -> Any:
+        from radixcache.worker.openai.app import create_app
+
+        return create_app(self.servicer)
+
+    async def _unary(self, method: str, request: Any, grpc_context: Any) -> Any:
+        try:
+            return await getattr(self.servicer, method)(request, ServeCallContext(grpc_context))
+        except CallAborted as e:
+            raise RuntimeError(str(e)) from None  # Ray Serve answers with the status set on grpc_context
+
+    async def Generate(self, request: pb.GenerateRequest, grpc_context: Any) -> AsyncIterator[pb.GenerateResponse]:
+        writes: asyncio.Queue = asyncio.Queue()
+        call = asyncio.ensure_future(self.servicer.Generate(request, ServeCallContext(grpc_context, writes)))
+        call.add_done_callback(lambda _: writes.put_nowait(_END))
+        try:
+            while (message := await writes.get()) is not _END:
+                yield message
+            try:
+                call.result()
+            except CallAborted as e:
+                raise RuntimeError(str(e)) from None
+        finally:
+            if not call.done():  # the client went away: the servicer's finally aborts the request on its replica
+                call.cancel()
+
+    async def Tokenize(self, request: pb.TokenizeRequest, grpc_context: Any) -> pb.TokenizeResponse:
+        return await self._unary("Tokenize", request, grpc_context)
+
+    async def GetModelInfo(self, request: pb.GetModelInfoRequest, grpc_context: Any) -> pb.ModelInfo:
+        return await self._unary("GetModelInfo", request, grpc_context)
+
+    async def GetCacheStats(self, request: pb.GetCacheStatsRequest, grpc_context: Any) -> pb.CacheStats:
+        total = await self._unary("GetCacheStats", request, grpc_context)
+        for replica, stats in await asyncio.to_thread(self.fleet.per_replica_stats):
+            total.replicas.add(replica_id=replica, stats=self.servicer.cache_stats_message(stats))
+        return total
+
+    async def FlushCache(self, request: pb.FlushCacheRequest, grpc_context: Any) -> pb.FlushCacheResponse:
+        return await self._unary("FlushCache", request, grpc_context)
+
+    async def PinPrefix(self, request: pb.PinPrefixRequest, grpc_context: Any) -> pb.PinPrefixResponse:
+        return await self._unary("PinPrefix", request, grpc_context)
+
+    async def UnpinPrefix(self, request: pb.UnpinPrefixRequest, grpc_context: Any) -> pb.UnpinPrefixResponse:
+        return await self._unary("UnpinPrefix", request, grpc_context)
+
+    async def Abort(self, request: pb.AbortRequest, grpc_context: Any) -> pb.AbortResponse:
+        return await self._unary("Abort", request, grpc_context)
+
+    async def SubscribeCacheEvents(self, request: Any, grpc_context: Any) -> AsyncIterator[Any]:
+        grpc_context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        grpc_context.set_details(
+            "a cluster has no single cache: its router indexes every replica's events itself; subscribe to a worker"
+        )
+        raise RuntimeError("SubscribeCacheEvents is per worker")
+        yield  # an async generator, as Serve's gRPC proxy expects of a streaming method

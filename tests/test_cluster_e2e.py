@@ -1,0 +1,220 @@
+"""End to end on Ray Serve: `radixcache cluster`'s app (two replicas of a seeded random tiny model behind the
+CacheAwareRouter and the gRPC ingress) on a local Ray instance, driven through the real Client.
+
+One Ray instance for the module (it takes ~20 s to start on 2 cores); each test leaves the fleet idle.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import grpc
+import pytest
+import ray
+from ray import serve
+from ray.serve.config import HTTPOptions
+
+from radixcache.client import Client
+from radixcache.cluster.app import ClusterOptions, build_app, grpc_options
+from radixcache.cluster.policy import RoutingThresholds
+from radixcache.events import page_hashes
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(300)]
+
+PAGE, PAGES = 16, 64
+HOGS = 4  # long streams sharing one prefix: all stick to its replica, whose load is then imbalanced
+TOKENS = {"tok-alice": "alice", "tok-bob": "bob"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    port, http_port = free_port(), free_port()
+    options = ClusterOptions(
+        serve_argv=["--random-model", "--page-size", str(PAGE), "--kv-pages", str(PAGES), "--max-step-tokens", "64"],
+        replicas=2,
+        thresholds=RoutingThresholds(balance_abs=3, balance_rel=1.5),  # 4 streams on one replica: imbalanced
+        auth_tokens=TOKENS,
+        app_name="rc-test",
+    )
+    ray.init(num_cpus=3, include_dashboard=False, namespace=options.hub_namespace, log_to_driver=False)
+    try:
+        serve.start(grpc_options=grpc_options(port), http_options=HTTPOptions(host="127.0.0.1", port=http_port))
+        serve.run(build_app(options), name=options.app_name)
+        options.http_port = http_port  # for the OpenAI test
+        yield f"127.0.0.1:{port}", options
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+def ids(n: int, salt: int) -> list[int]:
+    return [3 + (i * 7 + salt * 31) % 180 for i in range(n)]
+
+
+def generate(client: Client, prompt: list[int], max_tokens: int = 4) -> dict:
+    chunks = list(client.generate(token_ids=prompt, max_tokens=max_tokens))
+    last = chunks[-1]
+    return {"cached": last.cached_tokens, "tokens": [t for c in chunks for t in c.token_ids]}
+
+
+def wait_idle(client: Client, timeout: float = 30.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        s = client.stats()
+        if (s["running"], s["waiting"], s["live_leases"]) == (0, 0, 0) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert (s["running"], s["waiting"], s["live_leases"]) == (0, 0, 0), s
+    return s
+
+
+def holders(options: ClusterOptions, prefix: list[int], namespace: str, expect: int, timeout: float = 10.0) -> int:
+    """How many replicas' cache events say they hold every whole page of `prefix` (what the routers index), once
+    that number is `expect` or the timeout passed (events travel asynchronously)."""
+    hub = ray.get_actor(options.hub_name, namespace=options.hub_namespace)
+    hashes = set(page_hashes(prefix, PAGE, namespace))
+    deadline = time.monotonic() + timeout
+    while True:
+        replicas = ray.get(hub.replicas.remote())
+        found = sum(hashes <= ray.get(hub.cached_hashes.remote(r, namespace)) for r in replicas)
+        if found == expect or time.monotonic() > deadline:
+            return found
+        time.sleep(0.05)
+
+
+def test_a_shared_prefix_lands_where_it_is_cached(cluster):
+    target, options = cluster
+    with Client(target, token="tok-alice") as c:
+        hits = 0
+        for trial in range(10):
+            prefix = ids(64, salt=100 + trial)  # 4 whole pages, new to the fleet
+            generate(c, prefix + [5])
+            hits += generate(c, prefix + [6])["cached"] >= 64
+        assert hits >= 9, f"only {hits}/10 second requests hit the replica that cached their prefix"
+        assert holders(options, prefix, "alice", expect=1) == 1  # the events name the one replica that computed it
+        s = wait_idle(c)
+    assert len(s["replicas"]) == 2
+    for name in ("queried_tokens", "hit_tokens", "pages_cached", "pages_total"):
+        assert s[name] == sum(r[name] for r in s["replicas"]), name  # the fleet's figures add up
+
+
+def test_a_tenant_never_routes_by_another_tenants_cache(cluster):
+    target, _ = cluster
+    prefix = ids(64, salt=7)
+    with Client(target, token="tok-alice") as alice, Client(target, token="tok-bob") as bob:
+        generate(alice, prefix + [5])
+        assert generate(bob, prefix + [6])["cached"] == 0  # namespaces never share pages, on any replica
+        assert generate(bob, prefix + [7])["cached"] >= 64  # ... and bob's own copy is found again
+        wait_idle(alice)
+
+
+def test_flush_and_pin_reach_every_replica(cluster):
+    target, options = cluster
+    with Client(target, token="tok-alice") as c:
+        prefix = ids(64, salt=9)
+        assert c.pin(token_ids=prefix) == 64  # computed and pinned on each replica
+        s = wait_idle(c)
+        assert all(r["pages_pinned"] >= 4 for r in s["replicas"]), s["replicas"]
+        assert c.unpin(token_ids=prefix) == 64
+        assert holders(options, prefix, "alice", expect=2) == 2  # pinned everywhere, and the events say so
+        c.flush()
+        s = wait_idle(c)
+        assert all(r["pages_pinned"] == 0 for r in s["replicas"]), s["replicas"]
+        assert holders(options, prefix, "alice", expect=0) == 0  # the removals reached the index
+        assert generate(c, prefix + [1])["cached"] == 0  # the flush reached the replica that had it
+
+
+def test_load_fallback_when_one_replica_is_saturated(cluster):
+    target, _ = cluster
+    prefix = ids(32, salt=11)
+    with Client(target, token="tok-alice") as c:
+        generate(c, prefix + [1])  # cache the prefix on one replica
+        stop = threading.Event()
+        streams = []
+
+        def hog(i: int) -> None:  # long requests with the same prefix pile up on the replica holding it
+            with Client(target, token="tok-alice") as h:
+                for _ in h.generate(token_ids=prefix + [10 + i], max_tokens=300, ignore_eos=True):
+                    if stop.is_set():
+                        break
+
+        for i in range(HOGS):
+            t = threading.Thread(target=hog, args=(i,), daemon=True)
+            t.start()
+            streams.append(t)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # wait until the hogs run
+            if c.stats()["running"] + c.stats()["waiting"] >= HOGS:
+                break
+            time.sleep(0.05)
+        busy = {r["replica_id"]: r["running"] + r["waiting"] for r in c.stats()["replicas"]}
+        fresh = generate(c, prefix + [99])
+        after = {r["replica_id"]: r["running"] + r["waiting"] for r in c.stats()["replicas"]}
+        stop.set()
+        for t in streams:
+            t.join(60)
+        wait_idle(c)
+    loaded = max(busy, key=busy.get)
+    assert busy[loaded] == HOGS, busy  # the hogs stuck to the replica holding their prefix
+    assert fresh["cached"] == 0, (busy, after)  # so the balance rule sent the new request to the idle replica
+
+
+def test_a_killed_replica_ends_its_streams_and_the_fleet_serves_on(cluster):
+    target, options = cluster
+    with Client(target, token="tok-alice") as c:
+        victim = c.stats()["replicas"][0]["replica_id"]
+        errors: list[grpc.StatusCode] = []
+        started = threading.Event()
+
+        def stream(i: int) -> None:
+            with Client(target, token="tok-alice") as s:
+                try:
+                    for _ in s.generate(token_ids=ids(8, salt=200 + i), max_tokens=300, ignore_eos=True):
+                        started.set()
+                except grpc.RpcError as e:
+                    errors.append(e.code())
+
+        threads = [threading.Thread(target=stream, args=(i,), daemon=True) for i in range(4)]
+        for t in threads:
+            t.start()
+        assert started.wait(60)
+        ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
+        for t in threads:
+            t.join(120)
+            assert not t.is_alive()
+        assert all(code == grpc.StatusCode.UNAVAILABLE for code in errors), errors  # a clean end, never INTERNAL
+        for i in range(4):  # the fleet keeps serving meanwhile
+            assert len(generate(c, ids(8, salt=300 + i))["tokens"]) == 4
+        hub = ray.get_actor(options.hub_name, namespace=options.hub_namespace)
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:  # Serve replaces the replica; the index forgets the dead one
+            live = ray.get(hub.replicas.remote())
+            if victim not in live and len(live) == 2:
+                break
+            time.sleep(0.5)
+        assert victim not in live and len(live) == 2, live
+        wait_idle(c, timeout=60)
+
+
+def test_the_openai_api_is_served_for_the_fleet(cluster):
+    import openai
+
+    target, options = cluster
+    api = openai.OpenAI(base_url=f"http://127.0.0.1:{options.http_port}/v1", api_key="tok-alice", max_retries=0)
+    prompt = ids(48, salt=500)
+    first = api.completions.create(model=api.models.list().data[0].id, prompt=prompt, max_tokens=4)
+    again = api.completions.create(model=first.model, prompt=prompt + [9], max_tokens=4)
+    assert first.usage.completion_tokens == 4 and first.choices[0].finish_reason == "length"
+    assert again.usage.prompt_tokens_details.cached_tokens >= 48  # routed to the replica that holds the prompt
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=api.base_url, api_key="nope", max_retries=0).models.list()
+    with Client(target, token="tok-alice") as c:
+        wait_idle(c)
