@@ -18,6 +18,7 @@ from typing import Any, NoReturn
 
 import grpc
 
+from radixcache.cache import PinBudgetError
 from radixcache.v1 import radixcache_pb2 as pb
 from radixcache.v1 import radixcache_pb2_grpc as pb_grpc
 from radixcache.worker.auth import Authenticator
@@ -234,10 +235,13 @@ class RadixCacheServicer(pb_grpc.RadixCacheServicer):
             await self._invalid(context, e)
         ttl = request.ttl_seconds if request.HasField("ttl_seconds") else None
         whole = len(ids) // self.model_info.page_size * self.model_info.page_size
-        pinned = int(await self._in_thread(engine.pin, ids, tenant, ttl))
-        if pinned < whole:  # not cached (yet): compute it with a one-token generation, then pin what it published
-            await self._warm(engine, tenant, ids, context)
+        try:
             pinned = int(await self._in_thread(engine.pin, ids, tenant, ttl))
+            if pinned < whole:  # not cached (yet): compute it with a one-token generation, then pin what it published
+                await self._warm(engine, tenant, ids, context)
+                pinned = int(await self._in_thread(engine.pin, ids, tenant, ttl))
+        except PinBudgetError as e:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
         return pb.PinPrefixResponse(pinned_tokens=pinned, prompt_tokens=len(ids))
 
     async def _warm(self, engine: Any, tenant: str, ids: list[int], context: grpc.aio.ServicerContext) -> None:
