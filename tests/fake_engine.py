@@ -28,6 +28,7 @@ class ByteTokenizer:
     vocab_size = 256 + OFFSET
     eos_token_ids = (EOS,)
     bos_token_id = BOS
+    max_bytes_per_token = 1
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         ids = [b + OFFSET for b in text.encode("utf-8")]

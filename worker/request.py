@@ -7,11 +7,14 @@ input with the same message, before anything is allocated. Messages name the fie
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
 
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
+MAX_STOP_TOKEN_IDS = 256
 MAX_TOP_LOGPROBS = 20
+SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed accepts (the wire's int64 fits)
 
 
 class FinishReason(str, enum.Enum):
@@ -50,14 +53,18 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if not self.temperature >= 0.0:  # also rejects NaN
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not (self.temperature >= 0.0 and math.isfinite(self.temperature)):  # NaN fails both comparisons
+            raise ValueError(f"temperature must be >= 0 and finite, got {self.temperature}")
         if self.top_k < -1 or self.top_k == 0:
             raise ValueError(f"top_k must be -1 (off) or >= 1, got {self.top_k}")
-        if not 0.0 < self.top_p <= 1.0:
+        if not 0.0 < self.top_p <= 1.0:  # the closed range also rejects NaN and infinities
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if not 0.0 <= self.min_p <= 1.0:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if self.seed is not None and not SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]:
+            raise ValueError(f"seed must be in [{SEED_RANGE[0]}, {SEED_RANGE[1]}], got {self.seed}")
+        if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+            raise ValueError(f"stop_token_ids allows at most {MAX_STOP_TOKEN_IDS} ids, got {len(self.stop_token_ids)}")
         if len(self.stop) > MAX_STOP_STRINGS:
             raise ValueError(f"stop allows at most {MAX_STOP_STRINGS} strings, got {len(self.stop)}")
         for s in self.stop:

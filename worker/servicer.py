@@ -2,7 +2,9 @@
 
 Threading: RPC handlers run on the asyncio loop; the engine calls `on_output` from its own thread, which only hands
 the output to the loop (call_soon_threadsafe) and never blocks. Calls that the engine runs on its thread and waits
-for (flush, pin, unpin, stats) are awaited through a worker thread so the loop keeps serving streams.
+for (flush, pin, unpin, stats), and tokenizing / chat templating, are awaited through a worker thread so the loop
+keeps serving streams; the cheap size checks (validation) run before them, so an oversized prompt is refused in
+milliseconds.
 
 Cancellation: a Generate handler is a coroutine that writes its messages itself, so a cancelled or disconnected
 client raises CancelledError inside it at an await; a deadline is watched by the handler itself (time_remaining ->
@@ -24,13 +26,18 @@ from radixcache.v1 import radixcache_pb2_grpc as pb_grpc
 from radixcache.worker.auth import Authenticator
 from radixcache.worker.engine import DuplicateRequestError, RequestTooLargeError
 from radixcache.worker.metrics import WorkerMetrics, flatten_stats
+from radixcache.worker.pb_inputs import prompt_input, sampling_values
 from radixcache.worker.request import ErrorKind, FinishReason, Request, RequestOutput, SamplingParams
 from radixcache.worker.validation import (
     InvalidArgument,
-    check_prompt_length,
+    ModelLimits,
+    PromptInput,
+    check_prompt_input,
     check_request_id,
+    check_ttl,
     render_prompt,
     sampling_params,
+    tokenize_prompt,
 )
 
 FINISH_REASONS = {
@@ -76,12 +83,16 @@ class RadixCacheServicer(pb_grpc.RadixCacheServicer):
         self.metrics = metrics
         self.engine: Any = None
         self.model_info = pb.ModelInfo()
+        self.limits = ModelLimits(vocab_size=0, context_length=0)
         self.draining = False
         # (tenant, client request id) -> engine request id, for the caller's running requests
         self._active: dict[tuple[str, str], str] = {}
 
     def attach(self, engine: Any, model_info: pb.ModelInfo) -> None:
         self.model_info = model_info
+        self.limits = ModelLimits.of(
+            engine.tokenizer, vocab_size=model_info.vocab_size, context_length=model_info.context_length
+        )
         self.engine = engine
 
     # -- helpers -------------------------------------------------------------------------------------------------
@@ -102,10 +113,10 @@ class RadixCacheServicer(pb_grpc.RadixCacheServicer):
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         raise AssertionError("unreachable")  # context.abort raises
 
-    def _prompt(self, message: Any) -> tuple[list[int], str]:
-        ids, text = render_prompt(message, self.engine.tokenizer, self.model_info.vocab_size)
-        check_prompt_length(len(ids), self.model_info.context_length)
-        return ids, text
+    async def _prompt(self, prompt: PromptInput, *, fit: bool = True) -> tuple[list[int], str]:
+        """Tokenized in a worker thread (the size checks come first there); fit: leave room in the context."""
+        tokenize = tokenize_prompt if fit else render_prompt
+        return await self._in_thread(tokenize, prompt, self.engine.tokenizer, self.limits)
 
     @staticmethod
     def _engine_id(tenant: str, request_id: str) -> str:
@@ -135,13 +146,11 @@ class RadixCacheServicer(pb_grpc.RadixCacheServicer):
         request_id = request.request_id or uuid.uuid4().hex
         try:
             check_request_id(request_id)
-            prompt, _ = self._prompt(request)
-            sampling = sampling_params(
-                request,
-                prompt_tokens=len(prompt),
-                context_length=self.model_info.context_length,
-                vocab_size=self.model_info.vocab_size,
-            )
+            text_or_ids, values = prompt_input(request), sampling_values(request)
+            check_prompt_input(text_or_ids, engine.tokenizer, self.limits)  # refused before tokenizing: bad sizes
+            sampling_params(values, prompt_tokens=None, limits=self.limits)  # and bad sampling values
+            prompt, _ = await self._prompt(text_or_ids)
+            sampling = sampling_params(values, prompt_tokens=len(prompt), limits=self.limits)
         except InvalidArgument as e:
             await self._invalid(context, e)
         key = (tenant, request_id)
@@ -199,7 +208,7 @@ class RadixCacheServicer(pb_grpc.RadixCacheServicer):
         await self._tenant(context)
         await self._ready(context)
         try:
-            ids, text = render_prompt(request, self.engine.tokenizer, self.model_info.vocab_size)
+            ids, text = await self._prompt(prompt_input(request), fit=False)
         except InvalidArgument as e:
             await self._invalid(context, e)
         return pb.TokenizeResponse(token_ids=ids, prompt=text)
@@ -227,13 +236,12 @@ class RadixCacheServicer(pb_grpc.RadixCacheServicer):
     async def PinPrefix(self, request: pb.PinPrefixRequest, context: grpc.aio.ServicerContext) -> pb.PinPrefixResponse:
         tenant = await self._tenant(context)
         engine = await self._ready(context)
+        ttl = request.ttl_seconds if request.HasField("ttl_seconds") else None
         try:
-            ids, _ = self._prompt(request)
-            if request.HasField("ttl_seconds") and not request.ttl_seconds > 0:
-                raise InvalidArgument(f"ttl_seconds must be > 0 (or unset: no expiry), got {request.ttl_seconds}")
+            check_ttl(ttl)
+            ids, _ = await self._prompt(prompt_input(request))
         except InvalidArgument as e:
             await self._invalid(context, e)
-        ttl = request.ttl_seconds if request.HasField("ttl_seconds") else None
         whole = len(ids) // self.model_info.page_size * self.model_info.page_size
         try:
             pinned = int(await self._in_thread(engine.pin, ids, tenant, ttl))
@@ -269,7 +277,7 @@ class RadixCacheServicer(pb_grpc.RadixCacheServicer):
         tenant = await self._tenant(context)
         engine = await self._ready(context)
         try:
-            ids, _ = self._prompt(request)
+            ids, _ = await self._prompt(prompt_input(request))
         except InvalidArgument as e:
             await self._invalid(context, e)
         return pb.UnpinPrefixResponse(unpinned_tokens=int(await self._in_thread(engine.unpin, ids, tenant)))
