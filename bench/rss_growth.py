@@ -65,10 +65,10 @@ def main() -> None:
             engine.submit(Request(f"r{submitted}", prompt, params), on_output)
             submitted += 1
         engine.step()
-        if done[0] and done[0] % 100 == 0 and (not marks or marks[-1][0] != done[0]):
+        if done[0] // 100 > len(marks):  # crossed the next hundred (several may finish in one step)
             marks.append((done[0], rss_mb()))
             print(f"{done[0]:5d} requests  rss {marks[-1][1]:8.1f} MB", flush=True)
-            if done[0] == args.warmup:
+            if baseline is None and done[0] >= args.warmup:
                 baseline = marks[-1][1]
     end = rss_mb()
     baseline = baseline if baseline is not None else marks[0][1]

@@ -2,8 +2,8 @@
 
     python scripts/soak.py [--requests 2000] [--fuzz 5000] [--stall-seconds 20] [--random-model]
 
-One `radixcache serve` process (the default bf16 model unless --random-model; a small pool so preemption happens;
-two tenants), then, in order:
+One `radixcache serve` process (the default bf16 model unless --random-model; 48 pages of 16, small enough that
+requests are preempted; two tenants), then, in order:
 1. greedy reference answers on the idle worker, and a warm-up of chaos requests (kernels and caches fill up);
 2. RSS of the worker, then >= 2,000 chaos requests (tests/chaos.py: cancels, deadlines, Abort, pins with TTLs,
    flushes), then RSS again: `rss_growth_mb` is that difference (growth after warm-up);
@@ -63,7 +63,7 @@ def main() -> int:
         tokens_file = Path(tmp) / "tokens.txt"
         tokens_file.write_text("".join(f"{t} {tenant}\n" for t, tenant in TOKENS.items()))
         model = ("--random-model",) if args.random_model else ()
-        worker_args = ["--kv-pages", "96", "--max-step-tokens", "128", "--auth-tokens", str(tokens_file)]
+        worker_args = ["--kv-pages", "48", "--max-step-tokens", "128", "--auth-tokens", str(tokens_file)]
         with WorkerProcess(*worker_args, model=model) as worker:
             pid = worker.proc.pid
             with Client(worker.target, token="tok-alice") as c:
@@ -71,7 +71,7 @@ def main() -> int:
             say(f"worker {info['model_name']} ({info['dtype']}) at {worker.target}, {info['kv_pages']} pages")
             context = info["context_length"]
             vocab = info["vocab_size"]
-            workload = Workload.build(args.seed, vocab=min(vocab, 4096), page_size=info["page_size"])
+            workload = Workload.build(args.seed, vocab=vocab, page_size=info["page_size"], max_tokens=96)
             assert max(len(r) for r in workload.references) + 40 + workload.max_tokens <= context
             expected = reference_tokens(worker.target, "tok-alice", workload)
             warm = run_chaos(worker.target, TOKENS, workload, expected, count=args.warmup, seed=args.seed + 1,

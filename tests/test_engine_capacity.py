@@ -52,7 +52,7 @@ def test_a_lone_request_never_holds_a_page_twice(model):
     base = prompt(63, 2)
     engine.submit(Request("base", base, SamplingParams(max_tokens=1, ignore_eos=True)), sink)
     engine.run_until_idle()
-    for n in range(2, 63, 5):
+    for n in range(2, 63, 10):
         rid = f"cut{n}"
         engine.submit(Request(rid, base[:n], SamplingParams(max_tokens=64 - n, ignore_eos=True)), sink)
         engine.run_until_idle()
