@@ -12,7 +12,7 @@ from test_engine import Collector, run_alone
 
 from radixcache.cache import PinBudgetError
 from radixcache.worker.engine import Engine, EngineConfig
-from radixcache.worker.request import FinishReason, Request, SamplingParams
+from radixcache.worker.request import FinishReason, Request, RequestOutput, SamplingParams
 
 
 @pytest.fixture(scope="module")
@@ -25,21 +25,24 @@ def prompt(n: int, seed: int) -> list[int]:
     return [rng.randrange(3, 300) for _ in range(n)]
 
 
+def run_one(engine: Engine, sink: Collector, rid: str, tokens: list[int], max_tokens: int) -> RequestOutput:
+    """Submit one greedy request (EOS ignored), run the engine until idle, return the request's last output."""
+    engine.submit(Request(rid, tokens, SamplingParams(max_tokens=max_tokens, ignore_eos=True)), sink)
+    engine.run_until_idle()
+    return sink.last(rid)
+
+
 def test_a_request_sized_to_the_pool_finishes_after_a_partial_page_hit(model):
     # 32 pages of 16 = 512 tokens. The cached 511-token prompt ends mid-page; the 400-token prompt's hit ends inside
     # page 25, so its first computed page is a private copy of a cached one. Both must not be counted against it.
     engine = Engine(model, EngineConfig(page_size=16, kv_pages=32, max_step_tokens=512))
     sink = Collector()
     long = prompt(511, 1)
-    engine.submit(Request("long", long, SamplingParams(max_tokens=1, ignore_eos=True)), sink)
-    engine.run_until_idle()
-    assert sink.last("long").finish_reason is FinishReason.LENGTH
-    params = SamplingParams(max_tokens=112, ignore_eos=True)
-    engine.submit(Request("sized", long[:400], params), sink)
-    engine.run_until_idle()
-    last = sink.last("sized")
+    assert run_one(engine, sink, "long", long, 1).finish_reason is FinishReason.LENGTH
+    last = run_one(engine, sink, "sized", long[:400], 112)
     assert last.finish_reason is FinishReason.LENGTH, last.error
     assert last.completion_tokens == 112 and last.cached_tokens == 399
+    params = SamplingParams(max_tokens=112, ignore_eos=True)
     assert sink.tokens("sized") == run_alone(model, long[:400], params, page_size=16)
     engine.cache.check(idle=True)
     assert engine.cache.stats().pages_in_use == 0
@@ -50,13 +53,9 @@ def test_a_lone_request_never_holds_a_page_twice(model):
     engine = Engine(model, EngineConfig(page_size=4, kv_pages=16, max_step_tokens=64))
     sink = Collector()
     base = prompt(63, 2)
-    engine.submit(Request("base", base, SamplingParams(max_tokens=1, ignore_eos=True)), sink)
-    engine.run_until_idle()
+    run_one(engine, sink, "base", base, 1)
     for n in range(2, 63, 10):
-        rid = f"cut{n}"
-        engine.submit(Request(rid, base[:n], SamplingParams(max_tokens=64 - n, ignore_eos=True)), sink)
-        engine.run_until_idle()
-        last = sink.last(rid)
+        last = run_one(engine, sink, f"cut{n}", base[:n], 64 - n)
         assert last.finish_reason is FinishReason.LENGTH, (n, last.error)
         engine.cache.check(idle=True)
 
