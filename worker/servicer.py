@@ -187,7 +187,8 @@ class RadixCacheServicer(pb_grpc.RadixCacheServicer):
                 try:
                     out = await asyncio.wait_for(queue.get(), remaining) if remaining is not None else await queue.get()
                 except asyncio.TimeoutError:
-                    await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded")
+                    await self._deadline_exceeded(context)
+                    return
                 if out.finish_reason is not None:
                     finished = True
                 if self.metrics is not None:
@@ -202,6 +203,19 @@ class RadixCacheServicer(pb_grpc.RadixCacheServicer):
             self._active.pop(key, None)
             if not finished:
                 engine.abort(engine_id)
+
+    @staticmethod
+    async def _deadline_exceeded(context: grpc.aio.ServicerContext) -> None:
+        """End the call with DEADLINE_EXCEEDED (raises AbortError), or return if gRPC already ended it at the same
+        deadline: the client has that status, and sending a second one fails and logged a traceback per call."""
+        if context.done():
+            return
+        try:
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded")
+        except grpc.aio.AbortError:
+            raise
+        except Exception:  # noqa: BLE001 (the call ended between the check and the send: nobody left to tell)
+            return
 
     # -- unary RPCs ----------------------------------------------------------------------------------------------
     async def Tokenize(self, request: pb.TokenizeRequest, context: grpc.aio.ServicerContext) -> pb.TokenizeResponse:
