@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup test lint proto proto-check run bench gpu-check clean
+.PHONY: setup test lint proto proto-check run bench soak gpu-check clean
 
 setup: $(STAMP)
 
@@ -41,6 +41,12 @@ run: setup
 bench: setup
 	$(PY) bench/tree_bench.py --quick
 	$(PY) bench/run_all.py
+
+# The long chaos + wire-fuzz run against one real worker (never part of `make test`; a few minutes): >= 2,000 chaos
+# requests, >= 5,000 fuzzed calls, worker RSS before/after, the longest loop stall while 15 MiB requests arrive. The
+# last line is one JSON object; exit status 1 if a promise was broken. See RELIABILITY.md.
+soak: setup
+	$(PY) scripts/soak.py
 
 # For a machine with CUDA: flashinfer against the torch backend on the configurations users hit, the default model
 # served both ways, then timings (~8 min at most); table + logs under $OUT (default ./gpu-check-out). Without CUDA it

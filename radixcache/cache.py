@@ -8,6 +8,11 @@ Locks: a lease locks its deepest tree node; the lock counts up to the root, so n
 can be evicted. Pins protect paths the same way until unpinned or expired. Eviction only drops unlocked, unpinned
 leaves, least recently used first, and only when an allocation is short of free pages (or on `evict`/`flush`).
 
+Never twice: a lease holds at most one page per page of its tokens. The source of a partial-page copy is let go once
+copied (`copied`), and a page the lease computed that the tree already holds (the same tokens, computed by someone
+else or copied from it) is swapped for the tree's page at publish, freeing the copy. So a request alone in the
+pool needs exactly ceil(tokens / page_size) pages, whatever it hit.
+
 Partial tails: a running sequence still writes into its last page, so `publish` stores whole pages only. `release`
 also stores the trailing partial page (the sequence will never write it again) as a partial tail in the tree: the
 next turn of a conversation, or a preempted sequence coming back, then reuses every computed token by copying the
@@ -39,13 +44,18 @@ class CacheFullError(RuntimeError):
     """An allocation is impossible even after evicting everything evictable. Nothing was changed."""
 
 
+class PinBudgetError(RuntimeError):
+    """A pin would exceed the pin budget, or take pages that running requests were promised. Nothing was pinned."""
+
+
 @dataclass(eq=False)
 class Lease:
     """One running sequence's hold on the cache. Compare by identity; treat the fields as read-only.
 
     pages: the block table in token order: shared (tree) pages first, then private pages (allocated by this lease;
     freed at release unless published). copy_from: (src_page, dst_page, k) when the hit ends k tokens into a cached
-    page: the engine copies the first k slots of src into dst (== pages[-1]) before its next call on this lease.
+    page: the engine copies the first k slots of src into dst (== pages[-1]) before its next call on this lease, and
+    then calls `PrefixCache.copied` so the lease stops holding src.
     """
 
     owner: str
@@ -57,7 +67,8 @@ class Lease:
     _id: int = field(default=0, repr=False)
     _node: Node | None = field(default=None, repr=False)  # the node this lease locks
     _cover: int = field(default=0, repr=False)  # leading pages of `pages` that must stay under the lock
-    _src: int | None = field(default=None, repr=False)  # copy source page, held until the next publish/extend/release
+    _src: int | None = field(default=None, repr=False)  # copy source, held until copied (or publish/extend/release)
+    _lookup: tuple[int, int, int] = field(default=(0, 0, 0), repr=False)  # (queried, hit, copied) not yet counted
 
 
 @dataclass
@@ -79,6 +90,7 @@ class CacheStats:
     evictable_leaves: int
     namespaces: int
     pages_partial: int = 0  # cached pages holding a partial tail (the last, unfinished page of a released sequence)
+    max_pinned_pages: int = 0  # the pin budget: pins never hold more pages than this
 
     @property
     def hit_rate(self) -> float:
@@ -93,9 +105,17 @@ class PrefixCache:
     """
 
     def __init__(
-        self, num_pages: int, page_size: int, *, clock: Callable[[], float] = time.monotonic, enabled: bool = True
+        self,
+        num_pages: int,
+        page_size: int,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        enabled: bool = True,
+        max_pinned_pages: int | None = None,
     ) -> None:
         self.num_pages, self.page_size, self.enabled = num_pages, page_size, enabled
+        # Pins never hold more than this (None: the whole pool), so they cannot starve the requests that run.
+        self.max_pinned_pages = num_pages if max_pinned_pages is None else max(0, min(max_pinned_pages, num_pages))
         self.allocator = PageAllocator(num_pages)
         self.tree = RadixTree(page_size, clock=clock)
         self._leases: dict[int, Lease] = {}
@@ -104,20 +124,27 @@ class PrefixCache:
         self._evicted = self._flushed = 0
 
     # ---- the request path ------------------------------------------------------------------------------------
-    def acquire(self, owner: str, tokens: Tokens, namespace: str = "", max_cached: int | None = None) -> Lease:
+    def acquire(
+        self, owner: str, tokens: Tokens, namespace: str = "", max_cached: int | None = None, *, count: bool = True
+    ) -> Lease:
         """Match `tokens` (at most `max_cached` of them) and hold what matched.
 
         Locks the deepest matched node and increfs the shared whole pages, which become `lease.pages`. If the match
         ends k tokens inside a cached page, allocates one private page for the copy (evicting if needed) and sets
-        copy_from; the source page stays locked and held until the next publish/extend/release. If that page cannot
-        be allocated, the partial hit is dropped instead of failing. Never raises CacheFullError.
+        copy_from; the source page stays locked and held until `copied` (or the next publish/extend/release). If that
+        page cannot be allocated, the partial hit is dropped instead of failing. Never raises CacheFullError.
+
+        With `count=False` the lookup is left out of the hit statistics until `count_lookup(lease)`: a caller that may
+        give the lease back unused (admission declined after all) counts only the lookups it acts on.
         """
         if not owner:
             raise ValueError("a lease needs an owner (the request id), so that a leak can name it")
         lease = Lease(owner, namespace, _id=next(self._lease_ids))
         self._leases[lease._id] = lease
-        self._queried += len(tokens)
+        lease._lookup = (len(tokens), 0, 0)
         if not self.enabled:
+            if count:
+                self.count_lookup(lease)
             return lease
         limit = len(tokens) if max_cached is None else max(0, min(max_cached, len(tokens)))
         key = encode(tokens if limit == len(tokens) else tokens[:limit])
@@ -136,18 +163,40 @@ class PrefixCache:
             try:
                 (dst,) = self._alloc(1)
             except CacheFullError:
-                self._lock(lease, tree.cut(node, used) if node is not None else None)
+                self._lock(lease, self._upper(lease._node, len(lease._node.pages) - 1))
             else:
                 self.allocator.incref([m.partial_page])
                 lease._src, lease.copy_from = m.partial_page, (m.partial_page, dst, m.partial_tokens)
                 lease.pages.append(dst)
                 cached += m.partial_tokens
-                self._copied += m.partial_tokens
         elif node is not None:
             self._lock(lease, tree.cut(node, used))
         lease.cached_tokens = cached
-        self._hit += cached
+        lease._lookup = (len(tokens), cached, m.partial_tokens if lease.copy_from else 0)
+        if count:
+            self.count_lookup(lease)
         return lease
+
+    def count_lookup(self, lease: Lease) -> None:
+        """Add the lookup of a lease acquired with count=False to the statistics (queried, hit and copied tokens).
+        Counts once: a second call does nothing."""
+        queried, hit, copied = lease._lookup
+        self._queried += queried
+        self._hit += hit
+        self._copied += copied
+        lease._lookup = (0, 0, 0)
+
+    def copied(self, lease: Lease) -> None:
+        """The engine has copied `lease.copy_from`: the lease no longer needs the source page. Drops its hold and moves
+        its lock up to the whole pages it reads, so the source is evictable again (and, if still cached when the
+        lease publishes that page, the lease adopts it and frees its copy). No-op without a pending source."""
+        self._live(lease)
+        if lease._src is None:
+            return
+        locked = lease._node  # the node whose last page is the source (splits keep the lower part as this node)
+        assert locked is not None and locked.pages[-1] == lease._src, "the copy source is not under the lease's lock"
+        self._drop_src(lease)
+        self._lock(lease, self._upper(locked, len(locked.pages) - 1))
 
     def extend(self, lease: Lease, tokens: Tokens) -> int:
         """In-flight sharing: adopt the tree's whole pages of `tokens` beyond len(lease.pages) pages (published by
@@ -216,9 +265,40 @@ class PrefixCache:
             return 0
         return self.tree.match(encode(tokens), namespace, touch=False).tokens
 
-    def pin(self, tokens: Tokens, namespace: str = "", ttl: float | None = None) -> int:
-        """Pin the cached whole-page prefix of `tokens` (for `ttl` seconds, or until unpin). Returns tokens pinned."""
-        return self.tree.pin(encode(tokens), namespace, ttl) if self.enabled else 0
+    def pin(self, tokens: Tokens, namespace: str = "", ttl: float | None = None, *, keep_unpinned: int = 0) -> int:
+        """Pin the cached whole-page prefix of `tokens` (for `ttl` seconds, or until unpin). Returns tokens pinned.
+
+        Raises PinBudgetError, pinning nothing, if the pages it would newly pin take the pinned total past
+        `max_pinned_pages`, or past num_pages - `keep_unpinned` (pages the caller promised to running requests).
+        Re-pinning what is already pinned (e.g. to extend a TTL) costs nothing and always succeeds."""
+        if not self.enabled:
+            return 0
+        if ttl is not None and not ttl > 0:
+            raise ValueError(f"ttl must be > 0 seconds (or None for no expiry), got {ttl}")
+        key = encode(tokens)
+        self.tree.expire()
+        _, new = self.tree.pinned_on_path(key, namespace)
+        after = self.tree.pinned_pages + new
+        if new and after > self.max_pinned_pages:
+            raise PinBudgetError(
+                f"pinning {new} more pages would hold {after} pinned pages; the pin budget (--max-pinned) is "
+                f"{self.max_pinned_pages} of the {self.num_pages} KV pages ({self.tree.pinned_pages} pinned now)"
+            )
+        if new and after > self.num_pages - keep_unpinned:
+            raise PinBudgetError(
+                f"pinning {new} more pages would hold {after} pinned pages, leaving fewer than the {keep_unpinned} "
+                f"pages a running request was promised (of {self.num_pages}); retry when it has finished"
+            )
+        return self.tree.pin(key, namespace, ttl)
+
+    def pinned_pages(self, tokens: Tokens | None = None, namespace: str = "") -> int:
+        """Pages pinned now (expired pins dropped first); with `tokens`, only those pinned on a path other than the
+        cached whole-page prefix of `tokens` (what a request reading that prefix cannot use)."""
+        self.tree.expire()
+        total = self.tree.pinned_pages
+        if tokens is None or not self.enabled:
+            return total
+        return total - self.tree.pinned_on_path(encode(tokens), namespace)[0]
 
     def unpin(self, tokens: Tokens, namespace: str = "") -> int:
         """Unpin the cached whole-page prefix of `tokens`. Returns the tokens that were pinned."""
@@ -249,6 +329,7 @@ class PrefixCache:
             pages_cached=self.tree.cached_pages,
             pages_evictable=self.tree.evictable_pages,
             pages_pinned=self.tree.pinned_pages,
+            max_pinned_pages=self.max_pinned_pages,
             pages_in_use=len(in_use),
             queried_tokens=self._queried,
             hit_tokens=self._hit,
@@ -349,12 +430,25 @@ class PrefixCache:
         result = self.tree.insert(key, lease.pages[:n], lease.namespace, partial=tail)
         self.allocator.incref(result.new_pages)
         self.allocator.decref(result.replaced)
+        if not tail:  # pages the tree already held: read the tree's, free our copies (never hold a page twice)
+            for i, cached in result.cached_instead():
+                self.allocator.incref([cached])
+                self.allocator.decref([lease.pages[i]])
+                lease.pages[i] = cached
         # The lock only matters while the lease runs; release unlocks right after a tail publish.
         if not tail and n >= lease._cover:  # never move the lock up above pages the lease already reads
             self._lock(lease, result.node)
             lease._cover = n
         self._published += len(result.new_pages)
         return len(result.new_pages)
+
+    def _upper(self, node: Node, j: int) -> Node | None:
+        """The node ending after the first j pages of `node`'s edge (cut there), or for j == 0 its parent; None
+        for the root, which is never locked."""
+        if j > 0:
+            return self.tree.cut(node, j)
+        parent = node.parent
+        return parent if parent is not None and parent.parent is not None else None
 
     def _drop_src(self, lease: Lease) -> None:
         if lease._src is not None:

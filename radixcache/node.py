@@ -70,11 +70,15 @@ class InsertResult:
 
     @property
     def duplicates(self) -> list[int]:
-        # Computed on demand: most callers only need new_pages, and this is O(existing pages).
+        return [self._given[i] for i, _ in self.cached_instead()]
+
+    def cached_instead(self) -> list[tuple[int, int]]:
+        """(i, tree_page) for each caller's page `pages[i]` that sits where the tree already holds `tree_page`, a
+        different page with the same tokens. Computed on demand: it is O(existing pages)."""
         given = self._given
         return [
-            p
+            (start + j, q)
             for start, cached in self._segments
-            for p, q in zip(given[start : start + len(cached)], cached, strict=True)
+            for j, (p, q) in enumerate(zip(given[start : start + len(cached)], cached, strict=True))
             if p != q
         ]

@@ -429,6 +429,27 @@ class RadixTree:
             self._set_pin(node, until if node.pin_until is None else max(node.pin_until, until))
         return sum(len(node.pages) for node in path) * self.page_size
 
+    def pinned_on_path(self, key: bytes, namespace: str = "") -> tuple[int, int]:
+        """(pinned, unpinned) pages of the cached whole-page prefix of `key`: what `pin(key)` would pin anew is the
+        second. Read-only (no split, no LRU touch); expired pins count as unpinned only after `expire()`."""
+        bpp = self.bpp
+        end = len(key) - len(key) % bpp
+        node, off, pinned, unpinned = self._roots.get(namespace), 0, 0, 0
+        while node is not None and off < end:
+            child = node.children.get(key[off : off + bpp])
+            if child is None:
+                break
+            j = _common(key[off:end], child.key) // bpp
+            if child.pin_until is None:
+                unpinned += j
+            else:
+                pinned += j
+            if j < len(child.pages):
+                break
+            off += j * bpp
+            node = child
+        return pinned, unpinned
+
     def unpin(self, key: bytes, namespace: str = "") -> int:
         """Unpin the cached whole-page prefix of `key`; returns the number of tokens that were pinned."""
         self.expire()

@@ -76,7 +76,7 @@ def test_partial_hit_is_dropped_when_no_page_can_be_allocated() -> None:
     cache.check(idle=True)
 
 
-def test_publish_dedup_keeps_the_tree_page_and_frees_the_copy_at_release() -> None:
+def test_publish_dedup_swaps_in_the_tree_page_and_frees_the_copy_at_once() -> None:
     cache = PrefixCache(16, 2)
     prompt = [5, 6, 7, 8, 9]
     a = cache.acquire("a", prompt, max_cached=4)
@@ -84,11 +84,15 @@ def test_publish_dedup_keeps_the_tree_page_and_frees_the_copy_at_release() -> No
     cache.allocate(a, 3)
     cache.allocate(b, 3)
     assert cache.publish(a, prompt[:4]) == 2
+    free_before = cache.allocator.num_free
+    b_copies = b.pages[:2]
     assert cache.publish(b, prompt[:4]) == 0  # duplicates: the tree keeps a's pages
     assert cache.tree.match(list_key(prompt[:4])).pages == a.pages[:2]
-    free_before = cache.allocator.num_free
+    assert b.pages[:2] == a.pages[:2], "b now reads the tree's pages (the same tokens), never holding them twice"
+    assert cache.allocator.num_free == free_before + 2 and all(cache.allocator.refcount(p) == 0 for p in b_copies)
+    cache.check()
     cache.release(b)
-    assert cache.allocator.num_free == free_before + 3  # all of b's pages were private
+    assert cache.allocator.num_free == free_before + 3  # only b's last page was still its own
     cache.release(a, prompt)
     cache.check(idle=True)
     assert cache.stats().pages_cached == 3 and cache.stats().pages_partial == 1  # + a's tail [9]
@@ -398,4 +402,39 @@ def test_flush_of_a_namespace_keeps_what_a_live_lease_reads():
     cache.check()
     cache.release(reader)
     assert cache.flush("alice") == 3
+    cache.check(idle=True)
+
+
+def test_a_copied_hit_lets_go_of_its_source_page() -> None:
+    cache = PrefixCache(4, 4)
+    first = list(range(1, 15))  # 3 whole pages + a tail of 2: the whole pool
+    lease = cache.acquire("first", first)
+    cache.allocate(lease, 4)
+    cache.release(lease, first)
+    b = cache.acquire("b", first[:7] + [99], max_cached=7)  # 1 whole page + 3 tokens of the second: a copy
+    src, dst, k = b.copy_from
+    assert k == 3 and b.pages[-1] == dst
+    before = cache.available_pages()
+    cache.copied(b)
+    assert cache.available_pages() == before + 1, "the source is evictable again once copied"
+    cache.check()
+    cache.allocate(b, 2)  # a pool of 4: b's 2 + 2 more, possible only because the source could go
+    assert len(b.pages) == 4
+    cache.release(b)
+    cache.check(idle=True)
+
+
+def test_a_lookup_acquired_uncounted_counts_once_when_asked() -> None:
+    cache = PrefixCache(8, 2)
+    lease = cache.acquire("a", [1, 2, 3, 4, 5])
+    cache.allocate(lease, 3)
+    cache.release(lease, [1, 2, 3, 4, 5])
+    tentative = cache.acquire("b", [1, 2, 3, 4, 9], max_cached=4, count=False)
+    cache.release(tentative)  # declined: never counted
+    assert (cache.stats().queried_tokens, cache.stats().hit_tokens) == (5, 0)
+    kept = cache.acquire("c", [1, 2, 3, 4, 9], max_cached=4, count=False)
+    cache.count_lookup(kept)
+    cache.count_lookup(kept)  # idempotent
+    assert (cache.stats().queried_tokens, cache.stats().hit_tokens) == (10, 4)
+    cache.release(kept)
     cache.check(idle=True)

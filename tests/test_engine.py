@@ -284,7 +284,7 @@ def test_next_turn_hits_the_whole_previous_turn(model):
 
 
 def test_a_request_that_cannot_fit_even_alone_fails_clearly(model):
-    engine = make_engine(model, page_size=4, kv_pages=20)
+    engine = make_engine(model, page_size=4, kv_pages=20, max_pinned=1.0)
     sink = Collector()
     pinned_prompt = list(range(1, 61))
     engine.submit(Request("pinned", pinned_prompt, SamplingParams(max_tokens=1)), sink)

@@ -56,6 +56,12 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--max-running", type=int, default=64, help="requests in the batch at most")
     e.add_argument("--backend", choices=("auto", "torch", "flashinfer"), default="auto")
     e.add_argument("--no-cache", action="store_true", help="disable prefix caching (same kernels; a baseline)")
+    e.add_argument(
+        "--max-pinned",
+        type=parse_share,
+        default=0.5,
+        help="share of the KV pool PinPrefix may hold, 0..1 or N%% (default 50%%): pins never starve running requests",
+    )
     s = p.add_argument_group("server")
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     s.add_argument("--port", type=int, default=50051, help="port (default 50051; 0 picks a free one)")
@@ -80,6 +86,17 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--max-message-mib", type=int, default=16, help="largest request/response message, MiB")
     s.add_argument("--log-level", default="INFO")
     return p
+
+
+def parse_share(text: str) -> float:
+    """'0.5' or '50%' -> 0.5; a share of something, in [0, 1]."""
+    try:
+        share = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a share such as 0.5 or 50%, got {text!r}") from None
+    if not 0.0 <= share <= 1.0:
+        raise argparse.ArgumentTypeError(f"a share must be in [0, 1] (0%..100%), got {text!r}")
+    return share
 
 
 def char_tokenizer() -> Any:
@@ -151,6 +168,7 @@ def build_engine(args: argparse.Namespace) -> tuple[Any, Any]:
         max_running=args.max_running,
         cache_enabled=not args.no_cache,
         backend=args.backend,
+        max_pinned=args.max_pinned,
     )
     engine = Engine(loaded, config)
     engine.start()  # warm-up forward, then the engine thread

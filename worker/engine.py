@@ -65,6 +65,7 @@ class EngineConfig:
     cache_enabled: bool = True  # False: same kernels, no lookups and no publishing (the cache-off baseline)
     backend: str = "auto"
     aging_steps: int = 64  # a request waiting this many steps is admitted before any later arrival
+    max_pinned: float = 0.5  # share of the KV pool that pins may hold (PinPrefix beyond it: RESOURCE_EXHAUSTED)
 
     def __post_init__(self) -> None:
         if self.page_size < 1:
@@ -77,6 +78,8 @@ class EngineConfig:
             raise ValueError(f"max_step_tokens must be >= 1, got {self.max_step_tokens}")
         if self.max_running < 1:
             raise ValueError(f"max_running must be >= 1, got {self.max_running}")
+        if not 0.0 <= self.max_pinned <= 1.0:
+            raise ValueError(f"max_pinned must be a share of the KV pool in [0, 1], got {self.max_pinned}")
 
 
 @dataclass
@@ -149,7 +152,12 @@ class Engine:
                 dtype=dtype,
                 device=self.device,
             )
-        self.cache = PrefixCache(self.pool.num_pages, self.config.page_size, enabled=self.config.cache_enabled)
+        self.cache = PrefixCache(
+            self.pool.num_pages,
+            self.config.page_size,
+            enabled=self.config.cache_enabled,
+            max_pinned_pages=int(self.config.max_pinned * self.pool.num_pages),
+        )
         self.backend = create_backend(
             self.config.backend,
             self.device,
@@ -186,6 +194,11 @@ class Engine:
     @property
     def kv_bytes(self) -> int:
         return self.pool.nbytes
+
+    @property
+    def max_pinned_pages(self) -> int:
+        """The pin budget in pages (EngineConfig.max_pinned of the pool)."""
+        return self.cache.max_pinned_pages
 
     @property
     def context_length(self) -> int:
@@ -295,7 +308,11 @@ class Engine:
         return self.call(lambda: self.cache.flush(namespace))
 
     def pin(self, token_ids: list[int], namespace: str = "", ttl_s: float | None = None) -> int:
-        return self.call(lambda: self.cache.pin(token_ids, namespace, ttl=ttl_s))
+        """Pin the cached whole pages of token_ids. Raises radixcache.cache.PinBudgetError (nothing pinned) past the
+        pin budget, or when it would take pages a live request was promised: pins never starve running requests."""
+        return self.call(
+            lambda: self.cache.pin(token_ids, namespace, ttl=ttl_s, keep_unpinned=self.scheduler.promised_pages())
+        )
 
     def unpin(self, token_ids: list[int], namespace: str = "") -> int:
         return self.call(lambda: self.cache.unpin(token_ids, namespace))

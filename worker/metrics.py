@@ -40,6 +40,7 @@ def flatten_stats(stats: Any) -> dict[str, float]:
         "pages_cached": c("pages_cached"),
         "pages_evictable": c("pages_evictable"),
         "pages_pinned": c("pages_pinned"),
+        "max_pinned_pages": c("max_pinned_pages"),
         "pages_in_use": c("pages_in_use"),
         "queried_tokens": queried,
         "hit_tokens": hit,

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from radixcache.cache import CacheFullError, PrefixCache
+from radixcache.cache import CacheFullError, Lease, PrefixCache
 from radixcache.pool import KVPool
 from radixcache.worker.request import FinishReason
 from radixcache.worker.sequence import SeqStatus, Sequence
@@ -154,6 +154,29 @@ class Scheduler:
                     return False
         return True
 
+    def _total_pages(self, seq: Sequence) -> int:
+        """Pages seq holds at most: its prompt and every token it may generate."""
+        return self._pages_for(seq.num_prompt + seq.request.sampling.max_tokens)
+
+    def promised_pages(self) -> int:
+        """Pages the largest live request may need alone. Pins must leave them unpinned: with those, any request the
+        worker took can run to its end, preempting the others if need be, and never fails for capacity."""
+        return max((self._total_pages(s) for s in (*self.running, *self.waiting)), default=0)
+
+    def _pins_leave_room(self, seq: Sequence) -> str | None:
+        """None if seq fits in the pool beside the pins it does not read; else why not (it is refused before it
+        starts: pins cannot grow past a live request's needs, so this is the only moment they can block it)."""
+        need, total = self._total_pages(seq), self.cache.num_pages
+        if need <= total - self.cache.pinned_pages():
+            return None
+        pinned = self.cache.pinned_pages(seq.tokens, seq.request.namespace)
+        if need <= total - pinned:
+            return None
+        return (
+            f"the KV cache cannot hold this request: prompt + max_tokens need {need} pages and {pinned} of the "
+            f"{total} pages are pinned (PinPrefix; at most {self.cache.max_pinned_pages} by --max-pinned)"
+        )
+
     def _ordered_waiting(self) -> list[tuple[Sequence, int]]:
         """Waiting sequences in admission order, each with how many of its tokens the cache holds now."""
         cached = [(s, self.cache.match_length(s.tokens[:-1], s.request.namespace)) for s in self.waiting]
@@ -182,6 +205,9 @@ class Scheduler:
             if budget == 0 or len(self.running) >= self.max_running:
                 return
             ns, prompt = seq.request.namespace, seq.tokens
+            if not seq.admitted_once and (why := self._pins_leave_room(seq)) is not None:
+                failed.append((seq, why))
+                continue
             if self._computing_our_prefix(seq, cached):
                 continue
             # Cheap check first (no lease, so a request that keeps waiting does not count as a lookup every step),
@@ -189,7 +215,8 @@ class Scheduler:
             fits = self.cache.available_pages() - promised - len(self.running)
             lease = None
             if self._pages_for(len(prompt)) - cached // self.page_size <= fits:
-                lease = self.cache.acquire(seq.name, prompt, ns, max_cached=len(prompt) - 1)
+                lease = self.cache.acquire(seq.name, prompt, ns, max_cached=len(prompt) - 1, count=False)
+                self._copy_hit(lease)
                 need = self._pages_for(len(prompt)) - len(lease.pages)
                 if self.cache.available_pages() - promised - need < len(self.running):
                     self.cache.release(lease)
@@ -202,10 +229,7 @@ class Scheduler:
                 if seq.waited_steps >= self.aging_steps:
                     return  # a starving request blocks the queue until it fits: nothing overtakes it forever
                 continue
-            self._start(seq, lease)  # first, so the lease has an owner to release it if the copy fails
-            if lease.copy_from is not None:
-                src, dst, k = lease.copy_from
-                self.pool.copy_prefix(src, dst, k)
+            self._start(seq, lease)
             promised += need
             want = min(budget, len(prompt) - seq.num_computed)
             chunks[seq] = Chunk(seq, want)
@@ -226,11 +250,11 @@ class Scheduler:
         child.admitted_once = True  # the request's prompt and cached tokens were counted with sample 0
         child.cached_tokens = parent.cached_tokens
         prompt = parent.tokens[: parent.num_prompt]
-        lease = self.cache.acquire(child.name, prompt, parent.request.namespace, max_cached=len(prompt))
+        # not a lookup of its own: the request's was counted with sample 0
+        lease = self.cache.acquire(child.name, prompt, parent.request.namespace, max_cached=len(prompt), count=False)
+        self._copy_hit(lease)
+        shared = lease.cached_tokens
         try:
-            if lease.copy_from is not None:
-                self.pool.copy_prefix(*lease.copy_from)
-            shared = lease.cached_tokens
             self.cache.allocate(lease, self._pages_for(len(prompt)) - len(lease.pages))
         except CacheFullError:
             self.cache.release(lease)
@@ -245,7 +269,21 @@ class Scheduler:
         child.num_computed = len(prompt)
         return True
 
-    def _start(self, seq: Sequence, lease) -> None:
+    def _copy_hit(self, lease: Lease) -> None:
+        """A hit ending inside a page: copy its slots into the lease's own page, then let go of the source, so that
+        admission counts the page once (the lease never holds the same tokens twice). On failure, no lease is left."""
+        if lease.copy_from is None:
+            return
+        try:
+            src, dst, k = lease.copy_from
+            self.pool.copy_prefix(src, dst, k)
+            self.cache.copied(lease)
+        except BaseException:
+            self.cache.release(lease)
+            raise
+
+    def _start(self, seq: Sequence, lease: Lease) -> None:
+        self.cache.count_lookup(lease)  # each admission (re-admission too) counts its lookup once
         if not seq.admitted_once:
             seq.admitted_once = True
             seq.cached_tokens = min(lease.cached_tokens, seq.num_prompt)

@@ -21,6 +21,7 @@ from typing import Any, NoReturn
 
 import grpc
 
+from radixcache.cache import PinBudgetError
 from radixcache.v1 import radixcache_pb2 as pb
 from radixcache.v1 import radixcache_pb2_grpc as pb_grpc
 from radixcache.worker.auth import Authenticator
@@ -176,13 +177,27 @@ class RadixCacheServicer(pb_grpc.RadixCacheServicer):
                 try:
                     out = await stream.next(context.time_remaining())
                 except asyncio.TimeoutError:
-                    await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded")
+                    await self._deadline_exceeded(context)
+                    return
                 if out.finish_reason is FinishReason.ERROR:
                     await context.abort(ERROR_STATUS[out.error_kind], f"request {request_id!r} failed: {out.error}")
                 await context.write(to_response(request_id, out))
         finally:
             self._active.pop(key, None)
             stream.close()
+
+    @staticmethod
+    async def _deadline_exceeded(context: grpc.aio.ServicerContext) -> None:
+        """End the call with DEADLINE_EXCEEDED (raises AbortError), or return if gRPC already ended it at the same
+        deadline: the client has that status, and sending a second one fails and logged a traceback per call."""
+        if context.done():
+            return
+        try:
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded")
+        except grpc.aio.AbortError:
+            raise
+        except Exception:  # noqa: BLE001 (the call ended between the check and the send: nobody left to tell)
+            return
 
     # -- unary RPCs ----------------------------------------------------------------------------------------------
     async def Tokenize(self, request: pb.TokenizeRequest, context: grpc.aio.ServicerContext) -> pb.TokenizeResponse:
@@ -229,10 +244,13 @@ class RadixCacheServicer(pb_grpc.RadixCacheServicer):
         except InvalidArgument as e:
             await self._invalid(context, e)
         whole = len(ids) // self.model_info.page_size * self.model_info.page_size
-        pinned = int(await self._in_thread(engine.pin, ids, tenant, ttl))
-        if pinned < whole:  # not cached (yet): compute it with a one-token generation, then pin what it published
-            await self._warm(engine, tenant, ids, context)
+        try:
             pinned = int(await self._in_thread(engine.pin, ids, tenant, ttl))
+            if pinned < whole:  # not cached (yet): compute it with a one-token generation, then pin what it published
+                await self._warm(engine, tenant, ids, context)
+                pinned = int(await self._in_thread(engine.pin, ids, tenant, ttl))
+        except PinBudgetError as e:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
         return pb.PinPrefixResponse(pinned_tokens=pinned, prompt_tokens=len(ids))
 
     async def _warm(self, engine: Any, tenant: str, ids: list[int], context: grpc.aio.ServicerContext) -> None:

@@ -36,8 +36,9 @@ def warm_up(model: torch.nn.Module, pool: KVPool, cache: PrefixCache, backend: A
     torch.inference_mode()."""
     ps = cache.page_size
     n = warm_up_prompt_len(ps, pool.num_pages)
-    first = cache.acquire(WARM_UP_OWNER, [0] * (n or 1), "", max_cached=0)
-    second = cache.acquire(WARM_UP_OWNER, [0] * (n or 1), "", max_cached=0)
+    # count=False: not lookups anyone asked for (a fresh worker reports queried_tokens 0)
+    first = cache.acquire(WARM_UP_OWNER, [0] * (n or 1), "", max_cached=0, count=False)
+    second = cache.acquire(WARM_UP_OWNER, [0] * (n or 1), "", max_cached=0, count=False)
     try:
         if n is None:
             cache.allocate(first, 1)

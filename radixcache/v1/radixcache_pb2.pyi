@@ -152,7 +152,7 @@ class GetModelInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("model_name", "model_path", "architecture", "vocab_size", "context_length", "page_size", "kv_pages", "kv_bytes", "backend", "dtype", "device", "cache_enabled", "eos_token_ids")
+    __slots__ = ("model_name", "model_path", "architecture", "vocab_size", "context_length", "page_size", "kv_pages", "kv_bytes", "backend", "dtype", "device", "cache_enabled", "eos_token_ids", "max_pinned_pages")
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_PATH_FIELD_NUMBER: _ClassVar[int]
     ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
@@ -166,6 +166,7 @@ class ModelInfo(_message.Message):
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     CACHE_ENABLED_FIELD_NUMBER: _ClassVar[int]
     EOS_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    MAX_PINNED_PAGES_FIELD_NUMBER: _ClassVar[int]
     model_name: str
     model_path: str
     architecture: str
@@ -179,14 +180,15 @@ class ModelInfo(_message.Message):
     device: str
     cache_enabled: bool
     eos_token_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, model_name: _Optional[str] = ..., model_path: _Optional[str] = ..., architecture: _Optional[str] = ..., vocab_size: _Optional[int] = ..., context_length: _Optional[int] = ..., page_size: _Optional[int] = ..., kv_pages: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., backend: _Optional[str] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., cache_enabled: _Optional[bool] = ..., eos_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    max_pinned_pages: int
+    def __init__(self, model_name: _Optional[str] = ..., model_path: _Optional[str] = ..., architecture: _Optional[str] = ..., vocab_size: _Optional[int] = ..., context_length: _Optional[int] = ..., page_size: _Optional[int] = ..., kv_pages: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., backend: _Optional[str] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., cache_enabled: _Optional[bool] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., max_pinned_pages: _Optional[int] = ...) -> None: ...
 
 class GetCacheStatsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class CacheStats(_message.Message):
-    __slots__ = ("pages_total", "pages_free", "pages_cached", "pages_evictable", "pages_pinned", "pages_in_use", "queried_tokens", "hit_tokens", "hit_rate", "evicted_pages", "preemptions", "running", "waiting", "live_leases", "steps", "replicas")
+    __slots__ = ("pages_total", "pages_free", "pages_cached", "pages_evictable", "pages_pinned", "pages_in_use", "queried_tokens", "hit_tokens", "hit_rate", "evicted_pages", "preemptions", "running", "waiting", "live_leases", "steps", "max_pinned_pages", "replicas")
     PAGES_TOTAL_FIELD_NUMBER: _ClassVar[int]
     PAGES_FREE_FIELD_NUMBER: _ClassVar[int]
     PAGES_CACHED_FIELD_NUMBER: _ClassVar[int]
@@ -202,6 +204,7 @@ class CacheStats(_message.Message):
     WAITING_FIELD_NUMBER: _ClassVar[int]
     LIVE_LEASES_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
+    MAX_PINNED_PAGES_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     pages_total: int
     pages_free: int
@@ -218,8 +221,9 @@ class CacheStats(_message.Message):
     waiting: int
     live_leases: int
     steps: int
+    max_pinned_pages: int
     replicas: _containers.RepeatedCompositeFieldContainer[ReplicaCacheStats]
-    def __init__(self, pages_total: _Optional[int] = ..., pages_free: _Optional[int] = ..., pages_cached: _Optional[int] = ..., pages_evictable: _Optional[int] = ..., pages_pinned: _Optional[int] = ..., pages_in_use: _Optional[int] = ..., queried_tokens: _Optional[int] = ..., hit_tokens: _Optional[int] = ..., hit_rate: _Optional[float] = ..., evicted_pages: _Optional[int] = ..., preemptions: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., live_leases: _Optional[int] = ..., steps: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaCacheStats, _Mapping]]] = ...) -> None: ...
+    def __init__(self, pages_total: _Optional[int] = ..., pages_free: _Optional[int] = ..., pages_cached: _Optional[int] = ..., pages_evictable: _Optional[int] = ..., pages_pinned: _Optional[int] = ..., pages_in_use: _Optional[int] = ..., queried_tokens: _Optional[int] = ..., hit_tokens: _Optional[int] = ..., hit_rate: _Optional[float] = ..., evicted_pages: _Optional[int] = ..., preemptions: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., live_leases: _Optional[int] = ..., steps: _Optional[int] = ..., max_pinned_pages: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaCacheStats, _Mapping]]] = ...) -> None: ...
 
 class ReplicaCacheStats(_message.Message):
     __slots__ = ("replica_id", "stats")

@@ -125,6 +125,8 @@ class RadixCacheServicer:
     def PinPrefix(self, request, context):
         """Pins a prefix (e.g. a long system prompt) in the caller's namespace so eviction never drops it, optionally for
         a limited time. A prefix that is not cached yet is first computed (a one-token generation), then pinned.
+        RESOURCE_EXHAUSTED (nothing pinned) when the pin would exceed the pin budget (ModelInfo.max_pinned_pages) or
+        take pages a running request was promised.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

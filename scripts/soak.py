@@ -1,0 +1,137 @@
+"""`make soak`: the long versions of the chaos and wire-fuzz tests against one real worker, plus memory and loop stall.
+
+    python scripts/soak.py [--requests 2000] [--fuzz 5000] [--stall-seconds 20] [--random-model]
+
+One `radixcache serve` process (the default bf16 model unless --random-model; 48 pages of 16, small enough that
+requests are preempted; two tenants), then, in order:
+1. greedy reference answers on the idle worker, and a warm-up of chaos requests (kernels and caches fill up);
+2. RSS of the worker, then >= 2,000 chaos requests (tests/chaos.py: cancels, deadlines, Abort, pins with TTLs,
+   flushes), then RSS again: `rss_growth_mb` is that difference (growth after warm-up);
+3. >= 5,000 fuzzed calls (tests/wire_fuzz.py), then the longest health-probe latency while 15 MiB requests arrive
+   (tests/loop_stall.py);
+4. once idle: leases, pages and the worker's log.
+Bounded: fixed counts, each phase with a time limit. The LAST line printed is one JSON object:
+{"requests", "cancelled", "leaked_leases", "unknown_or_internal", "rss_growth_mb", "max_loop_stall_ms", ...}.
+Exit status 1 when a promise was broken (a leak, UNKNOWN/INTERNAL, a broken stream, a stall of 100 ms or more).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from chaos import Workload, reference_tokens, run_chaos, wait_idle  # noqa: E402
+from loop_stall import measure_loop_stall  # noqa: E402
+from wire_fuzz import run_wire_fuzz  # noqa: E402
+from worker_process import WorkerProcess  # noqa: E402
+
+from radixcache.client import Client  # noqa: E402
+
+TOKENS = {"tok-alice": "alice", "tok-bob": "bob"}
+ALICE = (("authorization", "Bearer tok-alice"),)
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def say(message: str) -> None:
+    print(f"[soak {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--requests", type=int, default=2000, help="chaos requests after the warm-up (default 2000)")
+    p.add_argument("--warmup", type=int, default=200, help="chaos requests before the first RSS reading")
+    p.add_argument("--fuzz", type=int, default=5000, help="fuzzed calls (default 5000)")
+    p.add_argument("--stall-seconds", type=float, default=20.0, help="how long 15 MiB requests arrive")
+    p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--random-model", action="store_true", help="the tiny fp32 random model instead of the default")
+    args = p.parse_args()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tokens_file = Path(tmp) / "tokens.txt"
+        tokens_file.write_text("".join(f"{t} {tenant}\n" for t, tenant in TOKENS.items()))
+        model = ("--random-model",) if args.random_model else ()
+        worker_args = ["--kv-pages", "48", "--max-step-tokens", "128", "--auth-tokens", str(tokens_file)]
+        with WorkerProcess(*worker_args, model=model) as worker:
+            pid = worker.proc.pid
+            with Client(worker.target, token="tok-alice") as c:
+                info = c.model_info()
+            say(f"worker {info['model_name']} ({info['dtype']}) at {worker.target}, {info['kv_pages']} pages")
+            context = info["context_length"]
+            vocab = info["vocab_size"]
+            workload = Workload.build(args.seed, vocab=vocab, page_size=info["page_size"], max_tokens=96)
+            assert max(len(r) for r in workload.references) + 40 + workload.max_tokens <= context
+            expected = reference_tokens(worker.target, "tok-alice", workload)
+            warm = run_chaos(worker.target, TOKENS, workload, expected, count=args.warmup, seed=args.seed + 1,
+                             concurrency=args.concurrency, seconds=600)  # fmt: skip
+            wait_idle(worker.target, "tok-alice")
+            rss_before = rss_mb(pid)
+            say(f"warm-up: {warm.requests} requests; worker RSS {rss_before:.1f} MB")
+            started = time.monotonic()
+            report = run_chaos(worker.target, TOKENS, workload, expected, count=args.requests, seed=args.seed + 2,
+                               concurrency=args.concurrency, seconds=1800)  # fmt: skip
+            idle = wait_idle(worker.target, "tok-alice")
+            rss_after = rss_mb(pid)
+            say(
+                f"chaos: {report.requests} requests in {time.monotonic() - started:.0f} s, {report.cancelled} "
+                f"cancelled, {report.aborted} aborted, {report.references_checked} references checked, "
+                f"{idle['preemptions']:.0f} preemptions; statuses {dict(report.statuses)}; admin "
+                f"{dict(report.admin_calls)}; RSS {rss_after:.1f} MB"
+            )
+            fuzz = run_wire_fuzz(worker.target, count=args.fuzz, seconds=1200, seed=args.seed, metadata=ALICE)
+            say(f"fuzz: {fuzz.calls} calls, statuses {dict(fuzz.statuses)}")
+            stall = measure_loop_stall(worker.target, seconds=args.stall_seconds, metadata=ALICE)
+            say(f"loop stall: {stall}")
+            leaks = {t: wait_idle(worker.target, t) for t in TOKENS}
+            rss_end = rss_mb(pid)
+            worker.terminate()
+            exit_code = worker.wait(60)
+            log = worker.log()
+    s = leaks["tok-alice"]
+    leaked = int(s["live_leases"])
+    pages_ok = s["pages_in_use"] == 0 and s["pages_free"] + s["pages_cached"] == s["pages_total"]
+    broken = report.broken + warm.broken + [f"fuzz: {u}" for u in fuzz.unexpected]
+    result = {
+        "requests": report.requests + warm.requests,
+        "cancelled": report.cancelled + warm.cancelled,
+        "leaked_leases": leaked,
+        "unknown_or_internal": report.unknown_or_internal + warm.unknown_or_internal + fuzz.unknown_or_internal,
+        "rss_growth_mb": round(rss_after - rss_before, 1),
+        "max_loop_stall_ms": stall.max_loop_stall_ms,
+        "fuzz_calls": fuzz.calls,
+        "aborted": report.aborted + warm.aborted,
+        "broken_promises": len(broken),
+        "pages_accounted": pages_ok,
+        "rss_mb": {"after_warmup": round(rss_before, 1), "after_chaos": round(rss_after, 1), "end": round(rss_end, 1)},
+        "model": f"{info['model_name']} {info['dtype']}",
+        "worker_exit": exit_code,
+        "tracebacks_in_log": log.count("Traceback"),
+    }
+    for line in broken[:10]:
+        say(f"BROKEN: {line}")
+    print(json.dumps(result), flush=True)
+    ok = (
+        leaked == 0
+        and pages_ok
+        and not broken
+        and result["unknown_or_internal"] == 0
+        and stall.max_loop_stall_ms < 100
+        and exit_code == 0
+    )
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
