@@ -26,10 +26,11 @@ from radixcache.pool import KVPool, KVShape
 from radixcache.worker.attention import BatchLayout, SequenceSlice
 from radixcache.worker.attention.base import create_backend
 from radixcache.worker.model.tokenizer import IncrementalDetokenizer
-from radixcache.worker.request import ErrorKind, FinishReason, Request, RequestOutput
+from radixcache.worker.request import Constraint, ErrorKind, FinishReason, Request, RequestOutput
 from radixcache.worker.sampling import sample_row, token_logprob
 from radixcache.worker.scheduler import Chunk, Scheduler
 from radixcache.worker.sequence import Sequence
+from radixcache.worker.structured import GrammarCache
 
 log = logging.getLogger("radixcache.engine")
 
@@ -137,6 +138,8 @@ class Engine:
             max_running=self.config.max_running,
             aging_steps=self.config.aging_steps,
         )
+        # Structured outputs: grammars compile on the submitting thread, masks are applied on this one.
+        self.grammars = GrammarCache(self.tokenizer, mc.vocab_size, self._eos_ids)
         self._inbox: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._live_ids: set[str] = set()
         self._ids_lock = threading.Lock()
@@ -214,6 +217,8 @@ class Engine:
             stop_ids |= self._eos_ids
         detokenizer = IncrementalDetokenizer(self.tokenizer) if self.tokenizer is not None else NoText()
         seq = Sequence(request, on_output, detokenizer, frozenset(stop_ids))
+        if request.constraint is not None:  # compiles here, on the caller's thread, if not cached
+            seq.matcher = self.grammars.matcher(request.constraint)
         with self._ids_lock:  # atomic with shutdown(): a request is either refused or seen by the loop
             if not self._accepting:
                 raise RuntimeError("the engine is shutting down and accepts no new requests")
@@ -229,6 +234,11 @@ class Engine:
                 return False
         self._inbox.put(lambda: self._abort(request_id))
         return True
+
+    def compile_constraint(self, constraint: Constraint) -> None:
+        """Compile and cache a constraint's grammar (thread-safe; may take milliseconds, so keep it off an event
+        loop). Raises ConstraintError (a ValueError) naming the problem. submit() compiles too, on a cache miss."""
+        self.grammars.compile(constraint)
 
     def call(self, fn: Callable[[], Any]) -> Any:
         """Run fn on the engine thread (where the cache lives) and return its result."""
@@ -422,6 +432,7 @@ class Engine:
 
     def _advance(self, chunks: list[Chunk], logits: torch.Tensor) -> None:
         finite = torch.isfinite(logits).all(dim=-1).tolist()  # one pass for the batch, not one per row
+        allowed = self._constrained_logits(chunks, logits)
         for row, chunk in enumerate(chunks):
             seq = chunk.seq
             try:
@@ -431,7 +442,7 @@ class Engine:
                 if samples:
                     if not finite[row]:
                         raise FloatingPointError("non-finite logits")
-                    self._sample(seq, logits[row])
+                    self._sample(seq, logits[row], allowed.get(row))
                 if seq.finish_reason is not None:
                     self._end(seq)
                 else:
@@ -440,9 +451,19 @@ class Engine:
                 log.exception("request %s failed", seq.request_id)
                 self._end(seq, FinishReason.ERROR, "internal error while sampling this request")
 
-    def _sample(self, seq: Sequence, logits: torch.Tensor) -> None:
+    def _constrained_logits(self, chunks: list[Chunk], logits: torch.Tensor) -> dict[int, torch.Tensor]:
+        """Row -> that row's logits with the tokens its grammar forbids at -inf, for the constrained rows that
+        sample this step (all masks of the batch in one call)."""
+        rows = [r for r, c in enumerate(chunks) if c.seq.matcher is not None and c.samples]
+        if not rows:
+            return {}
+        masked = self.grammars.mask_logits(logits, rows, [chunks[r].seq.matcher for r in rows])
+        return dict(zip(rows, masked, strict=True))
+
+    def _sample(self, seq: Sequence, logits: torch.Tensor, allowed: torch.Tensor | None = None) -> None:
+        """Sample from `allowed` (the constrained logits) when given; logprobs stay those of the model's logits."""
         params = seq.request.sampling
-        token = sample_row(logits, params, seq.generator)
+        token = sample_row(logits if allowed is None else allowed, params, seq.generator)
         logprob = token_logprob(logits, token, params.top_logprobs) if params.logprobs else None
         seq.append_token(token, logprob)
         self._generated += 1

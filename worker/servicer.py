@@ -23,11 +23,13 @@ from radixcache.v1 import radixcache_pb2_grpc as pb_grpc
 from radixcache.worker.auth import Authenticator
 from radixcache.worker.engine import DuplicateRequestError, RequestTooLargeError
 from radixcache.worker.metrics import WorkerMetrics, flatten_stats
-from radixcache.worker.request import ErrorKind, FinishReason, Request, RequestOutput, SamplingParams
+from radixcache.worker.request import Constraint, ErrorKind, FinishReason, Request, RequestOutput, SamplingParams
+from radixcache.worker.structured import ConstraintError
 from radixcache.worker.validation import (
     InvalidArgument,
     check_prompt_length,
     check_request_id,
+    constraint,
     render_prompt,
     sampling_params,
 )
@@ -141,12 +143,15 @@ class RadixCacheServicer(pb_grpc.RadixCacheServicer):
                 context_length=self.model_info.context_length,
                 vocab_size=self.model_info.vocab_size,
             )
-        except InvalidArgument as e:
+            wanted = constraint(request)
+            if wanted is not None:  # compiled (and cached) in a worker thread: the event loop keeps serving
+                await self._in_thread(engine.compile_constraint, wanted)
+        except (InvalidArgument, ConstraintError) as e:
             await self._invalid(context, e)
         key = (tenant, request_id)
         if key in self._active:
             await context.abort(grpc.StatusCode.ALREADY_EXISTS, f"request_id {request_id!r} is already running")
-        await self._stream(engine, context, key, prompt, sampling)
+        await self._stream(engine, context, key, prompt, sampling, wanted)
 
     async def _stream(
         self,
@@ -155,6 +160,7 @@ class RadixCacheServicer(pb_grpc.RadixCacheServicer):
         key: tuple[str, str],
         prompt: list[int],
         sampling: SamplingParams,
+        wanted: Constraint | None = None,
     ) -> None:
         tenant, request_id = key
         engine_id = self._engine_id(tenant, request_id)
@@ -167,7 +173,8 @@ class RadixCacheServicer(pb_grpc.RadixCacheServicer):
             except RuntimeError:  # the loop is closed: nobody is listening any more
                 pass
 
-        await self._submit(engine, Request(engine_id, prompt, sampling, namespace=tenant), on_output, context)
+        request = Request(engine_id, prompt, sampling, namespace=tenant, constraint=wanted)
+        await self._submit(engine, request, on_output, context)
         self._active[key] = engine_id
         finished = False
         first = True

@@ -7,9 +7,10 @@ here need what only the server knows: the vocabulary, the context length and the
 
 from __future__ import annotations
 
+import json
 from typing import Any, Protocol
 
-from radixcache.worker.request import SamplingParams
+from radixcache.worker.request import Constraint, SamplingParams
 
 CHAT_ROLES = ("system", "user", "assistant", "tool")
 MAX_REQUEST_ID_CHARS = 128
@@ -119,4 +120,27 @@ def sampling_params(request: Any, *, prompt_tokens: int, context_length: int, vo
     try:
         return SamplingParams(**kwargs)
     except ValueError as e:  # SamplingParams' messages already name the field and the range
+        raise InvalidArgument(str(e)) from e
+
+
+def constraint(request: Any) -> Constraint | None:
+    """A GenerateRequest's `constraint` oneof as a Constraint (None when unset or json_object is false).
+
+    Checks what needs no tokenizer (non-empty, size, the schema is JSON); whether it compiles is checked next by
+    Engine.compile_constraint, still before anything is allocated.
+    """
+    kind = request.WhichOneof("constraint")
+    if kind is None or (kind == "json_object" and not request.json_object):
+        return None
+    text = "" if kind == "json_object" else getattr(request, kind)
+    if kind == "json_schema":
+        try:
+            schema = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise InvalidArgument(f"json_schema is not valid JSON: {e}") from e
+        if not isinstance(schema, (dict, bool)):
+            raise InvalidArgument(f"json_schema must be a JSON object, got a JSON {type(schema).__name__}")
+    try:
+        return Constraint(kind, text)
+    except ValueError as e:  # Constraint names the field and the limit
         raise InvalidArgument(str(e)) from e
