@@ -9,18 +9,23 @@ import json
 import re
 import threading
 
+import grpc
 import jsonschema
 import pytest
 import torch
 from engine_fixtures import byte_tokenizer, tiny_model
 from test_engine import Collector, assert_clean, make_engine
+from worker_harness import ThreadedWorker
 
+from radixcache.client import Client
+from radixcache.client.client import generate_request
 from radixcache.worker.cli import default_model_path
 from radixcache.worker.engine import Engine, EngineConfig
 from radixcache.worker.model.config import ModelConfig
 from radixcache.worker.model.loader import load_checkpoint, random_model
 from radixcache.worker.request import Constraint, FinishReason, Request, SamplingParams
 from radixcache.worker.structured import ConstraintError, GrammarCache
+from radixcache.worker.validation import constraint as constraint_of
 
 pytest.importorskip("llguidance")
 
@@ -343,3 +348,58 @@ def test_grammar_cache_is_bounded_and_compiles_off_the_calling_thread_once(tiny)
     assert cache.misses == misses + 1  # evicted, compiled again
     with pytest.raises(ValueError, match="at most"):
         Constraint("regex", "a" * 70_000)
+
+
+# --- over the wire: the gRPC front with the real engine and the default model ----------------------------------
+@pytest.fixture(scope="module")
+def wire(default):
+    engine = Engine(default, EngineConfig(kv_pages=256, page_size=16))
+    with ThreadedWorker(engine) as w, Client(w.target) as client:
+        yield client, engine
+    engine.shutdown(drain=False)
+
+
+def test_json_schema_over_grpc(wire):
+    client, engine = wire
+    schema = SCHEMAS["nested_object"]
+    messages = [{"role": "user", "content": "Describe a user as JSON."}]
+    for seed in range(3):
+        done = client.generate_text(messages=messages, json_schema=schema, max_tokens=64, temperature=0.8, seed=seed)
+        jsonschema.validate(json.loads(done.text), schema)
+        assert done.finish_reason == "stop_token"
+    regex = client.generate_text("<|bos|>Answer:", regex=REGEX, max_tokens=32, temperature=0.8, seed=1)
+    assert re.fullmatch(REGEX, regex.text)
+    assert engine.stats().cache.live_leases == 0
+
+
+@pytest.mark.parametrize(
+    "kwargs,named",
+    [
+        ({"json_schema": "{not json"}, "json_schema is not valid JSON"),
+        ({"json_schema": "[1, 2]"}, "json_schema must be a JSON object"),
+        ({"json_schema": {"type": "objekt"}}, "objekt"),
+        ({"regex": "a(b"}, "regex: "),
+        ({"regex": ""}, "regex must not be empty"),
+        ({"ebnf": 'root ::= "a" missing'}, "missing"),
+        ({"regex": "x" * 70_000}, "at most 65536 characters"),
+    ],
+)
+def test_bad_constraints_are_invalid_argument_and_the_worker_keeps_serving(wire, kwargs, named):
+    client, engine = wire
+    with pytest.raises(grpc.RpcError) as e:
+        client.generate_text("<|bos|>Hello", max_tokens=4, **kwargs)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert named in e.value.details()
+    assert client.generate_text("<|bos|>Hello", max_tokens=2).completion_tokens == 2
+    stats = engine.stats()
+    assert stats.cache.live_leases == 0 and stats.running == 0
+
+
+def test_json_object_false_means_unconstrained(wire):
+    client, _ = wire
+    request = generate_request("<|bos|>Hello", max_tokens=6, ignore_eos=True)
+    request.json_object = False
+    assert request.WhichOneof("constraint") == "json_object"
+    assert constraint_of(request) is None
+    with pytest.raises(ValueError, match="at most one constraint"):
+        generate_request("x", regex="a", ebnf="root ::= x")
