@@ -8,7 +8,7 @@ Three pieces, each with one job:
 - `GrammarMatcher` is one request's copy of a compiled grammar, advanced with every token the request samples.
   It lives on the Sequence with the generated tokens, so preemption by recompute (which keeps those tokens) leaves
   it in step: there is nothing to replay.
-- `mask_logits` computes the masks of all constrained rows of a step in one llguidance call and applies them to
+- `GrammarCache.mask_logits` fills the masks of all constrained rows of a step into one bitmask and applies them to
   the logits in one tensor operation.
 
 llguidance is an optional dependency (`pip install radixcache[structured]`), imported on first use.
@@ -30,7 +30,7 @@ from radixcache.worker.request import Constraint
 # fill max_tokens with newlines instead of closing the value; a schema may still change this under "x-guidance".
 JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 DEFAULT_CACHE_SIZE = 256  # compiled grammars kept; a pristine matcher is small (the token tables are shared)
-_BIT_SHIFTS = torch.arange(32, dtype=torch.int32)
+_BIT_SHIFTS = torch.arange(32, dtype=torch.int32)  # bit t of word w allows token 32 * w + t
 
 
 class ConstraintError(ValueError):
@@ -99,7 +99,6 @@ class GrammarCache:
         self._lock = threading.Lock()
         self._compiled: OrderedDict[Constraint, Any] = OrderedDict()
         self._ll_tokenizer: Any = None
-        self._executor: Any = None
         self.hits = self.misses = 0
 
     @property
@@ -117,7 +116,6 @@ class GrammarCache:
                 self._ll_tokenizer = llg.LLTokenizer(
                     self._tokenizer.to_str(), n_vocab=n_vocab, eos_token=self._eos or None
                 )
-                self._executor = llg.LLExecutor()
             return self._ll_tokenizer
 
     def compile(self, constraint: Constraint) -> Any:
@@ -149,17 +147,25 @@ class GrammarCache:
     def __len__(self) -> int:
         return len(self._compiled)
 
+    def clear(self) -> None:
+        """Forget every compiled grammar (the token tables stay)."""
+        with self._lock:
+            self._compiled.clear()
+
     # --- one step ------------------------------------------------------------------------------------------
     def mask_logits(self, logits: torch.Tensor, rows: list[int], matchers: list[GrammarMatcher]) -> torch.Tensor:
         """logits[rows] with every token its row's grammar forbids set to -inf: a new [len(rows), vocab] tensor.
 
-        One llguidance call fills the bitmasks of all rows (in parallel, without the GIL); one masked_fill applies
-        them. The mask covers max(model, tokenizer) ids, so every logits column has a bit.
+        llguidance fills one bitmask tensor for the batch (one call per row, without the GIL); one masked_fill applies
+        them all. The mask covers max(model, tokenizer) ids, so every logits column has a bit.
         """
         vocab = logits.shape[-1]
         words = -(-self.mask_vocab // 32)
         bitmask = torch.empty((len(rows), words), dtype=torch.int32)
-        pairs = [(m.raw, i) for i, m in enumerate(matchers)]
-        self._executor.unsafe_compute_mask_ptr(pairs, bitmask.data_ptr(), words * 4, len(rows))
+        # On this thread, one row after another: handing the rows to llguidance's thread pool (LLExecutor) measured
+        # slower end to end on a busy CPU (each step waits for the pool's threads to be scheduled), while a mask
+        # takes microseconds.
+        for i, m in enumerate(matchers):
+            m.raw.unsafe_compute_mask_ptr(bitmask[i].data_ptr(), words * 4)
         allowed = ((bitmask.unsqueeze(-1) >> _BIT_SHIFTS) & 1).view(len(rows), -1)[:, :vocab].bool()
         return logits[rows].masked_fill_(~allowed, float("-inf"))
