@@ -46,6 +46,9 @@ _SAMPLING = (
     "ignore_eos",
     "logprobs",
     "top_logprobs",
+    "n",  # samples of the prompt; their chunks interleave, told apart by Chunk.index
+    "presence_penalty",
+    "frequency_penalty",
 )
 # Structured output (at most one): json_schema (a dict or JSON text), json_object=True, regex, ebnf (GBNF or Lark).
 _CONSTRAINTS = ("json_schema", "json_object", "regex", "ebnf")
@@ -70,6 +73,7 @@ class Chunk:
     completion_tokens: int
     finish_reason: str | None  # "stop_token" | "stop_string" | "length" | "aborted" on the last chunk
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    index: int = 0  # which sample (n > 1)
 
     @classmethod
     def from_proto(cls, m: pb.GenerateResponse) -> Chunk:
@@ -84,6 +88,7 @@ class Chunk:
             logprobs=[
                 TokenLogprob(lp.token_id, lp.logprob, [(t.token_id, t.logprob) for t in lp.top]) for lp in m.logprobs
             ],
+            index=m.index,
         )
 
 
@@ -101,6 +106,9 @@ class Completion:
 
     @classmethod
     def join(cls, chunks: Sequence[Chunk]) -> Completion:
+        """The completion of one sample's chunks (generate_text refuses n > 1: group generate()'s by index)."""
+        if any(c.index for c in chunks):
+            raise ValueError("chunks of several samples (n > 1): group generate()'s chunks by Chunk.index")
         last = chunks[-1]
         return cls(
             request_id=last.request_id,

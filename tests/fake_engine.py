@@ -7,11 +7,15 @@ exercise streaming order, cancellation, deadlines, tenants, pins and shutdown wi
 
 Prompts containing b"SLOW" take `slow_prefill` seconds before their first token (abortable); prompts containing
 b"BOOM" end with FinishReason.ERROR after one token; prompts containing b"FULL" end like a request that cannot fit
-beside pinned pages (ErrorKind.NO_CAPACITY).
+beside pinned pages (ErrorKind.NO_CAPACITY). A chat prompt rendered with tools (the template writes them between
+<tools> and </tools>) is answered with a Hermes-style call of the first tool, as a model trained for tools would:
+<tool_call>{"name": <first tool>, "arguments": {"city": "Paris"}}</tool_call>, then EOS.
 """
 
 from __future__ import annotations
 
+import json
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -28,16 +32,20 @@ class ByteTokenizer:
     vocab_size = 256 + OFFSET
     eos_token_ids = (EOS,)
     bos_token_id = BOS
+    max_bytes_per_token = 1
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         ids = [b + OFFSET for b in text.encode("utf-8")]
         return [BOS, *ids] if add_special_tokens else ids
 
-    def decode(self, ids: list[int]) -> str:
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return bytes(i - OFFSET for i in ids if i >= OFFSET).decode("utf-8", "replace")
 
-    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
-        text = "\x01" + "".join(f"<{m['role']}>{m['content']}</s>" for m in messages)
+    def apply_chat_template(
+        self, messages: list[dict[str, str]], add_generation_prompt: bool = True, tools: list | None = None
+    ) -> str:
+        text = "\x01" + (f"<tools>{json.dumps(tools)}</tools>" if tools else "")
+        text += "".join(f"<{m['role']}>{m['content']}</s>" for m in messages)
         return text + ("<assistant>" if add_generation_prompt else "")
 
 
@@ -218,9 +226,17 @@ class FakeEngine:
         if not seq.generated and b"SLOW" in bytes(i - OFFSET for i in r.prompt_ids if i >= OFFSET):
             if time.monotonic() - seq.started < self.slow_prefill:
                 return None  # still "prefilling"
-        token = ord("a") + len(seq.generated) % 26 + OFFSET
-        seq.generated.append(token)
         prompt = bytes(i - OFFSET for i in r.prompt_ids if i >= OFFSET)
+        tool = re.search(rb'<tools>\[\{"type": "function", "function": \{"name": "([^"]+)"', prompt)
+        if tool is not None:
+            reply = b'<tool_call>{"name": "%s", "arguments": {"city": "Paris"}}</tool_call>' % tool.group(1)
+            if len(seq.generated) == len(reply):
+                seq.generated.append(EOS)
+                return self._emit(seq, [EOS], FinishReason.STOP_TOKEN)
+            token = reply[len(seq.generated)] + OFFSET
+        else:
+            token = ord("a") + len(seq.generated) % 26 + OFFSET
+        seq.generated.append(token)
         if b"BOOM" in prompt:
             return self._emit(seq, [token], FinishReason.ERROR, "injected failure")
         if b"FULL" in prompt:

@@ -353,7 +353,7 @@ def test_a_failing_call_on_the_engine_thread_does_not_stop_it(model, monkeypatch
     try:
         sink = Collector()
         sink.expected = 1
-        monkeypatch.setattr(engine.scheduler, "find", lambda request_id: 1 / 0)
+        monkeypatch.setattr(engine, "_abort", lambda request_id: 1 / 0)
         engine.submit(Request("slow", workload(1, seed=43)[0], SamplingParams(max_tokens=200, ignore_eos=True)), sink)
         assert engine.abort("slow")  # the abort task raises inside the engine thread
         assert sink.done.wait(60)  # the engine kept going: the request ran to its end

@@ -23,9 +23,9 @@ from radixcache.worker.cli import default_model_path
 from radixcache.worker.engine import Engine, EngineConfig
 from radixcache.worker.model.config import ModelConfig
 from radixcache.worker.model.loader import load_checkpoint, random_model
+from radixcache.worker.pb_inputs import constraint_values
 from radixcache.worker.request import Constraint, FinishReason, Request, SamplingParams
 from radixcache.worker.structured import ConstraintError, GrammarCache
-from radixcache.worker.validation import constraint as constraint_of
 
 pytest.importorskip("llguidance")
 
@@ -400,6 +400,6 @@ def test_json_object_false_means_unconstrained(wire):
     request = generate_request("<|bos|>Hello", max_tokens=6, ignore_eos=True)
     request.json_object = False
     assert request.WhichOneof("constraint") == "json_object"
-    assert constraint_of(request) is None
+    assert constraint_values(request) == (None, "")
     with pytest.raises(ValueError, match="at most one constraint"):
         generate_request("x", regex="a", ebnf="root ::= x")

@@ -56,6 +56,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--tls-key", help="PEM private key")
     s.add_argument("--auth-tokens", type=Path, help='bearer tokens: JSON {"token": "tenant"} or "token tenant" lines')
     s.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port (0: a free one)")
+    s.add_argument(
+        "--http-port", type=int, help="also serve the OpenAI-compatible HTTP API on this port (0: a free one)"
+    )
     s.add_argument("--grace-period", type=float, default=30.0, help="seconds to drain streams on SIGTERM")
     s.add_argument("--max-concurrent-rpcs", type=int, default=1024)
     s.add_argument("--max-message-mib", type=int, default=16, help="largest request/response message, MiB")
@@ -82,7 +85,8 @@ def char_tokenizer() -> Any:
     tok.decoder = decoders.Fuse()
     tok.add_special_tokens(["<s>", "</s>", "<unk>"])
     tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
-    return Tokenizer(tok, bos_token="<s>", eos_token="</s>", chat_template=CHAR_CHAT_TEMPLATE)
+    # One token per character (known or <unk>), so at most 4 bytes of UTF-8 per token.
+    return Tokenizer(tok, bos_token="<s>", eos_token="</s>", chat_template=CHAR_CHAT_TEMPLATE, max_bytes_per_token=4)
 
 
 def load_model(args: argparse.Namespace) -> tuple[Any, str, str]:
@@ -130,6 +134,14 @@ def main(argv: list[str]) -> int:
     if bool(args.tls_cert) != bool(args.tls_key):
         print("radixcache serve: TLS needs both --tls-cert and --tls-key", file=sys.stderr)
         return 2
+    if args.http_port is not None:
+        try:
+            import fastapi  # noqa: F401
+            import uvicorn  # noqa: F401
+        except ImportError as e:
+            print(f"radixcache serve: --http-port needs the openai extra (pip install 'radixcache[openai]'): {e}",
+                  file=sys.stderr)  # fmt: skip
+            return 2
     options = ServerOptions(
         host=args.host,
         port=args.port,
@@ -140,6 +152,7 @@ def main(argv: list[str]) -> int:
         grace_period=args.grace_period,
         max_message_bytes=args.max_message_mib << 20,
         max_concurrent_rpcs=args.max_concurrent_rpcs,
+        http_port=args.http_port,
     )
 
     def load_engine() -> tuple[Any, Any]:

@@ -27,9 +27,9 @@ from radixcache.worker.attention import BatchLayout, SequenceSlice
 from radixcache.worker.attention.base import create_backend
 from radixcache.worker.model.tokenizer import IncrementalDetokenizer
 from radixcache.worker.request import Constraint, ErrorKind, FinishReason, Request, RequestOutput
-from radixcache.worker.sampling import sample_row, token_logprob
+from radixcache.worker.sampling import apply_penalties, sample_row, token_logprob
 from radixcache.worker.scheduler import Chunk, Scheduler
-from radixcache.worker.sequence import Sequence
+from radixcache.worker.sequence import SeqStatus, Sequence
 from radixcache.worker.structured import GrammarCache
 
 log = logging.getLogger("radixcache.engine")
@@ -142,6 +142,7 @@ class Engine:
         self.grammars = GrammarCache(self.tokenizer, mc.vocab_size, self._eos_ids)
         self._inbox: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._live_ids: set[str] = set()
+        self._samples: dict[str, list[Sequence]] = {}  # request id -> its unfinished samples (engine thread only)
         self._ids_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._accepting = True
@@ -210,25 +211,32 @@ class Engine:
 
     # --- calls from other threads ---------------------------------------------------------------------------
     def submit(self, request: Request, on_output: Callable[[RequestOutput], None]) -> None:
-        """Queue a request. Raises ValueError / RequestTooLargeError before anything is allocated."""
+        """Queue a request. Raises ValueError / RequestTooLargeError before anything is allocated.
+
+        With sampling.n > 1, on_output receives the outputs of n samples (RequestOutput.index), each ending with
+        its own finish_reason; the prompt is computed once and its pages shared by the samples.
+        """
         self._validate(request)
         stop_ids = set(request.sampling.stop_token_ids)
         if not request.sampling.ignore_eos:
             stop_ids |= self._eos_ids
-        detokenizer = IncrementalDetokenizer(self.tokenizer) if self.tokenizer is not None else NoText()
-        seq = Sequence(request, on_output, detokenizer, frozenset(stop_ids))
+        samples = [
+            Sequence(request, on_output, self._detokenizer(), frozenset(stop_ids), index=i)
+            for i in range(request.sampling.n)
+        ]
         if request.constraint is not None:  # compiles here, on the caller's thread, if not cached
-            seq.matcher = self.grammars.matcher(request.constraint)
+            for seq in samples:  # every sample walks the grammar on its own
+                seq.matcher = self.grammars.matcher(request.constraint)
         with self._ids_lock:  # atomic with shutdown(): a request is either refused or seen by the loop
             if not self._accepting:
                 raise RuntimeError("the engine is shutting down and accepts no new requests")
             if request.request_id in self._live_ids:
                 raise DuplicateRequestError(f"request_id {request.request_id!r} is already running; ids must be unique")
             self._live_ids.add(request.request_id)
-            self._inbox.put(lambda: self.scheduler.add(seq))
+            self._inbox.put(lambda: self._add(samples))
 
     def abort(self, request_id: str) -> bool:
-        """End a request with FinishReason.ABORTED, freeing its pages. False if it is not (or no longer) live."""
+        """End a request (all its samples) with FinishReason.ABORTED, freeing its pages. False if it is not live."""
         with self._ids_lock:
             if request_id not in self._live_ids:
                 return False
@@ -301,9 +309,21 @@ class Engine:
             )
 
     # --- the engine thread -----------------------------------------------------------------------------------
+    def _detokenizer(self) -> Any:
+        return IncrementalDetokenizer(self.tokenizer) if self.tokenizer is not None else NoText()
+
+    def _add(self, samples: list[Sequence]) -> None:
+        """Queue sample 0; the others wait on it until its prompt is computed (see _fork)."""
+        first, *others = samples
+        first.forks = others
+        self._samples[first.request_id] = list(samples)
+        self.scheduler.add(first)
+
+    def _live_sequences(self) -> list[Sequence]:
+        return [seq for samples in self._samples.values() for seq in samples]
+
     def _abort(self, request_id: str) -> None:
-        seq = self.scheduler.find(request_id)
-        if seq is not None:
+        for seq in list(self._samples.get(request_id, ())):
             self._end(seq, FinishReason.ABORTED)
 
     def _end(
@@ -313,14 +333,28 @@ class Engine:
         error: str | None = None,
         kind: ErrorKind = ErrorKind.INTERNAL,
     ) -> None:
-        """Finish seq (release everything first, so a callback failure cannot leak), then send its last output."""
+        """Finish seq (release everything first, so a callback failure cannot leak), then send its last output.
+
+        A sample that ends before its prompt was computed (abort, error) ends the samples waiting on it the same
+        way. The request id is free again once its last sample has ended.
+        """
+        if seq.status is SeqStatus.FINISHED:
+            return
         if error is not None:
             seq.error_kind = kind
         self.scheduler.finish(seq, reason, error)
-        self._finished += 1
-        with self._ids_lock:
-            self._live_ids.discard(seq.request_id)
+        samples = self._samples.get(seq.request_id, [])
+        if seq in samples:
+            samples.remove(seq)
+        if not samples:
+            self._samples.pop(seq.request_id, None)
+            self._finished += 1
+            with self._ids_lock:
+                self._live_ids.discard(seq.request_id)
         self._emit(seq)
+        forks, seq.forks = seq.forks, []
+        for other in forks:
+            self._end(other, seq.finish_reason, seq.error, seq.error_kind or kind)
 
     def _emit(self, seq: Sequence) -> None:
         out = seq.take_output()
@@ -329,9 +363,9 @@ class Engine:
         try:
             seq.on_output(out)
         except Exception:
-            log.exception("on_output of %s failed; aborting it", seq.request_id)
+            log.exception("on_output of %s failed; aborting it", seq.name)
             if out.finish_reason is None:
-                self._end(seq, FinishReason.ABORTED)
+                self._abort(seq.request_id)
 
     def _loop(self) -> None:
         try:
@@ -341,7 +375,7 @@ class Engine:
                     if self._stop_at is not None and (
                         not self.scheduler.has_work() or time.monotonic() >= self._stop_at
                     ):
-                        for seq in [*self.scheduler.running, *self.scheduler.waiting]:
+                        for seq in self._live_sequences():
                             self._end(seq, FinishReason.ABORTED)
                         return
                     if self.scheduler.has_work():
@@ -361,11 +395,11 @@ class Engine:
             self._fail_everything("internal error in the engine")
 
     def _fail_everything(self, message: str) -> None:
-        for seq in [*self.scheduler.running, *self.scheduler.waiting]:
+        for seq in self._live_sequences():
             try:
                 self._end(seq, FinishReason.ERROR, message)
             except Exception:
-                log.exception("could not end %s cleanly", seq.request_id)
+                log.exception("could not end %s cleanly", seq.name)
 
     def _drain_inbox(self, block: bool) -> None:
         try:
@@ -404,7 +438,7 @@ class Engine:
             logits = self._forward(chunks)
         except Exception:
             if len(chunks) == 1:
-                log.exception("forward failed for %s", chunks[0].seq.request_id)
+                log.exception("forward failed for %s", chunks[0].seq.name)
                 self._end(chunks[0].seq, FinishReason.ERROR, "internal error while computing this request")
                 return
             # Find the culprit: rerun one by one, so one bad request does not fail its batch-mates.
@@ -412,7 +446,7 @@ class Engine:
                 try:
                     self._advance([chunk], self._forward([chunk]))
                 except Exception:
-                    log.exception("forward failed for %s", chunk.seq.request_id)
+                    log.exception("forward failed for %s", chunk.seq.name)
                     self._end(chunk.seq, FinishReason.ERROR, "internal error while computing this request")
             self._steps += 1
             return
@@ -443,12 +477,31 @@ class Engine:
                     if not finite[row]:
                         raise FloatingPointError("non-finite logits")
                     self._sample(seq, logits[row], allowed.get(row))
-                if seq.finish_reason is not None:
-                    self._end(seq)
-                else:
-                    self._emit(seq)
+                    if seq.forks:  # the forks' matchers are at the start too: the same mask holds for them
+                        self._fork(seq, logits[row], allowed.get(row))
+                self._end_or_emit(seq)
             except Exception:
-                log.exception("request %s failed", seq.request_id)
+                log.exception("request %s failed", seq.name)
+                self._end(seq, FinishReason.ERROR, "internal error while sampling this request")
+
+    def _end_or_emit(self, seq: Sequence) -> None:
+        if seq.finish_reason is not None:
+            self._end(seq)
+        else:
+            self._emit(seq)
+
+    def _fork(self, first: Sequence, logits: torch.Tensor, allowed: torch.Tensor | None = None) -> None:
+        """first's prompt is computed and its first token sampled: start the request's other samples from a copy
+        of its prompt, each drawing its own first token from the same logits (and the same constrained logits:
+        every sample's grammar is still at its start)."""
+        forks, first.forks = first.forks, []
+        for seq in forks:
+            try:
+                if self.scheduler.fork(first, seq):
+                    self._sample(seq, logits, allowed)
+                    self._end_or_emit(seq)
+            except Exception:
+                log.exception("request %s failed", seq.name)
                 self._end(seq, FinishReason.ERROR, "internal error while sampling this request")
 
     def _constrained_logits(self, chunks: list[Chunk], logits: torch.Tensor) -> dict[int, torch.Tensor]:
@@ -463,7 +516,8 @@ class Engine:
     def _sample(self, seq: Sequence, logits: torch.Tensor, allowed: torch.Tensor | None = None) -> None:
         """Sample from `allowed` (the constrained logits) when given; logprobs stay those of the model's logits."""
         params = seq.request.sampling
-        token = sample_row(logits if allowed is None else allowed, params, seq.generator)
+        base = logits if allowed is None else allowed
+        token = sample_row(apply_penalties(base, seq.generated, params), params, seq.generator)
         logprob = token_logprob(logits, token, params.top_logprobs) if params.logprobs else None
         seq.append_token(token, logprob)
         self._generated += 1

@@ -7,11 +7,16 @@ input with the same message, before anything is allocated. Messages name the fie
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
 
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
+MAX_STOP_TOKEN_IDS = 256
 MAX_TOP_LOGPROBS = 20
+SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed accepts (the wire's int64 fits)
+MAX_SAMPLES = 16  # n: completions of one prompt, computed once and shared
+MAX_PENALTY = 2.0  # |presence_penalty|, |frequency_penalty| (OpenAI's range)
 CONSTRAINT_KINDS = ("json_schema", "json_object", "regex", "ebnf")
 MAX_CONSTRAINT_CHARS = 65536
 
@@ -48,18 +53,25 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: bool = False  # the log-probability of each sampled token
     top_logprobs: int = 0  # and this many alternatives per position
+    n: int = 1  # completions of the prompt; sample i is seeded with seed + i
+    presence_penalty: float = 0.0  # subtracted once from the logit of every token already generated
+    frequency_penalty: float = 0.0  # subtracted from it once per time it was generated
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if not self.temperature >= 0.0:  # also rejects NaN
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not (self.temperature >= 0.0 and math.isfinite(self.temperature)):  # NaN fails both comparisons
+            raise ValueError(f"temperature must be >= 0 and finite, got {self.temperature}")
         if self.top_k < -1 or self.top_k == 0:
             raise ValueError(f"top_k must be -1 (off) or >= 1, got {self.top_k}")
-        if not 0.0 < self.top_p <= 1.0:
+        if not 0.0 < self.top_p <= 1.0:  # the closed range also rejects NaN and infinities
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if not 0.0 <= self.min_p <= 1.0:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if self.seed is not None and not SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]:
+            raise ValueError(f"seed must be in [{SEED_RANGE[0]}, {SEED_RANGE[1]}], got {self.seed}")
+        if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+            raise ValueError(f"stop_token_ids allows at most {MAX_STOP_TOKEN_IDS} ids, got {len(self.stop_token_ids)}")
         if len(self.stop) > MAX_STOP_STRINGS:
             raise ValueError(f"stop allows at most {MAX_STOP_STRINGS} strings, got {len(self.stop)}")
         for s in self.stop:
@@ -67,10 +79,20 @@ class SamplingParams:
                 raise ValueError(f"each stop string must have 1..{MAX_STOP_STRING_CHARS} characters, got {len(s)}")
         if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
             raise ValueError(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs}")
+        if not 1 <= self.n <= MAX_SAMPLES:
+            raise ValueError(f"n must be in [1, {MAX_SAMPLES}], got {self.n}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not -MAX_PENALTY <= value <= MAX_PENALTY:  # also rejects NaN
+                raise ValueError(f"{name} must be in [-{MAX_PENALTY:g}, {MAX_PENALTY:g}], got {value}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def penalized(self) -> bool:
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
 
 @dataclass(frozen=True)
@@ -115,9 +137,10 @@ class TokenLogprob:
 
 @dataclass
 class RequestOutput:
-    """One engine step's worth of a request: the tokens that became ready, and the text they complete.
+    """One engine step's worth of one sample of a request: the tokens that became ready, and the text they complete.
 
-    prompt_tokens / cached_tokens are set on every output; finish_reason only on the last one.
+    prompt_tokens / cached_tokens are set on every output (the same for every sample: the prompt is computed once);
+    finish_reason only on the last output of each sample. `index` says which of the request's n samples it is.
     """
 
     request_id: str
@@ -132,6 +155,7 @@ class RequestOutput:
     error_kind: ErrorKind | None = None  # set with FinishReason.ERROR
     time_to_first_token: float | None = None  # seconds, on the first output that carries a token
     time_per_output_token: float | None = None  # seconds, on the last output
+    index: int = 0  # which sample, in [0, sampling.n)
 
     @property
     def finished(self) -> bool:

@@ -1,8 +1,9 @@
-"""Turning one step's logits into tokens: greedy, temperature, top-k, top-p, min-p, per-request seeds, logprobs.
+"""Turning one step's logits into tokens: penalties, greedy, temperature, top-k, top-p, min-p, per-request seeds,
+logprobs.
 
 Every row is processed on its own with its own torch.Generator, so a seeded request draws the same tokens whatever
 else shares its batch. Log-probabilities are those of the model (log_softmax of the raw logits), before any
-temperature or filtering, so they stay comparable across sampling settings.
+temperature, penalty or filtering, so they stay comparable across sampling settings.
 """
 
 from __future__ import annotations
@@ -20,6 +21,18 @@ def new_generator(seed: int | None) -> torch.Generator:
     else:
         generator.manual_seed(seed)
     return generator
+
+
+def apply_penalties(logits: torch.Tensor, generated: list[int], params: SamplingParams) -> torch.Tensor:
+    """OpenAI's presence and frequency penalties over the tokens generated so far (the prompt does not count):
+    logit[t] -= frequency_penalty * count(t) + presence_penalty * (count(t) > 0). Returns a new tensor; greedy
+    decoding sees the penalized logits too."""
+    if not params.penalized or not generated:
+        return logits
+    ids = torch.tensor(generated, dtype=torch.long, device=logits.device)
+    counts = torch.bincount(ids, minlength=logits.shape[-1]).to(torch.float32)
+    penalty = params.frequency_penalty * counts + params.presence_penalty * (counts > 0).to(torch.float32)
+    return logits.float() - penalty
 
 
 def filtered_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

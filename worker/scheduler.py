@@ -11,6 +11,9 @@ Policy, in order, each step:
 When pages run out mid-step, the most recently admitted running sequence is preempted by recompute: its computed
 pages are published to the tree first, so its re-admission mostly hits.
 
+Samples 2..n of a request (n > 1) are not queued: once sample 0 has computed the prompt, `fork` starts each of them
+from a copy of its prompt (the cache's pages for what the tree holds, copied slots for the rest).
+
 Every exit (finish, abort, error, preemption) goes through `_release`, which publishes what was computed and
 returns the lease: no path leaks a page.
 """
@@ -69,9 +72,6 @@ class Scheduler:
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
-
-    def find(self, request_id: str) -> Sequence | None:
-        return next((s for s in (*self.running, *self.waiting) if s.request_id == request_id), None)
 
     def finish(self, seq: Sequence, reason: FinishReason | None = None, error: str | None = None) -> None:
         """End a sequence for good: publish what it computed, release its lease, drop it from the queues."""
@@ -189,7 +189,7 @@ class Scheduler:
             fits = self.cache.available_pages() - promised - len(self.running)
             lease = None
             if self._pages_for(len(prompt)) - cached // self.page_size <= fits:
-                lease = self.cache.acquire(seq.request_id, prompt, ns, max_cached=len(prompt) - 1)
+                lease = self.cache.acquire(seq.name, prompt, ns, max_cached=len(prompt) - 1)
                 need = self._pages_for(len(prompt)) - len(lease.pages)
                 if self.cache.available_pages() - promised - need < len(self.running):
                     self.cache.release(lease)
@@ -213,9 +213,39 @@ class Scheduler:
             if not self._reserve(seq, seq.num_computed + want, chunks, failed):
                 return
 
+    def fork(self, parent: Sequence, child: Sequence) -> bool:
+        """Start `child` (another sample of parent's request) with parent's prompt already computed.
+
+        Call right after parent's prompt was computed and published (its lease still holds every prompt page).
+        The child leases the tree's pages of the prompt and gets private copies of the rest (at least the partial
+        last page, which each sample goes on writing). Returns True when the child runs now (sample its first token
+        from the parent's logits); False when no page could be had for the copies: the child then waits, like a
+        preempted sequence, to compute its prompt itself.
+        """
+        assert parent.lease is not None and parent.num_computed >= parent.num_prompt
+        child.admitted_once = True  # the request's prompt and cached tokens were counted with sample 0
+        child.cached_tokens = parent.cached_tokens
+        prompt = parent.tokens[: parent.num_prompt]
+        lease = self.cache.acquire(child.name, prompt, parent.request.namespace, max_cached=len(prompt))
+        try:
+            if lease.copy_from is not None:
+                self.pool.copy_prefix(*lease.copy_from)
+            shared = lease.cached_tokens
+            self.cache.allocate(lease, self._pages_for(len(prompt)) - len(lease.pages))
+        except CacheFullError:
+            self.cache.release(lease)
+            child.waited_steps = self.aging_steps
+            self.waiting.insert(0, child)
+            return False
+        for j in range(shared // self.page_size, self._pages_for(len(prompt))):
+            slots = min(self.page_size, len(prompt) - j * self.page_size)
+            self.pool.copy_prefix(parent.lease.pages[j], lease.pages[j], slots)
+        child.published_tokens = shared - shared % self.page_size
+        self._run(child, lease)
+        child.num_computed = len(prompt)
+        return True
+
     def _start(self, seq: Sequence, lease) -> None:
-        seq.lease = lease
-        seq.num_computed = lease.cached_tokens
         if not seq.admitted_once:
             seq.admitted_once = True
             seq.cached_tokens = min(lease.cached_tokens, seq.num_prompt)
@@ -227,6 +257,11 @@ class Scheduler:
             ):
                 self.inflight_shared_tokens += seq.cached_tokens
         self.waiting.remove(seq)
+        self._run(seq, lease)
+
+    def _run(self, seq: Sequence, lease) -> None:
+        seq.lease = lease
+        seq.num_computed = lease.cached_tokens
         self.running.append(seq)
         seq.status = SeqStatus.RUNNING
         self._admitted += 1

@@ -44,6 +44,7 @@ class Sequence:
     on_output: Callable[[RequestOutput], None]
     detokenizer: object  # IncrementalDetokenizer: push(token_id) -> str, flush() -> str
     stop_token_ids: frozenset[int]
+    index: int = 0  # which of the request's n samples this is
     tokens: list[int] = field(default_factory=list)  # prompt + generated; the last one may be uncomputed
     num_computed: int = 0  # tokens whose K/V is in lease.pages
     lease: Lease | None = None
@@ -65,16 +66,32 @@ class Sequence:
     error_kind: ErrorKind | None = None
     # other sequence -> common prefix length; weak, so a finished sequence is not kept alive by a waiting one
     lcp_cache: weakref.WeakKeyDictionary[Sequence, int] = field(default_factory=weakref.WeakKeyDictionary)
+    # The request's other samples (n > 1), held by sample 0 until its prompt is computed: they then start from a
+    # copy of its prompt instead of computing it again (Scheduler.fork).
+    forks: list[Sequence] = field(default_factory=list)
     # Structured output: the grammar state after the generated tokens (kept through preemption with them)
     matcher: GrammarMatcher | None = None
 
     def __post_init__(self) -> None:
         self.tokens = list(self.request.prompt_ids)
-        self.generator = new_generator(self.request.sampling.seed)
+        seed = self.request.sampling.seed
+        if seed is not None:
+            seed += self.index  # sample i: seed + i (wrapping past the largest seed torch accepts)
+            seed = seed - 2**64 if seed >= 2**64 else seed
+        self.generator = new_generator(seed)
 
     @property
     def request_id(self) -> str:
         return self.request.request_id
+
+    @property
+    def name(self) -> str:
+        """Unique per sample (the owner of its lease): the request id, plus "#i" for samples after the first."""
+        return self.request_id if self.index == 0 else f"{self.request_id}#{self.index}"
+
+    @property
+    def generated(self) -> list[int]:
+        return self.tokens[self.num_prompt :]
 
     @property
     def num_prompt(self) -> int:
@@ -156,6 +173,7 @@ class Sequence:
             finish_reason=self.finish_reason,
             error=self.error,
             error_kind=self.error_kind,
+            index=self.index,
         )
         if self.pending_ids and self.first_token_at is not None and self.num_generated == len(self.pending_ids):
             out.time_to_first_token = self.first_token_at - self.arrival

@@ -1,8 +1,9 @@
-"""The worker's gRPC server: lifecycle, health, reflection, TLS, limits, metrics and graceful shutdown.
+"""The worker's gRPC server: lifecycle, health, reflection, TLS, limits, metrics and graceful shutdown, plus the
+OpenAI-compatible HTTP front (--http-port) over the same engine, in the same event loop.
 
-Life of a worker: bind the port (health NOT_SERVING) -> load and warm up the engine -> SERVING -> on stop():
-NOT_SERVING, refuse new RPCs, let in-flight streams finish within the grace period while the engine drains, abort
-what is left, close.
+Life of a worker: bind the ports (health NOT_SERVING, HTTP /health 503) -> load and warm up the engine -> SERVING ->
+on stop(): NOT_SERVING, refuse new RPCs and HTTP requests, let in-flight streams (gRPC and HTTP) finish within the
+grace period while the engine drains, abort what is left, close.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class ServerOptions:
     grace_period: float = 30.0  # seconds in-flight streams get to finish on shutdown
     max_message_bytes: int = 16 * MiB
     max_concurrent_rpcs: int = 1024  # beyond it gRPC answers RESOURCE_EXHAUSTED
+    http_port: int | None = None  # the OpenAI-compatible HTTP API on this port (0: a free one); None: no HTTP
 
 
 def grpc_server_options(max_message_bytes: int) -> list[tuple[str, Any]]:
@@ -68,6 +70,8 @@ class WorkerServer:
         self.health = health.aio.HealthServicer()
         self.port = 0
         self.metrics_port: int | None = None
+        self.http: Any = None  # openai.http_server.HttpServer, with --http-port
+        self.http_port: int | None = None
         self._server: grpc.aio.Server | None = None
         self._stopped = False
 
@@ -95,6 +99,11 @@ class WorkerServer:
             raise OSError(f"could not bind {address}")
         await server.start()
         self._server = server
+        if o.http_port is not None:
+            from radixcache.worker.openai.http_server import HttpServer  # fastapi/uvicorn: only when asked for
+
+            self.http = HttpServer(self.servicer, o.host, o.http_port, max_body_bytes=o.max_message_bytes)
+            self.http_port = await self.http.start()
         if o.metrics_port is not None:
             self.metrics_port = self.metrics.serve_http(o.metrics_port, o.host)
         return self.port
@@ -123,9 +132,12 @@ class WorkerServer:
         if engine is not None:
             loop = asyncio.get_running_loop()
             await loop.run_in_executor(None, lambda: engine.shutdown(drain=True, timeout=grace))
+        left = max(1.0, deadline - time.monotonic())
+        # Every engine request has ended; the handlers only have their last messages left to write.
+        if self.http is not None:
+            await self.http.stop(left)
         if self._server is not None:
-            # Every engine request has ended; the handlers only have their last messages left to write.
-            await self._server.stop(max(1.0, deadline - time.monotonic()))
+            await self._server.stop(left)
         self.metrics.stop_http()
 
     async def wait_for_termination(self) -> None:
@@ -158,6 +170,8 @@ async def run_worker(
             on_listening(options.host, port)
         if server.metrics_port is not None:
             print(f"metrics on http://{options.host}:{server.metrics_port}/metrics", flush=True)
+        if server.http_port is not None:
+            print(f"openai api on http://{options.host}:{server.http_port}/v1", flush=True)
         loading = loop.run_in_executor(None, load_engine)
         stopping = asyncio.ensure_future(stop.wait())
         await asyncio.wait({loading, stopping}, return_when=asyncio.FIRST_COMPLETED)

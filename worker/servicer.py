@@ -2,12 +2,14 @@
 
 Threading: RPC handlers run on the asyncio loop; the engine calls `on_output` from its own thread, which only hands
 the output to the loop (call_soon_threadsafe) and never blocks. Calls that the engine runs on its thread and waits
-for (flush, pin, unpin, stats) are awaited through a worker thread so the loop keeps serving streams.
+for (flush, pin, unpin, stats), and tokenizing / chat templating, are awaited through a worker thread so the loop
+keeps serving streams; the cheap size checks (validation) run before them, so an oversized prompt is refused in
+milliseconds.
 
 Cancellation: a Generate handler is a coroutine that writes its messages itself, so a cancelled or disconnected
 client raises CancelledError inside it at an await; a deadline is watched by the handler itself (time_remaining ->
-DEADLINE_EXCEEDED). Either way its `finally` aborts the engine request, which frees the request's pages in the
-engine's next step.
+DEADLINE_EXCEEDED). Either way closing its EngineStream aborts the engine request, which frees the request's pages
+in the engine's next step.
 """
 
 from __future__ import annotations
@@ -22,16 +24,22 @@ from radixcache.v1 import radixcache_pb2 as pb
 from radixcache.v1 import radixcache_pb2_grpc as pb_grpc
 from radixcache.worker.auth import Authenticator
 from radixcache.worker.engine import DuplicateRequestError, RequestTooLargeError
+from radixcache.worker.engine_stream import EngineStream, engine_request_id
 from radixcache.worker.metrics import WorkerMetrics, flatten_stats
+from radixcache.worker.pb_inputs import constraint_values, prompt_input, sampling_values
 from radixcache.worker.request import Constraint, ErrorKind, FinishReason, Request, RequestOutput, SamplingParams
 from radixcache.worker.structured import ConstraintError
 from radixcache.worker.validation import (
     InvalidArgument,
-    check_prompt_length,
+    ModelLimits,
+    PromptInput,
+    check_prompt_input,
     check_request_id,
+    check_ttl,
     constraint,
     render_prompt,
     sampling_params,
+    tokenize_prompt,
 )
 
 FINISH_REASONS = {
@@ -59,6 +67,7 @@ def to_response(request_id: str, out: RequestOutput) -> pb.GenerateResponse:
         cached_tokens=out.cached_tokens,
         completion_tokens=out.completion_tokens,
         finish_reason=FINISH_REASONS.get(out.finish_reason, pb.FINISH_REASON_UNSPECIFIED),  # type: ignore[arg-type]
+        index=out.index,
     )
     for lp in out.logprobs:
         resp.logprobs.add(
@@ -77,12 +86,16 @@ class RadixCacheServicer(pb_grpc.RadixCacheServicer):
         self.metrics = metrics
         self.engine: Any = None
         self.model_info = pb.ModelInfo()
+        self.limits = ModelLimits(vocab_size=0, context_length=0)
         self.draining = False
         # (tenant, client request id) -> engine request id, for the caller's running requests
         self._active: dict[tuple[str, str], str] = {}
 
     def attach(self, engine: Any, model_info: pb.ModelInfo) -> None:
         self.model_info = model_info
+        self.limits = ModelLimits.of(
+            engine.tokenizer, vocab_size=model_info.vocab_size, context_length=model_info.context_length
+        )
         self.engine = engine
 
     # -- helpers -------------------------------------------------------------------------------------------------
@@ -103,20 +116,16 @@ class RadixCacheServicer(pb_grpc.RadixCacheServicer):
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         raise AssertionError("unreachable")  # context.abort raises
 
-    def _prompt(self, message: Any) -> tuple[list[int], str]:
-        ids, text = render_prompt(message, self.engine.tokenizer, self.model_info.vocab_size)
-        check_prompt_length(len(ids), self.model_info.context_length)
-        return ids, text
+    async def _prompt(self, prompt: PromptInput, *, fit: bool = True) -> tuple[list[int], str]:
+        """Tokenized in a worker thread (the size checks come first there); fit: leave room in the context."""
+        tokenize = tokenize_prompt if fit else render_prompt
+        return await self._in_thread(tokenize, prompt, self.engine.tokenizer, self.limits)
 
-    @staticmethod
-    def _engine_id(tenant: str, request_id: str) -> str:
-        # Tenant names never contain "/", so this is unique per (tenant, request id) and names the tenant in leaks.
-        return f"{tenant}/{request_id}" if tenant else request_id
-
-    async def _submit(self, engine: Any, request: Request, on_output: Any, context: grpc.aio.ServicerContext) -> None:
-        """engine.submit, with its synchronous refusals turned into the status codes the proto promises."""
+    async def _submit(self, stream: EngineStream, context: grpc.aio.ServicerContext) -> None:
+        """stream.open() (engine.submit), with its synchronous refusals turned into the status codes the proto
+        promises."""
         try:
-            engine.submit(request, on_output)
+            stream.open()
         except RequestTooLargeError as e:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
         except DuplicateRequestError as e:  # e.g. retried with the same id before the cancelled run wound down
@@ -136,14 +145,12 @@ class RadixCacheServicer(pb_grpc.RadixCacheServicer):
         request_id = request.request_id or uuid.uuid4().hex
         try:
             check_request_id(request_id)
-            prompt, _ = self._prompt(request)
-            sampling = sampling_params(
-                request,
-                prompt_tokens=len(prompt),
-                context_length=self.model_info.context_length,
-                vocab_size=self.model_info.vocab_size,
-            )
-            wanted = constraint(request)
+            text_or_ids, values = prompt_input(request), sampling_values(request)
+            check_prompt_input(text_or_ids, engine.tokenizer, self.limits)  # refused before tokenizing: bad sizes
+            sampling_params(values, prompt_tokens=None, limits=self.limits)  # and bad sampling values
+            wanted = constraint(*constraint_values(request))
+            prompt, _ = await self._prompt(text_or_ids)
+            sampling = sampling_params(values, prompt_tokens=len(prompt), limits=self.limits)
             if wanted is not None:  # compiled (and cached) in a worker thread: the event loop keeps serving
                 await self._in_thread(engine.compile_constraint, wanted)
         except (InvalidArgument, ConstraintError) as e:
@@ -163,49 +170,30 @@ class RadixCacheServicer(pb_grpc.RadixCacheServicer):
         wanted: Constraint | None = None,
     ) -> None:
         tenant, request_id = key
-        engine_id = self._engine_id(tenant, request_id)
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
-
-        def on_output(out: RequestOutput) -> None:  # engine thread
-            try:
-                loop.call_soon_threadsafe(queue.put_nowait, out)
-            except RuntimeError:  # the loop is closed: nobody is listening any more
-                pass
-
+        engine_id = engine_request_id(tenant, request_id)
         request = Request(engine_id, prompt, sampling, namespace=tenant, constraint=wanted)
-        await self._submit(engine, request, on_output, context)
+        stream = EngineStream(engine, request, self.metrics)
+        await self._submit(stream, context)
         self._active[key] = engine_id
-        finished = False
-        first = True
         try:
-            while True:
-                remaining = context.time_remaining()
+            while not stream.finished:
                 try:
-                    out = await asyncio.wait_for(queue.get(), remaining) if remaining is not None else await queue.get()
+                    out = await stream.next(context.time_remaining())
                 except asyncio.TimeoutError:
                     await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded")
-                if out.finish_reason is not None:
-                    finished = True
-                if self.metrics is not None:
-                    self.metrics.observe(out, first=first)
-                first = False
                 if out.finish_reason is FinishReason.ERROR:
                     await context.abort(ERROR_STATUS[out.error_kind], f"request {request_id!r} failed: {out.error}")
                 await context.write(to_response(request_id, out))
-                if finished:
-                    return
         finally:
             self._active.pop(key, None)
-            if not finished:
-                engine.abort(engine_id)
+            stream.close()
 
     # -- unary RPCs ----------------------------------------------------------------------------------------------
     async def Tokenize(self, request: pb.TokenizeRequest, context: grpc.aio.ServicerContext) -> pb.TokenizeResponse:
         await self._tenant(context)
         await self._ready(context)
         try:
-            ids, text = render_prompt(request, self.engine.tokenizer, self.model_info.vocab_size)
+            ids, text = await self._prompt(prompt_input(request), fit=False)
         except InvalidArgument as e:
             await self._invalid(context, e)
         return pb.TokenizeResponse(token_ids=ids, prompt=text)
@@ -233,13 +221,12 @@ class RadixCacheServicer(pb_grpc.RadixCacheServicer):
     async def PinPrefix(self, request: pb.PinPrefixRequest, context: grpc.aio.ServicerContext) -> pb.PinPrefixResponse:
         tenant = await self._tenant(context)
         engine = await self._ready(context)
+        ttl = request.ttl_seconds if request.HasField("ttl_seconds") else None
         try:
-            ids, _ = self._prompt(request)
-            if request.HasField("ttl_seconds") and not request.ttl_seconds > 0:
-                raise InvalidArgument(f"ttl_seconds must be > 0 (or unset: no expiry), got {request.ttl_seconds}")
+            check_ttl(ttl)
+            ids, _ = await self._prompt(prompt_input(request))
         except InvalidArgument as e:
             await self._invalid(context, e)
-        ttl = request.ttl_seconds if request.HasField("ttl_seconds") else None
         whole = len(ids) // self.model_info.page_size * self.model_info.page_size
         pinned = int(await self._in_thread(engine.pin, ids, tenant, ttl))
         if pinned < whole:  # not cached (yet): compute it with a one-token generation, then pin what it published
@@ -248,23 +235,15 @@ class RadixCacheServicer(pb_grpc.RadixCacheServicer):
         return pb.PinPrefixResponse(pinned_tokens=pinned, prompt_tokens=len(ids))
 
     async def _warm(self, engine: Any, tenant: str, ids: list[int], context: grpc.aio.ServicerContext) -> None:
-        loop = asyncio.get_running_loop()
-        done: asyncio.Future[RequestOutput] = loop.create_future()
-
-        def on_output(out: RequestOutput) -> None:  # engine thread
-            if out.finish_reason is not None:
-                loop.call_soon_threadsafe(lambda: done.done() or done.set_result(out))
-
-        engine_id = self._engine_id(tenant, "pin-" + uuid.uuid4().hex)
-        request = Request(engine_id, ids, SamplingParams(max_tokens=1), namespace=tenant)
-        await self._submit(engine, request, on_output, context)
+        engine_id = engine_request_id(tenant, "pin-" + uuid.uuid4().hex)
+        stream = EngineStream(engine, Request(engine_id, ids, SamplingParams(max_tokens=1), namespace=tenant))
+        await self._submit(stream, context)
         try:
-            out = await done
+            async for out in stream:
+                if out.finish_reason is FinishReason.ERROR:
+                    await context.abort(ERROR_STATUS[out.error_kind], f"computing the prefix failed: {out.error}")
         finally:
-            if not done.done():
-                engine.abort(engine_id)
-        if out.finish_reason is FinishReason.ERROR:
-            await context.abort(ERROR_STATUS[out.error_kind], f"computing the prefix failed: {out.error}")
+            stream.close()
 
     async def UnpinPrefix(
         self, request: pb.UnpinPrefixRequest, context: grpc.aio.ServicerContext
@@ -272,7 +251,7 @@ class RadixCacheServicer(pb_grpc.RadixCacheServicer):
         tenant = await self._tenant(context)
         engine = await self._ready(context)
         try:
-            ids, _ = self._prompt(request)
+            ids, _ = await self._prompt(prompt_input(request))
         except InvalidArgument as e:
             await self._invalid(context, e)
         return pb.UnpinPrefixResponse(unpinned_tokens=int(await self._in_thread(engine.unpin, ids, tenant)))

@@ -1,20 +1,30 @@
-"""Turns wire requests into engine requests, rejecting bad input before anything is allocated.
+"""Decides what a request may contain, for every front (gRPC, OpenAI HTTP, in-process): plain Python values in,
+a validated prompt and SamplingParams out, InvalidArgument (naming the field and the allowed range) otherwise.
 
-Every check raises InvalidArgument with a message that names the field and the allowed range; the server maps it to
-INVALID_ARGUMENT. SamplingParams repeats the sampling checks (so in-process callers get the same messages); the ones
-here need what only the server knows: the vocabulary, the context length and the prompt's length.
+Fronts translate their wire format into the plain values here (PromptInput, SamplingValues) and call, in order:
+1. the cheap checks, in microseconds to milliseconds and before anything is tokenized or allocated:
+   `check_request_id`, `check_prompt_input` (sizes: a text that cannot fit the context, too many messages, too much
+   chat content) and `sampling_params(values, prompt_tokens=None, ...)`;
+2. `tokenize_prompt` (the slow part: chat template + tokenizer; run it off the event loop);
+3. `sampling_params(values, prompt_tokens=len(ids), ...)` again, now with the exact prompt length.
+
+SamplingParams.__post_init__ holds the sampling rules that need nothing but the values (ranges, finiteness, counts);
+`sampling_params` adds the ones that need the model (vocabulary, context length), so each rule lives in one place.
 """
 
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from radixcache.worker.request import Constraint, SamplingParams
 
 CHAT_ROLES = ("system", "user", "assistant", "tool")
 MAX_REQUEST_ID_CHARS = 128
-MAX_CHAT_MESSAGES = 4096
+MAX_CHAT_MESSAGES = 1024
 DEFAULT_MAX_TOKENS = SamplingParams().max_tokens
 
 
@@ -25,58 +35,207 @@ class InvalidArgument(ValueError):
 class TokenizerLike(Protocol):
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
 
-    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str: ...
+    def apply_chat_template(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **variables: Any
+    ) -> str: ...
+
+
+@dataclass(frozen=True)
+class ModelLimits:
+    """What validation needs to know about the served model; build it once per model with `of()`.
+
+    max_bytes_per_token: at most this many UTF-8 bytes of input text become one token, so a text of B bytes encodes
+    to at least ceil(B / max_bytes_per_token) tokens. None when the tokenizer gives no such bound (then sizes are
+    only checked after tokenizing).
+    """
+
+    vocab_size: int
+    context_length: int
+    max_bytes_per_token: int | None = None
+
+    @classmethod
+    def of(cls, tokenizer: Any, *, vocab_size: int, context_length: int) -> ModelLimits:
+        bound = getattr(tokenizer, "max_bytes_per_token", None) if tokenizer is not None else None
+        return cls(vocab_size=vocab_size, context_length=context_length, max_bytes_per_token=bound)
+
+    @property
+    def max_prompt_tokens(self) -> int:
+        return self.context_length - 1  # leaves room for one generated token
+
+    @property
+    def max_prompt_bytes(self) -> int | None:
+        """The most UTF-8 bytes a text may have and still fit the context (None: unknown before tokenizing)."""
+        return None if self.max_bytes_per_token is None else self.max_prompt_tokens * self.max_bytes_per_token
+
+
+@dataclass(frozen=True)
+class PromptInput:
+    """A prompt as a front received it: exactly one of text, token ids or chat messages ({"role", "content"}).
+
+    tools: with messages, the tool (function) definitions the chat template renders, as Hugging Face's
+    apply_chat_template takes them ([{"type": "function", "function": {"name", "description", "parameters"}}]).
+    """
+
+    text: str | None = None
+    token_ids: Sequence[int] | None = None
+    messages: Sequence[Mapping[str, Any]] | None = None
+    tools: Sequence[Mapping[str, Any]] | None = None
+
+    @property
+    def kind(self) -> str | None:
+        given = [k for k in ("text", "token_ids", "messages") if getattr(self, k) is not None]
+        if len(given) > 1:
+            raise InvalidArgument(f"set exactly one of text, token_ids or messages; got {' and '.join(given)}")
+        return given[0] if given else None
+
+
+@dataclass(frozen=True)
+class SamplingValues:
+    """A request's sampling fields as sent; None (or empty) = unset, which takes SamplingParams' default."""
+
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    stop: Sequence[str] = field(default_factory=tuple)
+    stop_token_ids: Sequence[int] = field(default_factory=tuple)
+    ignore_eos: bool | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    n: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
 
 
 def check_request_id(request_id: str) -> None:
     if len(request_id) > MAX_REQUEST_ID_CHARS:
         raise InvalidArgument(f"request_id must have at most {MAX_REQUEST_ID_CHARS} characters, got {len(request_id)}")
+    _utf8_size(request_id, "request_id")
 
 
-def chat_messages(messages: Any) -> list[dict[str, str]]:
-    """ChatMessages -> [{"role", "content"}], checking the roles."""
-    items = list(messages.messages)
-    if not items:
+def check_ttl(ttl_seconds: float | None) -> None:
+    """A pin's lifetime: unset (no expiry) or a finite number of seconds > 0."""
+    if ttl_seconds is not None and not (ttl_seconds > 0 and math.isfinite(ttl_seconds)):
+        raise InvalidArgument(f"ttl_seconds must be > 0 and finite (or unset: no expiry), got {ttl_seconds}")
+
+
+def _utf8_size(text: str, name: str) -> int:
+    """len(text) in UTF-8; a lone surrogate (possible from JSON's \\ud800 escapes) is an InvalidArgument."""
+    try:
+        return len(text.encode("utf-8"))
+    except UnicodeEncodeError as e:
+        raise InvalidArgument(f"{name} is not valid Unicode: {e.reason} at character {e.start}") from None
+
+
+def _token_ids(ids: Sequence[int], limits: ModelLimits, name: str) -> None:
+    """Every id in [0, vocab_size); min/max first, so the common valid case costs no Python loop."""
+    if ids and not (0 <= min(ids) and max(ids) < limits.vocab_size):
+        for i, t in enumerate(ids):
+            if not 0 <= t < limits.vocab_size:
+                raise InvalidArgument(f"{name}[{i}] = {t} is outside the vocabulary [0, {limits.vocab_size})")
+
+
+def _at_least_tokens(num_bytes: int, limits: ModelLimits) -> int:
+    if limits.max_bytes_per_token is None:
+        return 1
+    return -(-num_bytes // limits.max_bytes_per_token)
+
+
+def chat_messages(messages: Sequence[Mapping[str, Any]], limits: ModelLimits) -> list[dict[str, Any]]:
+    """[{"role", "content", ...}] checked (count, roles, content type, total size) and copied for the template."""
+    if not messages:
         raise InvalidArgument("messages must hold at least one message")
-    if len(items) > MAX_CHAT_MESSAGES:
-        raise InvalidArgument(f"messages must hold at most {MAX_CHAT_MESSAGES} messages, got {len(items)}")
+    most = min(MAX_CHAT_MESSAGES, limits.max_prompt_tokens)
+    if len(messages) > most:
+        raise InvalidArgument(f"messages must hold at most {most} messages, got {len(messages)}")
     out = []
-    for i, m in enumerate(items):
-        if m.role not in CHAT_ROLES:
-            raise InvalidArgument(f"messages[{i}].role must be one of {', '.join(CHAT_ROLES)}; got {m.role!r}")
-        out.append({"role": m.role, "content": m.content})
+    size = 0
+    for i, m in enumerate(messages):
+        role, content = m.get("role"), m.get("content")
+        if role not in CHAT_ROLES:
+            raise InvalidArgument(f"messages[{i}].role must be one of {', '.join(CHAT_ROLES)}; got {role!r}")
+        if not isinstance(content, str):
+            raise InvalidArgument(f"messages[{i}].content must be a string, got {type(content).__name__}")
+        size += _utf8_size(content, f"messages[{i}].content")
+        out.append(dict(m))
+    if limits.max_prompt_bytes is not None and size > limits.max_prompt_bytes:
+        raise InvalidArgument(
+            f"messages hold {size} bytes of content; a prompt that fits the context ({limits.max_prompt_tokens} "
+            f"tokens) holds at most {limits.max_prompt_bytes} bytes with this model's tokenizer"
+        )
     return out
 
 
-def render_prompt(message: Any, tokenizer: TokenizerLike | None, vocab_size: int) -> tuple[list[int], str]:
-    """The token ids of a request's `input` oneof (text | token_ids | messages), and the text they encode.
+def check_prompt_input(prompt: PromptInput, tokenizer: TokenizerLike | None, limits: ModelLimits) -> int:
+    """The cheap checks of a prompt, before any tokenizing: returns a lower bound on its length in tokens.
 
-    Chat messages are rendered with the model's chat template plus the assistant's generation prompt; the template
-    writes the special tokens (BOS) itself, so the rendered text is encoded without adding them again.
+    Rejects what is missing or empty, token ids outside the vocabulary, and anything whose size alone proves it
+    cannot fit the context (a text of B bytes has at least ceil(B / max_bytes_per_token) tokens).
     """
-    kind = message.WhichOneof("input")
+    kind = prompt.kind
     if kind is None:
         raise InvalidArgument("no input: set exactly one of text, token_ids or messages")
     if kind != "token_ids" and tokenizer is None:
         raise InvalidArgument(f"{kind}: this worker's model has no tokenizer; send token_ids instead")
-    if kind == "text":
-        if not message.text:
-            raise InvalidArgument("text must not be empty")
-        return list(tokenizer.encode(message.text)), message.text
     if kind == "token_ids":
-        ids = list(message.token_ids.ids)
+        ids = prompt.token_ids or ()
         if not ids:
             raise InvalidArgument("token_ids.ids must hold at least one token")
-        for i, t in enumerate(ids):
-            if not 0 <= t < vocab_size:
-                raise InvalidArgument(f"token_ids.ids[{i}] = {t} is outside the vocabulary [0, {vocab_size})")
-        return ids, ""
-    messages = chat_messages(message.messages)
+        check_prompt_length(len(ids), limits.context_length)
+        _token_ids(ids, limits, "token_ids.ids")
+        return len(ids)
+    if kind == "messages":
+        chat_messages(prompt.messages or (), limits)
+        return 1  # a template may drop or trim content: no tighter bound is certain
+    text = prompt.text or ""
+    if not text:
+        raise InvalidArgument("text must not be empty")
+    if limits.max_bytes_per_token is not None and len(text) > limits.max_prompt_bytes:  # type: ignore[operator]
+        num_bytes = len(text)  # characters <= bytes: already too long, no need to encode
+    else:
+        num_bytes = _utf8_size(text, "text")
+    at_least = _at_least_tokens(num_bytes, limits)
+    if at_least > limits.max_prompt_tokens:
+        raise InvalidArgument(
+            f"text has {num_bytes}+ bytes, so at least {at_least} tokens with this model's tokenizer (at most "
+            f"{limits.max_bytes_per_token} bytes per token); the context allows at most {limits.max_prompt_tokens} "
+            f"prompt tokens (at most {limits.max_prompt_bytes} bytes)"
+        )
+    return at_least
+
+
+def render_prompt(prompt: PromptInput, tokenizer: TokenizerLike | None, limits: ModelLimits) -> tuple[list[int], str]:
+    """The token ids of a prompt, and the text they encode ("" for token ids). Slow: run it off the event loop.
+
+    Runs check_prompt_input first. Chat messages are rendered with the model's chat template plus the assistant's
+    generation prompt; the template writes the special tokens (BOS) itself, so the rendered text is encoded without
+    adding them again. Checks sizes only (check_prompt_input), not the exact length against the context: Tokenize
+    reports any length.
+    """
+    check_prompt_input(prompt, tokenizer, limits)
+    kind = prompt.kind
+    if kind == "token_ids":
+        return list(prompt.token_ids or ()), ""
+    assert tokenizer is not None  # check_prompt_input refuses text and messages without one
+    if kind == "text":
+        text = prompt.text or ""
+        return list(tokenizer.encode(text)), text
+    messages = chat_messages(prompt.messages or (), limits)
     try:
-        rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        variables = {"tools": list(prompt.tools)} if prompt.tools else {}
+        rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True, **variables)
     except Exception as e:  # no template (ValueError), or the template rejects the conversation (TemplateError)
         raise InvalidArgument(f"messages: the model's chat template cannot render them: {e}") from e
     return list(tokenizer.encode(rendered, add_special_tokens=False)), rendered
+
+
+def tokenize_prompt(prompt: PromptInput, tokenizer: TokenizerLike | None, limits: ModelLimits) -> tuple[list[int], str]:
+    """render_prompt, then the length check: the prompt must leave room for one generated token."""
+    ids, text = render_prompt(prompt, tokenizer, limits)
+    check_prompt_length(len(ids), limits.context_length)
+    return ids, text
 
 
 def check_prompt_length(num_tokens: int, context_length: int) -> None:
@@ -89,50 +248,59 @@ def check_prompt_length(num_tokens: int, context_length: int) -> None:
         )
 
 
-def sampling_params(request: Any, *, prompt_tokens: int, context_length: int, vocab_size: int) -> SamplingParams:
-    """SamplingParams from a GenerateRequest's optional fields; unset fields take SamplingParams' defaults.
+def sampling_params(values: SamplingValues, *, prompt_tokens: int | None, limits: ModelLimits) -> SamplingParams:
+    """SamplingParams from a request's sampling values; unset values take SamplingParams' defaults.
 
     max_tokens unset: min(default, what is left of the context). max_tokens set beyond what is left: an error.
+    Cheap: call it before tokenizing with prompt_tokens=None (every rule but the room left in the context), and
+    again with the prompt's exact length.
     """
-    room = context_length - prompt_tokens
-    if request.HasField("max_tokens"):
-        max_tokens = request.max_tokens
+    room = limits.context_length - (prompt_tokens or 1)
+    if values.max_tokens is not None:
+        max_tokens = values.max_tokens
         if max_tokens < 1:
             raise InvalidArgument(f"max_tokens must be >= 1, got {max_tokens}")
-        if max_tokens > room:
+        if prompt_tokens is not None and max_tokens > room:
             raise InvalidArgument(
                 f"max_tokens must be in [1, {room}]: the prompt has {prompt_tokens} tokens and the context "
-                f"length is {context_length}; got {max_tokens}"
+                f"length is {limits.context_length}; got {max_tokens}"
             )
     else:
         max_tokens = min(DEFAULT_MAX_TOKENS, room)
-    for i, t in enumerate(request.stop_token_ids):
-        if not 0 <= t < vocab_size:
-            raise InvalidArgument(f"stop_token_ids[{i}] = {t} is outside the vocabulary [0, {vocab_size})")
     kwargs: dict[str, Any] = {
         "max_tokens": max_tokens,
-        "stop": tuple(request.stop),
-        "stop_token_ids": tuple(request.stop_token_ids),
+        "stop": tuple(values.stop),
+        "stop_token_ids": tuple(values.stop_token_ids),
     }
-    for name in ("temperature", "top_k", "top_p", "min_p", "seed", "ignore_eos", "logprobs", "top_logprobs"):
-        if request.HasField(name):
-            kwargs[name] = getattr(request, name)
+    for name in (
+        "temperature", "top_k", "top_p", "min_p", "seed", "ignore_eos", "logprobs", "top_logprobs", "n",
+        "presence_penalty", "frequency_penalty",
+    ):  # fmt: skip
+        value = getattr(values, name)
+        if value is not None:
+            kwargs[name] = value
     try:
-        return SamplingParams(**kwargs)
-    except ValueError as e:  # SamplingParams' messages already name the field and the range
+        params = SamplingParams(**kwargs)  # its messages already name the field and the range
+    except ValueError as e:
         raise InvalidArgument(str(e)) from e
+    except TypeError as e:  # a value of the wrong type from a loosely typed front (e.g. JSON)
+        raise InvalidArgument(f"a sampling value has the wrong type: {e}") from e
+    # After SamplingParams has bounded their counts:
+    for i, s in enumerate(params.stop):
+        _utf8_size(s, f"stop[{i}]")
+    _token_ids(params.stop_token_ids, limits, "stop_token_ids")
+    return params
 
 
-def constraint(request: Any) -> Constraint | None:
-    """A GenerateRequest's `constraint` oneof as a Constraint (None when unset or json_object is false).
+def constraint(kind: str | None, text: str = "") -> Constraint | None:
+    """A structured-output constraint from a front's plain values: kind one of request.CONSTRAINT_KINDS (None: no
+    constraint), text the JSON schema (JSON text), regex or grammar ("" for json_object).
 
     Checks what needs no tokenizer (non-empty, size, the schema is JSON); whether it compiles is checked next by
-    Engine.compile_constraint, still before anything is allocated.
+    Engine.compile_constraint (ConstraintError, also a ValueError), still before anything is allocated.
     """
-    kind = request.WhichOneof("constraint")
-    if kind is None or (kind == "json_object" and not request.json_object):
+    if kind is None:
         return None
-    text = "" if kind == "json_object" else getattr(request, kind)
     if kind == "json_schema":
         try:
             schema = json.loads(text)

@@ -24,15 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1eradixcache/v1/radixcache.proto\x12\rradixcache.v1\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"<\n\x0c\x43hatMessages\x12,\n\x08messages\x18\x01 \x03(\x0b\x32\x1a.radixcache.v1.ChatMessage\"\xe0\x04\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12,\n\ttoken_ids\x18\x03 \x01(\x0b\x32\x17.radixcache.v1.TokenIdsH\x00\x12/\n\x08messages\x18\x04 \x01(\x0b\x32\x1b.radixcache.v1.ChatMessagesH\x00\x12\x17\n\nmax_tokens\x18\n \x01(\x05H\x02\x88\x01\x01\x12\x18\n\x0btemperature\x18\x0b \x01(\x01H\x03\x88\x01\x01\x12\x12\n\x05top_k\x18\x0c \x01(\x05H\x04\x88\x01\x01\x12\x12\n\x05top_p\x18\r \x01(\x01H\x05\x88\x01\x01\x12\x12\n\x05min_p\x18\x0e \x01(\x01H\x06\x88\x01\x01\x12\x11\n\x04seed\x18\x0f \x01(\x03H\x07\x88\x01\x01\x12\x0c\n\x04stop\x18\x10 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x11 \x03(\x05\x12\x17\n\nignore_eos\x18\x12 \x01(\x08H\x08\x88\x01\x01\x12\x15\n\x08logprobs\x18\x13 \x01(\x08H\t\x88\x01\x01\x12\x19\n\x0ctop_logprobs\x18\x14 \x01(\x05H\n\x88\x01\x01\x12\x15\n\x0bjson_schema\x18\x16 \x01(\tH\x01\x12\x15\n\x0bjson_object\x18\x17 \x01(\x08H\x01\x12\x0f\n\x05regex\x18\x18 \x01(\tH\x01\x12\x0e\n\x04\x65\x62nf\x18\x19 \x01(\tH\x01\x42\x07\n\x05inputB\x0c\n\nconstraintB\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_kB\x08\n\x06_top_pB\x08\n\x06_min_pB\x07\n\x05_seedB\r\n\x0b_ignore_eosB\x0b\n\t_logprobsB\x0f\n\r_top_logprobs\"Y\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x01\x12&\n\x03top\x18\x03 \x03(\x0b\x32\x19.radixcache.v1.TopLogprob\"/\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x01\"\xf3\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x15\n\rprompt_tokens\x18\x04 \x01(\r\x12\x15\n\rcached_tokens\x18\x05 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x06 \x01(\r\x12\x32\n\rfinish_reason\x18\x07 \x01(\x0e\x32\x1b.radixcache.v1.FinishReason\x12-\n\x08logprobs\x18\x08 \x03(\x0b\x32\x1b.radixcache.v1.TokenLogprob\"[\n\x0fTokenizeRequest\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12/\n\x08messages\x18\x02 \x01(\x0b\x32\x1b.radixcache.v1.ChatMessagesH\x00\x42\x07\n\x05input\"5\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x0e\n\x06prompt\x18\x02 \x01(\t\"\x15\n\x13GetModelInfoRequest\"\x8a\x02\n\tModelInfo\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x12\n\nmodel_path\x18\x02 \x01(\t\x12\x14\n\x0c\x61rchitecture\x18\x03 \x01(\t\x12\x12\n\nvocab_size\x18\x04 \x01(\r\x12\x16\n\x0e\x63ontext_length\x18\x05 \x01(\r\x12\x11\n\tpage_size\x18\x06 \x01(\r\x12\x10\n\x08kv_pages\x18\x07 \x01(\r\x12\x10\n\x08kv_bytes\x18\x08 \x01(\x04\x12\x0f\n\x07\x62\x61\x63kend\x18\t \x01(\t\x12\r\n\x05\x64type\x18\n \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x0b \x01(\t\x12\x15\n\rcache_enabled\x18\x0c \x01(\x08\x12\x15\n\reos_token_ids\x18\r \x03(\x05\"\x16\n\x14GetCacheStatsRequest\"\xc0\x02\n\nCacheStats\x12\x13\n\x0bpages_total\x18\x01 \x01(\r\x12\x12\n\npages_free\x18\x02 \x01(\r\x12\x14\n\x0cpages_cached\x18\x03 \x01(\r\x12\x17\n\x0fpages_evictable\x18\x04 \x01(\r\x12\x14\n\x0cpages_pinned\x18\x05 \x01(\r\x12\x14\n\x0cpages_in_use\x18\x06 \x01(\r\x12\x16\n\x0equeried_tokens\x18\x07 \x01(\x04\x12\x12\n\nhit_tokens\x18\x08 \x01(\x04\x12\x10\n\x08hit_rate\x18\t \x01(\x01\x12\x15\n\revicted_pages\x18\n \x01(\x04\x12\x13\n\x0bpreemptions\x18\x0b \x01(\x04\x12\x0f\n\x07running\x18\x0c \x01(\r\x12\x0f\n\x07waiting\x18\r \x01(\r\x12\x13\n\x0blive_leases\x18\x0e \x01(\r\x12\r\n\x05steps\x18\x0f \x01(\x04\"\x13\n\x11\x46lushCacheRequest\"+\n\x12\x46lushCacheResponse\x12\x15\n\rpages_flushed\x18\x01 \x01(\r\"\xb4\x01\n\x10PinPrefixRequest\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12,\n\ttoken_ids\x18\x02 \x01(\x0b\x32\x17.radixcache.v1.TokenIdsH\x00\x12/\n\x08messages\x18\x03 \x01(\x0b\x32\x1b.radixcache.v1.ChatMessagesH\x00\x12\x18\n\x0bttl_seconds\x18\x04 \x01(\x01H\x01\x88\x01\x01\x42\x07\n\x05inputB\x0e\n\x0c_ttl_seconds\"A\n\x11PinPrefixResponse\x12\x15\n\rpinned_tokens\x18\x01 \x01(\r\x12\x15\n\rprompt_tokens\x18\x02 \x01(\r\"\x8c\x01\n\x12UnpinPrefixRequest\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12,\n\ttoken_ids\x18\x02 \x01(\x0b\x32\x17.radixcache.v1.TokenIdsH\x00\x12/\n\x08messages\x18\x03 \x01(\x0b\x32\x1b.radixcache.v1.ChatMessagesH\x00\x42\x07\n\x05input\".\n\x13UnpinPrefixResponse\x12\x17\n\x0funpinned_tokens\x18\x01 \x01(\r\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\" \n\rAbortResponse\x12\x0f\n\x07\x61\x62orted\x18\x01 \x01(\x08*\x9f\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x46INISH_REASON_STOP_TOKEN\x10\x01\x12\x1d\n\x19\x46INISH_REASON_STOP_STRING\x10\x02\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x03\x12\x19\n\x15\x46INISH_REASON_ABORTED\x10\x04\x32\x84\x05\n\nRadixCache\x12M\n\x08Generate\x12\x1e.radixcache.v1.GenerateRequest\x1a\x1f.radixcache.v1.GenerateResponse0\x01\x12K\n\x08Tokenize\x12\x1e.radixcache.v1.TokenizeRequest\x1a\x1f.radixcache.v1.TokenizeResponse\x12L\n\x0cGetModelInfo\x12\".radixcache.v1.GetModelInfoRequest\x1a\x18.radixcache.v1.ModelInfo\x12O\n\rGetCacheStats\x12#.radixcache.v1.GetCacheStatsRequest\x1a\x19.radixcache.v1.CacheStats\x12Q\n\nFlushCache\x12 .radixcache.v1.FlushCacheRequest\x1a!.radixcache.v1.FlushCacheResponse\x12N\n\tPinPrefix\x12\x1f.radixcache.v1.PinPrefixRequest\x1a .radixcache.v1.PinPrefixResponse\x12T\n\x0bUnpinPrefix\x12!.radixcache.v1.UnpinPrefixRequest\x1a\".radixcache.v1.UnpinPrefixResponse\x12\x42\n\x05\x41\x62ort\x12\x1b.radixcache.v1.AbortRequest\x1a\x1c.radixcache.v1.AbortResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1eradixcache/v1/radixcache.proto\x12\rradixcache.v1\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"<\n\x0c\x43hatMessages\x12,\n\x08messages\x18\x01 \x03(\x0b\x32\x1a.radixcache.v1.ChatMessage\"\xe0\x05\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12,\n\ttoken_ids\x18\x03 \x01(\x0b\x32\x17.radixcache.v1.TokenIdsH\x00\x12/\n\x08messages\x18\x04 \x01(\x0b\x32\x1b.radixcache.v1.ChatMessagesH\x00\x12\x17\n\nmax_tokens\x18\n \x01(\x05H\x02\x88\x01\x01\x12\x18\n\x0btemperature\x18\x0b \x01(\x01H\x03\x88\x01\x01\x12\x12\n\x05top_k\x18\x0c \x01(\x05H\x04\x88\x01\x01\x12\x12\n\x05top_p\x18\r \x01(\x01H\x05\x88\x01\x01\x12\x12\n\x05min_p\x18\x0e \x01(\x01H\x06\x88\x01\x01\x12\x11\n\x04seed\x18\x0f \x01(\x03H\x07\x88\x01\x01\x12\x0c\n\x04stop\x18\x10 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x11 \x03(\x05\x12\x17\n\nignore_eos\x18\x12 \x01(\x08H\x08\x88\x01\x01\x12\x15\n\x08logprobs\x18\x13 \x01(\x08H\t\x88\x01\x01\x12\x19\n\x0ctop_logprobs\x18\x14 \x01(\x05H\n\x88\x01\x01\x12\x0e\n\x01n\x18\x15 \x01(\x05H\x0b\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\x1a \x01(\x01H\x0c\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\x1b \x01(\x01H\r\x88\x01\x01\x12\x15\n\x0bjson_schema\x18\x16 \x01(\tH\x01\x12\x15\n\x0bjson_object\x18\x17 \x01(\x08H\x01\x12\x0f\n\x05regex\x18\x18 \x01(\tH\x01\x12\x0e\n\x04\x65\x62nf\x18\x19 \x01(\tH\x01\x42\x07\n\x05inputB\x0c\n\nconstraintB\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_kB\x08\n\x06_top_pB\x08\n\x06_min_pB\x07\n\x05_seedB\r\n\x0b_ignore_eosB\x0b\n\t_logprobsB\x0f\n\r_top_logprobsB\x04\n\x02_nB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penalty\"Y\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x01\x12&\n\x03top\x18\x03 \x03(\x0b\x32\x19.radixcache.v1.TopLogprob\"/\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x01\"\x82\x02\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x15\n\rprompt_tokens\x18\x04 \x01(\r\x12\x15\n\rcached_tokens\x18\x05 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x06 \x01(\r\x12\x32\n\rfinish_reason\x18\x07 \x01(\x0e\x32\x1b.radixcache.v1.FinishReason\x12-\n\x08logprobs\x18\x08 \x03(\x0b\x32\x1b.radixcache.v1.TokenLogprob\x12\r\n\x05index\x18\t \x01(\r\"[\n\x0fTokenizeRequest\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12/\n\x08messages\x18\x02 \x01(\x0b\x32\x1b.radixcache.v1.ChatMessagesH\x00\x42\x07\n\x05input\"5\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x0e\n\x06prompt\x18\x02 \x01(\t\"\x15\n\x13GetModelInfoRequest\"\x8a\x02\n\tModelInfo\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x12\n\nmodel_path\x18\x02 \x01(\t\x12\x14\n\x0c\x61rchitecture\x18\x03 \x01(\t\x12\x12\n\nvocab_size\x18\x04 \x01(\r\x12\x16\n\x0e\x63ontext_length\x18\x05 \x01(\r\x12\x11\n\tpage_size\x18\x06 \x01(\r\x12\x10\n\x08kv_pages\x18\x07 \x01(\r\x12\x10\n\x08kv_bytes\x18\x08 \x01(\x04\x12\x0f\n\x07\x62\x61\x63kend\x18\t \x01(\t\x12\r\n\x05\x64type\x18\n \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x0b \x01(\t\x12\x15\n\rcache_enabled\x18\x0c \x01(\x08\x12\x15\n\reos_token_ids\x18\r \x03(\x05\"\x16\n\x14GetCacheStatsRequest\"\xc0\x02\n\nCacheStats\x12\x13\n\x0bpages_total\x18\x01 \x01(\r\x12\x12\n\npages_free\x18\x02 \x01(\r\x12\x14\n\x0cpages_cached\x18\x03 \x01(\r\x12\x17\n\x0fpages_evictable\x18\x04 \x01(\r\x12\x14\n\x0cpages_pinned\x18\x05 \x01(\r\x12\x14\n\x0cpages_in_use\x18\x06 \x01(\r\x12\x16\n\x0equeried_tokens\x18\x07 \x01(\x04\x12\x12\n\nhit_tokens\x18\x08 \x01(\x04\x12\x10\n\x08hit_rate\x18\t \x01(\x01\x12\x15\n\revicted_pages\x18\n \x01(\x04\x12\x13\n\x0bpreemptions\x18\x0b \x01(\x04\x12\x0f\n\x07running\x18\x0c \x01(\r\x12\x0f\n\x07waiting\x18\r \x01(\r\x12\x13\n\x0blive_leases\x18\x0e \x01(\r\x12\r\n\x05steps\x18\x0f \x01(\x04\"\x13\n\x11\x46lushCacheRequest\"+\n\x12\x46lushCacheResponse\x12\x15\n\rpages_flushed\x18\x01 \x01(\r\"\xb4\x01\n\x10PinPrefixRequest\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12,\n\ttoken_ids\x18\x02 \x01(\x0b\x32\x17.radixcache.v1.TokenIdsH\x00\x12/\n\x08messages\x18\x03 \x01(\x0b\x32\x1b.radixcache.v1.ChatMessagesH\x00\x12\x18\n\x0bttl_seconds\x18\x04 \x01(\x01H\x01\x88\x01\x01\x42\x07\n\x05inputB\x0e\n\x0c_ttl_seconds\"A\n\x11PinPrefixResponse\x12\x15\n\rpinned_tokens\x18\x01 \x01(\r\x12\x15\n\rprompt_tokens\x18\x02 \x01(\r\"\x8c\x01\n\x12UnpinPrefixRequest\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12,\n\ttoken_ids\x18\x02 \x01(\x0b\x32\x17.radixcache.v1.TokenIdsH\x00\x12/\n\x08messages\x18\x03 \x01(\x0b\x32\x1b.radixcache.v1.ChatMessagesH\x00\x42\x07\n\x05input\".\n\x13UnpinPrefixResponse\x12\x17\n\x0funpinned_tokens\x18\x01 \x01(\r\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\" \n\rAbortResponse\x12\x0f\n\x07\x61\x62orted\x18\x01 \x01(\x08*\x9f\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x46INISH_REASON_STOP_TOKEN\x10\x01\x12\x1d\n\x19\x46INISH_REASON_STOP_STRING\x10\x02\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x03\x12\x19\n\x15\x46INISH_REASON_ABORTED\x10\x04\x32\x84\x05\n\nRadixCache\x12M\n\x08Generate\x12\x1e.radixcache.v1.GenerateRequest\x1a\x1f.radixcache.v1.GenerateResponse0\x01\x12K\n\x08Tokenize\x12\x1e.radixcache.v1.TokenizeRequest\x1a\x1f.radixcache.v1.TokenizeResponse\x12L\n\x0cGetModelInfo\x12\".radixcache.v1.GetModelInfoRequest\x1a\x18.radixcache.v1.ModelInfo\x12O\n\rGetCacheStats\x12#.radixcache.v1.GetCacheStatsRequest\x1a\x19.radixcache.v1.CacheStats\x12Q\n\nFlushCache\x12 .radixcache.v1.FlushCacheRequest\x1a!.radixcache.v1.FlushCacheResponse\x12N\n\tPinPrefix\x12\x1f.radixcache.v1.PinPrefixRequest\x1a .radixcache.v1.PinPrefixResponse\x12T\n\x0bUnpinPrefix\x12!.radixcache.v1.UnpinPrefixRequest\x1a\".radixcache.v1.UnpinPrefixResponse\x12\x42\n\x05\x41\x62ort\x12\x1b.radixcache.v1.AbortRequest\x1a\x1c.radixcache.v1.AbortResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'radixcache.v1.radixcache_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FINISHREASON']._serialized_start=2544
-  _globals['_FINISHREASON']._serialized_end=2703
+  _globals['_FINISHREASON']._serialized_start=2687
+  _globals['_FINISHREASON']._serialized_end=2846
   _globals['_TOKENIDS']._serialized_start=49
   _globals['_TOKENIDS']._serialized_end=72
   _globals['_CHATMESSAGE']._serialized_start=74
@@ -40,41 +40,41 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CHATMESSAGES']._serialized_start=120
   _globals['_CHATMESSAGES']._serialized_end=180
   _globals['_GENERATEREQUEST']._serialized_start=183
-  _globals['_GENERATEREQUEST']._serialized_end=791
-  _globals['_TOKENLOGPROB']._serialized_start=793
-  _globals['_TOKENLOGPROB']._serialized_end=882
-  _globals['_TOPLOGPROB']._serialized_start=884
-  _globals['_TOPLOGPROB']._serialized_end=931
-  _globals['_GENERATERESPONSE']._serialized_start=934
-  _globals['_GENERATERESPONSE']._serialized_end=1177
-  _globals['_TOKENIZEREQUEST']._serialized_start=1179
-  _globals['_TOKENIZEREQUEST']._serialized_end=1270
-  _globals['_TOKENIZERESPONSE']._serialized_start=1272
-  _globals['_TOKENIZERESPONSE']._serialized_end=1325
-  _globals['_GETMODELINFOREQUEST']._serialized_start=1327
-  _globals['_GETMODELINFOREQUEST']._serialized_end=1348
-  _globals['_MODELINFO']._serialized_start=1351
-  _globals['_MODELINFO']._serialized_end=1617
-  _globals['_GETCACHESTATSREQUEST']._serialized_start=1619
-  _globals['_GETCACHESTATSREQUEST']._serialized_end=1641
-  _globals['_CACHESTATS']._serialized_start=1644
-  _globals['_CACHESTATS']._serialized_end=1964
-  _globals['_FLUSHCACHEREQUEST']._serialized_start=1966
-  _globals['_FLUSHCACHEREQUEST']._serialized_end=1985
-  _globals['_FLUSHCACHERESPONSE']._serialized_start=1987
-  _globals['_FLUSHCACHERESPONSE']._serialized_end=2030
-  _globals['_PINPREFIXREQUEST']._serialized_start=2033
-  _globals['_PINPREFIXREQUEST']._serialized_end=2213
-  _globals['_PINPREFIXRESPONSE']._serialized_start=2215
-  _globals['_PINPREFIXRESPONSE']._serialized_end=2280
-  _globals['_UNPINPREFIXREQUEST']._serialized_start=2283
-  _globals['_UNPINPREFIXREQUEST']._serialized_end=2423
-  _globals['_UNPINPREFIXRESPONSE']._serialized_start=2425
-  _globals['_UNPINPREFIXRESPONSE']._serialized_end=2471
-  _globals['_ABORTREQUEST']._serialized_start=2473
-  _globals['_ABORTREQUEST']._serialized_end=2507
-  _globals['_ABORTRESPONSE']._serialized_start=2509
-  _globals['_ABORTRESPONSE']._serialized_end=2541
-  _globals['_RADIXCACHE']._serialized_start=2706
-  _globals['_RADIXCACHE']._serialized_end=3350
+  _globals['_GENERATEREQUEST']._serialized_end=919
+  _globals['_TOKENLOGPROB']._serialized_start=921
+  _globals['_TOKENLOGPROB']._serialized_end=1010
+  _globals['_TOPLOGPROB']._serialized_start=1012
+  _globals['_TOPLOGPROB']._serialized_end=1059
+  _globals['_GENERATERESPONSE']._serialized_start=1062
+  _globals['_GENERATERESPONSE']._serialized_end=1320
+  _globals['_TOKENIZEREQUEST']._serialized_start=1322
+  _globals['_TOKENIZEREQUEST']._serialized_end=1413
+  _globals['_TOKENIZERESPONSE']._serialized_start=1415
+  _globals['_TOKENIZERESPONSE']._serialized_end=1468
+  _globals['_GETMODELINFOREQUEST']._serialized_start=1470
+  _globals['_GETMODELINFOREQUEST']._serialized_end=1491
+  _globals['_MODELINFO']._serialized_start=1494
+  _globals['_MODELINFO']._serialized_end=1760
+  _globals['_GETCACHESTATSREQUEST']._serialized_start=1762
+  _globals['_GETCACHESTATSREQUEST']._serialized_end=1784
+  _globals['_CACHESTATS']._serialized_start=1787
+  _globals['_CACHESTATS']._serialized_end=2107
+  _globals['_FLUSHCACHEREQUEST']._serialized_start=2109
+  _globals['_FLUSHCACHEREQUEST']._serialized_end=2128
+  _globals['_FLUSHCACHERESPONSE']._serialized_start=2130
+  _globals['_FLUSHCACHERESPONSE']._serialized_end=2173
+  _globals['_PINPREFIXREQUEST']._serialized_start=2176
+  _globals['_PINPREFIXREQUEST']._serialized_end=2356
+  _globals['_PINPREFIXRESPONSE']._serialized_start=2358
+  _globals['_PINPREFIXRESPONSE']._serialized_end=2423
+  _globals['_UNPINPREFIXREQUEST']._serialized_start=2426
+  _globals['_UNPINPREFIXREQUEST']._serialized_end=2566
+  _globals['_UNPINPREFIXRESPONSE']._serialized_start=2568
+  _globals['_UNPINPREFIXRESPONSE']._serialized_end=2614
+  _globals['_ABORTREQUEST']._serialized_start=2616
+  _globals['_ABORTREQUEST']._serialized_end=2650
+  _globals['_ABORTRESPONSE']._serialized_start=2652
+  _globals['_ABORTRESPONSE']._serialized_end=2684
+  _globals['_RADIXCACHE']._serialized_start=2849
+  _globals['_RADIXCACHE']._serialized_end=3493
 # @@protoc_insertion_point(module_scope)

@@ -25,6 +25,58 @@ def _raise_exception(message: str) -> None:
     raise TemplateError(message)
 
 
+# Unicode normalizations map each character to one or more characters but may compose several into one, or a
+# 4-byte character into a 1-byte one (NFKC of U+1D400 is "A"): text can shrink, by at most this factor.
+_SHRINKING_NORMALIZERS = {"NFC", "NFD", "NFKC", "NFKD", "Lowercase"}
+_EXPANDING_NORMALIZERS = {"Prepend", "Replace"}  # Replace only when its content is at least as long as the pattern
+# Pre-tokenizers that drop input (whitespace) or models that can fold arbitrarily many bytes into one token.
+_UNBOUNDED_PRE_TOKENIZERS = {"Whitespace", "WhitespaceSplit", "BertPreTokenizer"}
+_BOUNDED_MODELS = {"BPE", "Unigram"}
+
+
+def _components(node: Any, key: str) -> list[dict[str, Any]]:
+    """A normalizer or pre-tokenizer of tokenizer.json, with its Sequence flattened."""
+    if not node:
+        return []
+    if node.get("type") == "Sequence":
+        return [c for child in node.get(key, []) for c in _components(child, key)]
+    return [node]
+
+
+def bytes_per_token_bound(tok: tokenizers.Tokenizer) -> int | None:
+    """At most how many UTF-8 bytes of input text one token of `tok` stands for; None when there is no such bound.
+
+    The longest vocabulary entry in UTF-8 (every input byte is at least one byte of a token's string: byte-level
+    BPE writes a byte as one character, SentencePiece writes a space as the 3-byte "\u2581"), at least 4 (an unknown
+    character may become one <unk>), times 4 when a Unicode normalizer may shrink the text. None for tokenizers that
+    drop input or fold a run of unknown characters into one token: they give no bound before tokenizing.
+    """
+    spec = json.loads(tok.to_str())
+    factor = 1
+    for n in _components(spec.get("normalizer"), "normalizers"):
+        kind = n.get("type")
+        if kind in _SHRINKING_NORMALIZERS:
+            factor = 4
+        elif kind == "Replace":
+            pattern = n.get("pattern", {})
+            if "String" not in pattern or len(n.get("content", "")) < len(pattern["String"]):
+                return None
+        elif kind not in _EXPANDING_NORMALIZERS:
+            return None
+    for p in _components(spec.get("pre_tokenizer"), "pretokenizers"):
+        if p.get("type") in _UNBOUNDED_PRE_TOKENIZERS or p.get("behavior") == "Removed":
+            return None
+    model = spec.get("model", {})
+    if model.get("type") not in _BOUNDED_MODELS:
+        return None
+    byte_level = any(p.get("type") == "ByteLevel" for p in _components(spec.get("pre_tokenizer"), "pretokenizers"))
+    if not (byte_level or model.get("byte_fallback")):
+        if model.get("type") == "Unigram" or model.get("fuse_unk") or model.get("unk_token") is None:
+            return None  # a run of unknown characters becomes one <unk> (or is dropped without an unk token)
+    longest = max((len(t.encode("utf-8")) for t in tok.get_vocab(with_added_tokens=True)), default=1)
+    return max(longest, 4) * factor
+
+
 class Tokenizer:
     """encode/decode over a fast tokenizer, the checkpoint's special tokens and its chat template.
 
@@ -41,8 +93,12 @@ class Tokenizer:
         chat_template: str | None = None,
         extra_eos_ids: Iterable[int] = (),
         bos_token_id: int | None = None,
+        max_bytes_per_token: int | None = None,
     ) -> None:
         self._tok = tokenizer
+        # At most this many input bytes per token (see bytes_per_token_bound); a tokenizer that knows better, e.g.
+        # one token per character, passes its own.
+        self.max_bytes_per_token = max_bytes_per_token or bytes_per_token_bound(tokenizer)
         self.bos_token = bos_token
         self.eos_token = eos_token
         self.chat_template = chat_template
@@ -87,8 +143,11 @@ class Tokenizer:
         return self._tok.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        """Token ids of `text`; add_special_tokens applies tokenizer.json's post-processor (e.g. a leading BOS)."""
-        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+        """Token ids of `text`; add_special_tokens applies tokenizer.json's post-processor (e.g. a leading BOS).
+
+        Through encode_batch, which releases the GIL while it works (encode holds it: a 15 MiB text would freeze
+        every other thread, the server's event loop included, for half a minute)."""
+        return self._tok.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
@@ -100,8 +159,11 @@ class Tokenizer:
         """The tokenizer.json text (for libraries that build their own token tables, e.g. grammar matchers)."""
         return self._tok.to_str()
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, *, tools: list[Any] | None = None
+    ) -> str:
         """Render messages ([{"role", "content"}, ...]) with the checkpoint's jinja2 chat template (sandboxed).
+        `tools` (function definitions) is the template's `tools` variable, as in Hugging Face's apply_chat_template.
 
         Raises ValueError when the checkpoint has no template, and jinja2's TemplateError when the template
         rejects the conversation (its raise_exception helper)."""
@@ -118,6 +180,7 @@ class Tokenizer:
             self._template = env.from_string(self.chat_template)
         return self._template.render(
             messages=messages,
+            tools=tools,
             add_generation_prompt=add_generation_prompt,
             bos_token=self.bos_token or "",
             eos_token=self.eos_token or "",

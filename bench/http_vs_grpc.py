@@ -1,0 +1,227 @@
+"""What the OpenAI HTTP front costs next to gRPC: the same streaming workload through both fronts of ONE worker.
+
+One `radixcache serve --http-port 0` process (the embedded default model unless --model, --no-cache so that
+neither front profits from the other's prompts). The workload (random token-id prompts, greedy, ignore_eos, a fixed
+number of output tokens, `--concurrency` closed-loop clients) is sent in rounds that alternate the fronts (gRPC,
+HTTP, HTTP, gRPC, ...), so machine noise falls on both alike. gRPC: radixcache's AsyncClient, streaming. HTTP: the
+official `openai` AsyncOpenAI client, /v1/completions with stream=True (server-sent events), the prompt as token ids.
+
+Besides latency and throughput it reports CPU time per output token, of the worker process and of this process (the
+clients), from /proc and getrusage: on a shared machine the fronts' own costs show there more steadily than in
+wall-clock figures. A third row reads the same SSE stream with plain httpx + json.loads ("HTTP raw"): the front's own cost, without
+the openai client's per-chunk parsing (which runs in this benchmark's process, like our gRPC client's does).
+
+Prints a table (TTFT p50/p90, TPOT p50, output tokens/s per front) and, as its last line, one JSON object with
+`http_ttft_p50_overhead_ms` (HTTP minus gRPC) and `http_throughput_ratio` (HTTP / gRPC), both with the official
+openai client, and the same two for "HTTP raw". Not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import resource
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import REPO, Worker, percentile  # noqa: E402
+
+from radixcache.client import AsyncClient  # noqa: E402
+
+
+@dataclass
+class Timing:
+    ttft: float
+    tpot: float | None
+    tokens: int
+
+
+async def grpc_one(client: AsyncClient, prompt: list[int], max_tokens: int) -> Timing:
+    t0 = time.perf_counter()
+    first, n = None, 0
+    async for chunk in client.generate(token_ids=prompt, max_tokens=max_tokens, ignore_eos=True):
+        if chunk.token_ids and first is None:
+            first = time.perf_counter()
+        n += len(chunk.token_ids)
+    end = time.perf_counter()
+    first = first or end
+    return Timing(first - t0, (end - first) / (n - 1) if n > 1 else None, n)
+
+
+async def http_one(client, model: str, prompt: list[int], max_tokens: int) -> Timing:  # noqa: ANN001 (openai)
+    t0 = time.perf_counter()
+    first, n = None, 0
+    stream = await client.completions.create(
+        model=model, prompt=prompt, max_tokens=max_tokens, stream=True, stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    async for chunk in stream:
+        if chunk.choices and chunk.choices[0].text and first is None:
+            first = time.perf_counter()
+        if chunk.usage is not None:
+            n = chunk.usage.completion_tokens
+    end = time.perf_counter()
+    first = first or end
+    return Timing(first - t0, (end - first) / (n - 1) if n > 1 else None, n)
+
+
+async def http_raw_one(client, url: str, model: str, prompt: list[int], max_tokens: int) -> Timing:  # noqa: ANN001
+    """The same request read as raw server-sent events with httpx: the front's cost without the openai client's."""
+    body = {
+        "model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True,
+        "stream_options": {"include_usage": True}, "ignore_eos": True,
+    }  # fmt: skip
+    t0 = time.perf_counter()
+    first, n = None, 0
+    async with client.stream("POST", url, json=body) as response:
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk["choices"] and chunk["choices"][0]["text"] and first is None:
+                first = time.perf_counter()
+            if chunk.get("usage"):
+                n = chunk["usage"]["completion_tokens"]
+    end = time.perf_counter()
+    first = first or end
+    return Timing(first - t0, (end - first) / (n - 1) if n > 1 else None, n)
+
+
+def process_cpu(pid: int) -> float:
+    """CPU seconds (user + system) a process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / 100  # utime, stime in clock ticks (USER_HZ = 100)
+
+
+def own_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+@dataclass
+class Round:
+    timings: list[Timing]
+    wall: float
+    worker_cpu: float  # seconds of the worker process
+    client_cpu: float  # seconds of this process (the clients)
+
+
+async def run_round(send, prompts: list[list[int]], concurrency: int, worker_pid: int) -> Round:  # noqa: ANN001
+    """Closed loop: `concurrency` clients, each sending the next prompt when its last request ended."""
+    queue = list(prompts)
+    timings: list[Timing] = []
+    t0, w0, c0 = time.perf_counter(), process_cpu(worker_pid), own_cpu()
+
+    async def client() -> None:
+        while queue:
+            timings.append(await send(queue.pop()))
+
+    await asyncio.gather(*(client() for _ in range(concurrency)))
+    return Round(timings, time.perf_counter() - t0, process_cpu(worker_pid) - w0, own_cpu() - c0)
+
+
+def summary(rounds: list[Round]) -> dict[str, float]:
+    timings = [t for r in rounds for t in r.timings]
+    ttft = [t.ttft * 1000 for t in timings]
+    tpot = [t.tpot * 1000 for t in timings if t.tpot is not None]
+    tokens = sum(t.tokens for t in timings)
+    return {
+        "requests": len(timings),
+        "ttft_p50_ms": percentile(ttft, 50),
+        "ttft_p90_ms": percentile(ttft, 90),
+        "tpot_p50_ms": percentile(tpot, 50),
+        "tok_s": tokens / sum(r.wall for r in rounds),
+        "worker_cpu_ms_per_token": 1000 * sum(r.worker_cpu for r in rounds) / tokens,
+        "client_cpu_ms_per_token": 1000 * sum(r.client_cpu for r in rounds) / tokens,
+    }
+
+
+async def bench(grpc_target: str, base_url: str, model: str, worker_pid: int, args: argparse.Namespace) -> dict:
+    import httpx
+    import openai
+
+    rng = random.Random(args.seed)
+    results: dict[str, list[Round]] = {"grpc": [], "http": [], "http_raw": []}
+    async with AsyncClient(grpc_target) as grpc_client:
+        vocab = (await grpc_client.model_info())["vocab_size"]
+        http_client = openai.AsyncOpenAI(base_url=base_url, api_key="none", max_retries=0)
+        raw_client = httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=args.concurrency))
+        url = base_url + "/completions"
+        senders = {
+            "grpc": lambda p: grpc_one(grpc_client, p, args.output),
+            "http": lambda p: http_one(http_client, model, p, args.output),
+            "http_raw": lambda p: http_raw_one(raw_client, url, model, p, args.output),
+        }
+        # A warm-up request through each front (imports, connections), not measured.
+        for send in senders.values():
+            await send([rng.randrange(8, vocab) for _ in range(args.prompt)])
+        order = list(senders)
+        for r in range(args.rounds):
+            for front in order if r % 2 == 0 else order[::-1]:
+                prompts = [[rng.randrange(8, vocab) for _ in range(args.prompt)] for _ in range(args.requests)]
+                results[front].append(await run_round(senders[front], prompts, args.concurrency, worker_pid))
+        await http_client.close()
+        await raw_client.aclose()
+    return {front: summary(rounds) for front, rounds in results.items()}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", type=Path, default=REPO / "worker" / "default_model", help="checkpoint folder")
+    p.add_argument("--concurrency", type=int, default=4, help="closed-loop clients per front")
+    p.add_argument("--requests", type=int, default=24, help="requests per round")
+    p.add_argument("--rounds", type=int, default=4, help="rounds per front (alternating)")
+    p.add_argument("--prompt", type=int, default=128, help="prompt tokens")
+    p.add_argument("--output", type=int, default=32, help="output tokens")
+    p.add_argument("--threads", type=int, default=1, help="torch threads of the worker (OMP_NUM_THREADS)")
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    with Worker(args.model, "--http-port", "0", "--no-cache", name="worker", threads=args.threads) as worker:
+        deadline = time.monotonic() + 30
+        while not any(line.startswith("openai api on ") for line in worker._log):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the worker printed no 'openai api on' line")
+            time.sleep(0.05)
+        base_url = next(line for line in worker._log if line.startswith("openai api on ")).split()[-1]
+        model = args.model.resolve().name
+        assert worker.proc is not None
+        result = asyncio.run(bench(worker.target, base_url, model, worker.proc.pid, args))
+    g, h, raw = result["grpc"], result["http"], result["http_raw"]
+    print(
+        f"{args.rounds} rounds x {args.requests} requests per front, {args.concurrency} clients, "
+        f"{args.prompt} prompt + {args.output} output tokens, greedy, --no-cache, one worker"
+    )
+    print(
+        f"{'front':<10}{'TTFT p50 ms':>12}{'TTFT p90 ms':>12}{'TPOT p50 ms':>12}{'tok/s':>8}"
+        f"{'worker CPU ms/tok':>19}{'client CPU ms/tok':>19}"
+    )
+    for name, s in (("gRPC", g), ("HTTP/SSE", h), ("HTTP raw", raw)):
+        print(
+            f"{name:<10}{s['ttft_p50_ms']:>12.1f}{s['ttft_p90_ms']:>12.1f}{s['tpot_p50_ms']:>12.2f}{s['tok_s']:>8.1f}"
+            f"{s['worker_cpu_ms_per_token']:>19.2f}{s['client_cpu_ms_per_token']:>19.2f}"
+        )
+    headline = {
+        "http_ttft_p50_overhead_ms": round(h["ttft_p50_ms"] - g["ttft_p50_ms"], 2),
+        "http_throughput_ratio": round(h["tok_s"] / g["tok_s"], 3),
+        "http_raw_ttft_p50_overhead_ms": round(raw["ttft_p50_ms"] - g["ttft_p50_ms"], 2),
+        "http_raw_throughput_ratio": round(raw["tok_s"] / g["tok_s"], 3),
+        "http_worker_cpu_per_token_ratio": round(h["worker_cpu_ms_per_token"] / g["worker_cpu_ms_per_token"], 3),
+        "grpc": {k: round(v, 2) for k, v in g.items()},
+        "http": {k: round(v, 2) for k, v in h.items()},
+        "http_raw": {k: round(v, 2) for k, v in raw.items()},
+    }
+    print(json.dumps(headline))
+    return headline
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,131 @@
+"""worker.validation on plain values (what every front calls), and the tokenizer's bytes-per-token bound."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import models, normalizers, pre_tokenizers
+
+from radixcache.worker.cli import char_tokenizer
+from radixcache.worker.default_model import __file__ as default_model_file
+from radixcache.worker.model.tokenizer import Tokenizer, bytes_per_token_bound
+from radixcache.worker.validation import (
+    InvalidArgument,
+    ModelLimits,
+    PromptInput,
+    SamplingValues,
+    check_prompt_input,
+    check_ttl,
+    render_prompt,
+    sampling_params,
+    tokenize_prompt,
+)
+
+DEFAULT_TOKENIZER = Tokenizer.from_dir(default_model_file.rsplit("/", 1)[0])
+LIMITS = ModelLimits.of(DEFAULT_TOKENIZER, vocab_size=DEFAULT_TOKENIZER.vocab_size, context_length=512)
+
+
+def invalid(match: str):
+    return pytest.raises(InvalidArgument, match=match)
+
+
+def test_a_text_that_cannot_fit_is_refused_in_milliseconds_before_tokenizing():
+    class Untouchable:
+        max_bytes_per_token = LIMITS.max_bytes_per_token
+
+        def encode(self, *a, **k):
+            raise AssertionError("tokenized an oversized text")
+
+        apply_chat_template = encode
+
+    huge = "hello world " * (15 * 2**20 // 12)  # 15 MiB
+    with invalid(r"the context allows at most 511 prompt tokens"):
+        render_prompt(PromptInput(text=huge), Untouchable(), LIMITS)
+    with invalid(r"messages hold \d+ bytes of content"):
+        render_prompt(PromptInput(messages=[{"role": "user", "content": huge}]), Untouchable(), LIMITS)
+    with invalid("messages must hold at most 511 messages"):
+        check_prompt_input(PromptInput(messages=[{"role": "user", "content": ""}] * 100_000), Untouchable(), LIMITS)
+    with invalid("the prompt has 4000000 tokens; the context allows at most 511"):  # no loop over the ids
+        check_prompt_input(PromptInput(token_ids=[5] * 4_000_000), Untouchable(), LIMITS)
+
+
+def test_prompt_shapes_and_unicode():
+    tok = DEFAULT_TOKENIZER
+    with invalid("no input"):
+        check_prompt_input(PromptInput(), tok, LIMITS)
+    with invalid("set exactly one of text, token_ids or messages; got text and token_ids"):
+        check_prompt_input(PromptInput(text="a", token_ids=[1]), tok, LIMITS)
+    with invalid(r"text is not valid Unicode: surrogates not allowed at character 2"):
+        check_prompt_input(PromptInput(text="ab\ud800"), tok, LIMITS)
+    with invalid(r"messages\[1\].content is not valid Unicode"):
+        check_prompt_input(
+            PromptInput(messages=[{"role": "user", "content": "a"}, {"role": "user", "content": "\udfff"}]), tok, LIMITS
+        )
+    with invalid(r"messages\[0\].content must be a string, got list"):
+        check_prompt_input(PromptInput(messages=[{"role": "user", "content": ["parts"]}]), tok, LIMITS)
+    with invalid(r"text: this worker's model has no tokenizer"):
+        check_prompt_input(PromptInput(text="a"), None, LIMITS)
+    assert check_prompt_input(PromptInput(token_ids=[1, 2, 3]), None, LIMITS) == 3
+    ids, text = tokenize_prompt(PromptInput(text="hello"), tok, LIMITS)
+    assert text == "hello" and ids == tok.encode("hello")
+    ids, rendered = render_prompt(PromptInput(messages=[{"role": "user", "content": "hi"}]), tok, LIMITS)
+    assert "hi" in rendered and ids == tok.encode(rendered, add_special_tokens=False)
+
+
+def test_sampling_values_nonfinite_and_bounds():
+    def params(**values):
+        return sampling_params(SamplingValues(**values), prompt_tokens=10, limits=LIMITS)
+
+    assert params().max_tokens == 16 and params(temperature=0.5, seed=-1).seed == -1
+    for name, value in [("temperature", math.inf), ("temperature", math.nan), ("top_p", math.nan),
+                        ("top_p", math.inf), ("min_p", math.nan), ("min_p", -math.inf)]:  # fmt: skip
+        with invalid(f"{name} must be"):
+            params(**{name: value})
+    with invalid(r"temperature must be >= 0 and finite, got inf"):
+        params(temperature=math.inf)
+    with invalid(r"seed must be in \["):
+        params(seed=2**70)
+    with invalid(r"stop\[1\] is not valid Unicode"):
+        params(stop=["ok", "\ud800"])
+    with invalid("stop_token_ids allows at most 256 ids"):
+        params(stop_token_ids=[1] * 10_000)
+    with invalid(r"stop_token_ids\[1\] = 99999 is outside the vocabulary"):
+        params(stop_token_ids=[1, 99999])
+    with invalid("a sampling value has the wrong type"):
+        params(temperature="hot")
+    with invalid(r"max_tokens must be in \[1, 502\]: the prompt has 10 tokens"):
+        params(max_tokens=600)
+    early = sampling_params(SamplingValues(max_tokens=600, top_k=3), prompt_tokens=None, limits=LIMITS)
+    assert early.top_k == 3  # before tokenizing: every rule but the room left in the context
+    with invalid("max_tokens must be >= 1"):
+        sampling_params(SamplingValues(max_tokens=0), prompt_tokens=None, limits=LIMITS)
+    with invalid(r"ttl_seconds must be > 0 and finite"):
+        check_ttl(math.inf)
+    check_ttl(None)
+    check_ttl(0.5)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(st.text(min_size=1, max_size=400))
+def test_the_bytes_per_token_bound_holds_for_any_text(text):
+    for tok in (DEFAULT_TOKENIZER, char_tokenizer()):
+        ids = tok.encode(text, add_special_tokens=False)
+        assert len(ids) >= math.ceil(len(text.encode("utf-8", "surrogatepass")) / tok.max_bytes_per_token)
+
+
+def test_bytes_per_token_bound_by_tokenizer_kind():
+    assert DEFAULT_TOKENIZER.max_bytes_per_token == max(len(t.encode()) for t in DEFAULT_TOKENIZER._tok.get_vocab())
+    dropping = HFTokenizer(models.BPE(unk_token="<unk>", fuse_unk=True))
+    assert bytes_per_token_bound(dropping) is None  # a run of unknown characters is one <unk>
+    words = HFTokenizer(models.WordPiece({"[UNK]": 0, "a": 1}, unk_token="[UNK]"))
+    assert bytes_per_token_bound(words) is None
+    spaces = HFTokenizer(models.BPE(byte_fallback=True))
+    spaces.pre_tokenizer = pre_tokenizers.Whitespace()  # drops whitespace: any number of bytes, no token
+    assert bytes_per_token_bound(spaces) is None
+    nfkc = HFTokenizer(models.BPE(byte_fallback=True))
+    nfkc.normalizer = normalizers.NFKC()  # U+1D400 (4 bytes) -> "A"
+    assert bytes_per_token_bound(nfkc) == 16

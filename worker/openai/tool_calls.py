@@ -1,0 +1,113 @@
+"""Tool calls in generated text, in the Hermes / Qwen2.5 convention the chat templates of those models teach:
+
+    <tool_call>
+    {"name": "get_weather", "arguments": {"city": "Paris"}}
+    </tool_call>
+
+A block whose body is a JSON object with a string "name" (and "arguments": an object, or a JSON string of one;
+absent means {}) is a tool call. Anything else stays text, as generated: a malformed block, and a block the
+generation never closed (e.g. cut by max_tokens). Text outside the blocks is the message's content.
+
+`ToolCallParser` does the same incrementally over streamed deltas: it holds back text that may be the start of a
+`<tool_call>` tag, and the body of an open block until it closes, so a tool call is never shown as text and then
+again as a call.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass, field
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: str  # a JSON object, serialized (what OpenAI's function.arguments carries)
+    id: str = field(default_factory=lambda: "call_" + uuid.uuid4().hex[:24])
+
+
+def parse_call(body: str) -> ToolCall | None:
+    """The call a block's body describes, or None if it is not a valid call."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("name"), str) or not data["name"]:
+        return None
+    arguments = data.get("arguments", data.get("parameters", {}))
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            return None
+    if not isinstance(arguments, dict):
+        return None
+    return ToolCall(data["name"], json.dumps(arguments, ensure_ascii=False))
+
+
+def _partial_open_at_end(text: str) -> int:
+    """Length of the longest tail of text that is a proper prefix of OPEN (held back: it may become a tag)."""
+    for k in range(min(len(OPEN) - 1, len(text)), 0, -1):
+        if text.endswith(OPEN[:k]):
+            return k
+    return 0
+
+
+@dataclass
+class Parsed:
+    """What a chunk of generated text holds: text to show and the tool calls completed, in order."""
+
+    text: str = ""
+    calls: list[ToolCall] = field(default_factory=list)
+
+
+class ToolCallParser:
+    """Incremental: push(delta) -> Parsed of what is certain so far; finish() -> the rest (an unclosed block as
+    text). Concatenating every Parsed.text gives the content; the calls, in order, are the tool calls."""
+
+    def __init__(self) -> None:
+        self._buffer = ""  # held back: a possible tag start, or an open block (starting with OPEN)
+        self.calls: list[ToolCall] = []
+
+    def push(self, delta: str) -> Parsed:
+        out = Parsed()
+        self._buffer += delta
+        while self._buffer:
+            if self._buffer.startswith(OPEN):
+                end = self._buffer.find(CLOSE, len(OPEN))
+                if end < 0:
+                    break  # the block is still open
+                block = self._buffer[: end + len(CLOSE)]
+                self._buffer = self._buffer[end + len(CLOSE) :]
+                call = parse_call(block[len(OPEN) : -len(CLOSE)])
+                if call is None:
+                    out.text += block  # malformed: it stays text
+                else:
+                    out.calls.append(call)
+                continue
+            start = self._buffer.find(OPEN)
+            if start < 0:
+                keep = _partial_open_at_end(self._buffer)
+                out.text += self._buffer[: len(self._buffer) - keep]
+                self._buffer = self._buffer[len(self._buffer) - keep :]
+                break
+            out.text += self._buffer[:start]
+            self._buffer = self._buffer[start:]
+        self.calls += out.calls
+        return out
+
+    def finish(self) -> Parsed:
+        """The end of the generation: whatever is held back is text (an unclosed block, a partial tag)."""
+        rest, self._buffer = self._buffer, ""
+        return Parsed(text=rest)
+
+
+def parse_tool_calls(text: str) -> tuple[str, list[ToolCall]]:
+    """(content, tool calls) of a whole generation. The content keeps every character that is not a valid call's
+    block; callers strip it when calls were found (the blocks were usually surrounded by newlines)."""
+    parser = ToolCallParser()
+    first, last = parser.push(text), parser.finish()
+    return first.text + last.text, parser.calls
