@@ -403,3 +403,23 @@ def test_json_object_false_means_unconstrained(wire):
     assert constraint_values(request) == (None, "")
     with pytest.raises(ValueError, match="at most one constraint"):
         generate_request("x", regex="a", ebnf="root ::= x")
+
+
+def test_every_one_of_n_samples_follows_the_constraint_with_penalties_on_top(tiny):
+    engine = make_engine(tiny, page_size=4)
+    schema = SCHEMAS["enum_and_array"]
+    params = SamplingParams(max_tokens=64, temperature=1.0, seed=5, n=4, presence_penalty=1.5, frequency_penalty=-1.0)
+    request = Request(
+        "n", tiny.tokenizer.encode("the cache keeps"), params, constraint=Constraint("json_schema", json.dumps(schema))
+    )
+    sink = Collector()
+    engine.submit(request, sink)
+    engine.run_until_idle()
+    by_sample: dict[int, str] = {}
+    for out in sink.outputs["n"]:
+        by_sample[out.index] = by_sample.get(out.index, "") + out.text
+    assert sorted(by_sample) == [0, 1, 2, 3]
+    for text in by_sample.values():
+        assert validates(text, schema), text
+    assert len(set(by_sample.values())) > 1  # each sample walked its own grammar
+    assert_clean(engine)

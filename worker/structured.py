@@ -111,12 +111,22 @@ class GrammarCache:
             if self._ll_tokenizer is None:
                 if self._tokenizer is None:
                     raise ConstraintError("constraints need the model's tokenizer; this worker's model has none")
-                llg = _llguidance()
-                n_vocab = max(self.model_vocab, self._tokenizer.vocab_size)
-                self._ll_tokenizer = llg.LLTokenizer(
-                    self._tokenizer.to_str(), n_vocab=n_vocab, eos_token=self._eos or None
-                )
+                self._ll_tokenizer = self._build_tables()
             return self._ll_tokenizer
+
+    def _build_tables(self) -> Any:
+        llg = _llguidance()
+        n_vocab = max(self.model_vocab, self._tokenizer.vocab_size)
+        eos = self._eos or None
+        try:  # llguidance reads tokenizer.json itself (byte-level BPE, SentencePiece, ...)
+            return llg.LLTokenizer(self._tokenizer.to_str(), n_vocab=n_vocab, eos_token=eos)
+        except ValueError as e:
+            first_error = e
+        try:  # e.g. a word-level tokenizer whose decoder it does not know: give it each token's text instead
+            wrapper = llg.TokenizerWrapper(_TokenTexts(self._tokenizer, self._eos))
+            return llg.LLTokenizer(wrapper, n_vocab=n_vocab, eos_token=eos)
+        except ValueError as e:
+            raise ConstraintError(f"structured outputs cannot read this model's tokenizer: {first_error}; {e}") from e
 
     def compile(self, constraint: Constraint) -> Any:
         """The pristine compiled matcher of `constraint`, from the cache or compiled now (off the engine thread)."""
@@ -169,3 +179,23 @@ class GrammarCache:
             m.raw.unsafe_compute_mask_ptr(bitmask[i].data_ptr(), words * 4)
         allowed = ((bitmask.unsqueeze(-1) >> _BIT_SHIFTS) & 1).view(len(rows), -1)[:, :vocab].bool()
         return logits[rows].masked_fill_(~allowed, float("-inf"))
+
+
+class _TokenTexts:
+    """A tokenizer as llguidance's TokenizerWrapper reads it: each id's bytes, the special ids, and encode. Only for
+    tokenizers whose every token decodes to whole characters (ValueError otherwise: a byte-level token's text would
+    be a replacement character, not its bytes)."""
+
+    def __init__(self, tokenizer: Any, eos_ids: list[int]) -> None:
+        self._tokenizer = tokenizer
+        special = [t for t in range(tokenizer.vocab_size) if tokenizer.decode([t]) == ""]
+        texts = [tokenizer.decode([t], skip_special_tokens=False) for t in range(tokenizer.vocab_size)]
+        if any("\ufffd" in text for text in texts):
+            raise ValueError("some tokens are parts of a character")
+        self.tokens = [b"" if t in special else text.encode() for t, text in enumerate(texts)]
+        self.special_token_ids = special
+        self.eos_token_id = eos_ids[0] if eos_ids else (special[0] if special else 0)
+        self.bos_token_id = getattr(tokenizer, "bos_token_id", None)
+
+    def __call__(self, text: str) -> list[int]:
+        return list(self._tokenizer.encode(text, add_special_tokens=False))
