@@ -33,7 +33,7 @@ def start_worker(log: object) -> tuple[subprocess.Popen[str], str]:
     print("$ radixcache " + " ".join(cmd[3:]), flush=True)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True)
     assert proc.stdout is not None
-    line = proc.stdout.readline()  # "listening on HOST:PORT", printed as soon as the port is bound
+    line = proc.stdout.readline()  # "listening on HOST:PORT", printed once the worker is ready (health SERVING)
     if not line.startswith("listening on "):
         proc.kill()
         raise RuntimeError(f"the worker did not start (exit code {proc.wait()})")

@@ -95,3 +95,18 @@ def test_stop_token_ends_without_its_text():
     deltas, reason = stream((), {1: "a", 99: "<eos>"}, [1, 99])
     assert reason is FinishReason.STOP_TOKEN
     assert "".join(deltas) == "a"
+
+
+def test_tiny_temperature_is_greedy_and_tiny_top_p_keeps_the_best_token():
+    """Valid but extreme values (issue 10): they used to make torch.multinomial see inf/NaN and fail the request."""
+    logits = torch.randn(4096, generator=torch.Generator().manual_seed(0)) * 10
+    best = int(torch.argmax(logits))
+    for temperature in (1e-38, 1e-45, 5e-324, 1e-30, 2e-38):
+        assert sample_row(logits, SamplingParams(temperature=temperature), new_generator(1)) == best, temperature
+    for top_p in (1e-46, 5e-324, 1e-20):
+        params = SamplingParams(temperature=1.0, top_p=top_p)
+        assert sample_row(logits, params, new_generator(2)) == best, top_p
+        assert kept(SamplingParams(temperature=1.0, top_p=top_p)) == [0]
+    for params in (SamplingParams(temperature=1e300), SamplingParams(temperature=1e-30, top_p=1e-40, min_p=1.0)):
+        probs = filtered_probs(logits, params)
+        assert torch.isfinite(probs).all() and abs(float(probs.sum()) - 1.0) < 1e-5

@@ -4,6 +4,7 @@ cancellation, deadlines, auth, health, reflection, shutdown). The real engine is
 from __future__ import annotations
 
 import asyncio
+import logging
 import subprocess
 import threading
 import time
@@ -77,7 +78,7 @@ BAD = [
     (dict(text="x", min_p=float("inf")), "min_p must be in [0, 1], got inf"),
     (dict(text="x" * 100_000), "the context allows at most 511 prompt tokens"),
     (dict(messages=[{"role": "user", "content": "x"}] * 600), "messages must hold at most 511 messages"),
-    (dict(messages=[{"role": "user", "content": "x" * 600}]), "messages hold 600 bytes of content"),
+    (dict(messages=[{"role": "user", "content": "x" * 600}]), "messages hold at least 600 bytes of content"),
     (dict(text="x", stop_token_ids=[5] * 257), "stop_token_ids allows at most 256"),
     (dict(text="x", top_p=0.0), "top_p must be in (0, 1]"),
     (dict(text="x", top_p=1.5), "top_p must be in (0, 1]"),
@@ -358,3 +359,128 @@ def test_tls(tmp_path):
             assert c.generate_text("secure", max_tokens=3).text == "abc"
         with Client(w.target) as plain, pytest.raises(grpc.RpcError):
             plain.generate_text("x", timeout=2)
+
+
+UNDECODABLE = [
+    ("/radixcache.v1.RadixCache/Generate", b"\x12\x02\xff\xfe"),  # text: invalid UTF-8
+    ("/radixcache.v1.RadixCache/Generate", b"\x12\x03\xed\xa0\x80"),  # text: a lone surrogate (U+D800)
+    ("/radixcache.v1.RadixCache/Generate", b"\xff\xff\xff"),  # corrupt wire format
+    ("/radixcache.v1.RadixCache/Tokenize", b"\x0a\x04ab\xc3("),  # text: a truncated 2-byte character
+    ("/radixcache.v1.RadixCache/PinPrefix", b"\x0a\x05ab"),  # a length running past the end
+    ("/radixcache.v1.RadixCache/Abort", b"\x0a\x01\x80"),
+    ("/grpc.health.v1.Health/Check", b"\xff\xff\xff"),
+]
+
+
+def test_undecodable_payloads_are_invalid_argument_with_one_log_line(worker, caplog):
+    with grpc.insecure_channel(worker.target) as ch:
+        for _ in range(3):
+            for method, raw in UNDECODABLE:
+                streaming = method.endswith("/Generate")
+                call = ch.unary_stream(method) if streaming else ch.unary_unary(method)
+                with pytest.raises(grpc.RpcError) as e:
+                    list(call(raw, timeout=5)) if streaming else call(raw, timeout=5)
+                assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (method, raw, e.value.details())
+                assert e.value.details().startswith("the request cannot be decoded: ")
+    logged = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(logged) == 1 and "undecodable request to" in logged[0].getMessage(), [r.getMessage() for r in logged]
+    assert not any(r.exc_info for r in caplog.records)  # no traceback per call
+    assert worker.engine.submitted == []
+    with Client(worker.target) as c:
+        assert c.generate_text("still here", max_tokens=2).text == "ab"
+
+
+@pytest.mark.parametrize("version", ["v1", "v1alpha"])
+def test_reflection_v1_and_v1alpha(worker, version):
+    """Newer grpcurl and most tools speak reflection v1; older ones v1alpha. Both list and describe the service."""
+    from google.protobuf import descriptor_pb2
+    from grpc_reflection.v1alpha import reflection_pb2 as r  # v1's messages are the same, field for field
+
+    with grpc.insecure_channel(worker.target) as ch:
+        call = ch.stream_stream(
+            f"/grpc.reflection.{version}.ServerReflection/ServerReflectionInfo",
+            request_serializer=r.ServerReflectionRequest.SerializeToString,
+            response_deserializer=r.ServerReflectionResponse.FromString,
+        )
+        asks = [
+            r.ServerReflectionRequest(list_services=""),
+            r.ServerReflectionRequest(file_containing_symbol="radixcache.v1.RadixCache"),
+            r.ServerReflectionRequest(file_containing_symbol=f"grpc.reflection.{version}.ServerReflection"),
+        ]
+        listed, service, itself = list(call(iter(asks), timeout=5))
+    names = {s.name for s in listed.list_services_response.service}
+    assert {"radixcache.v1.RadixCache", "grpc.health.v1.Health", "grpc.reflection.v1.ServerReflection"} <= names
+    files = [
+        descriptor_pb2.FileDescriptorProto.FromString(b) for b in service.file_descriptor_response.file_descriptor_proto
+    ]
+    assert files[0].name == "radixcache/v1/radixcache.proto" and files[0].service[0].name == "RadixCache"
+    assert itself.WhichOneof("message_response") == "file_descriptor_response"
+
+
+def test_listening_is_announced_only_once_the_worker_serves():
+    """A script that waits for "listening on" must be able to call at once (it used to come 3-5 s early)."""
+    from radixcache.worker.server import ServerOptions, describe, run_worker
+
+    events: list[str] = []
+    answers: list[str] = []
+
+    def load_engine():
+        time.sleep(0.3)  # loading a model
+        engine = FakeEngine()
+        engine.start()
+        events.append("loaded")
+        return engine, describe(engine, model_name="fake")
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+
+        def call_at_once(target: str) -> None:  # what the newcomer's script does right after the line
+            try:
+                with Client(target) as c:
+                    answers.append(c.generate_text("hi", max_tokens=2, timeout=5).text)
+            finally:
+                loop.call_soon_threadsafe(stop.set)
+
+        def on_listening(host: str, port: int) -> None:
+            events.append("listening")
+            threading.Thread(target=call_at_once, args=(f"{host}:{port}",)).start()
+
+        await run_worker(ServerOptions(port=0, grace_period=1), load_engine, on_listening=on_listening, stop_event=stop)
+
+    asyncio.run(main())
+    assert events == ["loaded", "listening"] and answers == ["ab"]
+
+
+def test_prompts_are_tokenized_off_the_loop_and_oversized_ones_never(worker):
+    """A 15 MiB prompt used to be tokenized on the event loop, stalling every stream and health for seconds."""
+    tokenizer = worker.engine.tokenizer
+    encoded: list[tuple[str, int]] = []  # (thread, characters) of every encode call
+    plain_encode = tokenizer.encode
+
+    def spy(text: str, add_special_tokens: bool = True) -> list[int]:
+        encoded.append((threading.current_thread().name, len(text)))
+        return plain_encode(text, add_special_tokens)
+
+    tokenizer.encode = spy
+    huge = "x" * (15 << 20)
+    chat = [{"role": "user", "content": huge[: 5 << 20]}] * 3
+    with Client(worker.target) as c:
+        calls = [
+            lambda: c.generate_text(huge),
+            lambda: c.generate_text(messages=chat),
+            lambda: c.tokenize(huge),
+            lambda: c.tokenize(messages=chat),
+            lambda: c.pin(huge),
+            lambda: c.unpin(huge),
+        ]
+        for call in calls:
+            with pytest.raises(grpc.RpcError) as e:
+                call()
+            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "511" in e.value.details()
+        assert c.generate_text("small", max_tokens=2).text == "ab"
+        assert c.tokenize(messages=[{"role": "user", "content": "hi"}])
+        c.pin("a prefix")
+        c.unpin("a prefix")
+    assert max(n for _, n in encoded) < 100  # the huge ones were refused from their size, never tokenized
+    assert len(encoded) >= 4 and "test-worker-loop" not in {thread for thread, _ in encoded}

@@ -62,3 +62,16 @@ def test_char_tokenizer_round_trips_any_ids():
         [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}]
     )
     assert two.startswith(one + "b")  # turn N+1's prompt extends turn N's prompt + reply
+
+
+def test_rate_limited_warning_says_how_many_it_held_back(caplog):
+    import logging
+
+    from radixcache.worker.decode_guard import RateLimitedWarning
+
+    now = [100.0]
+    warning = RateLimitedWarning(logging.getLogger("test.rate"), interval=10.0, clock=lambda: now[0])
+    assert [warning.warn(f"bad {i}") for i in range(5)] == [True, False, False, False, False]
+    now[0] += 10.0
+    assert warning.warn("bad again")
+    assert [r.getMessage() for r in caplog.records] == ["bad 0", "bad again (and 4 more in the last 10 s)"]

@@ -382,6 +382,9 @@ def test_json_schema_over_grpc(wire):
         ({"regex": ""}, "regex must not be empty"),
         ({"ebnf": 'root ::= "a" missing'}, "missing"),
         ({"regex": "x" * 70_000}, "at most 65536 characters"),
+        ({"json_schema": "[" * 60_000}, "nested too deeply"),
+        ({"json_schema": '{"items": ' * 700 + "{}" + "}" * 700}, "recursion limit"),
+        ({"ebnf": "root ::= " + "(" * 20_000 + '"a"' + ")" * 20_000}, "ebnf: "),
     ],
 )
 def test_bad_constraints_are_invalid_argument_and_the_worker_keeps_serving(wire, kwargs, named):

@@ -45,7 +45,7 @@ def test_a_text_that_cannot_fit_is_refused_in_milliseconds_before_tokenizing():
     huge = "hello world " * (15 * 2**20 // 12)  # 15 MiB
     with invalid(r"the context allows at most 511 prompt tokens"):
         render_prompt(PromptInput(text=huge), Untouchable(), LIMITS)
-    with invalid(r"messages hold \d+ bytes of content"):
+    with invalid(r"messages hold at least \d+ bytes of content"):
         render_prompt(PromptInput(messages=[{"role": "user", "content": huge}]), Untouchable(), LIMITS)
     with invalid("messages must hold at most 511 messages"):
         check_prompt_input(PromptInput(messages=[{"role": "user", "content": ""}] * 100_000), Untouchable(), LIMITS)

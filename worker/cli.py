@@ -1,8 +1,8 @@
 """`radixcache serve`: load a model, start the engine and serve it over gRPC until SIGTERM/SIGINT.
 
-Prints "listening on HOST:PORT" (one flushed line on stdout) as soon as the port is bound; health says NOT_SERVING
-until the model is loaded and warmed up, then SERVING. On SIGTERM it drains in-flight streams for --grace-period
-seconds and exits 0.
+The port is bound first (health NOT_SERVING, every RPC UNAVAILABLE) while the model loads and warms up. Once the
+worker is ready it prints "listening on HOST:PORT" (one flushed line on stdout, the first one) and health says
+SERVING: wait for that line. On SIGTERM it drains in-flight streams for --grace-period seconds and exits 0.
 """
 
 from __future__ import annotations
@@ -33,7 +33,14 @@ def default_model_path() -> Path:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="radixcache serve", description="Run a radixcache gRPC worker.")
+    p = argparse.ArgumentParser(
+        prog="radixcache serve",
+        description=(
+            'Run a radixcache gRPC worker. It prints "listening on HOST:PORT" on stdout once it is ready: the model '
+            "is loaded and warmed up, health (grpc.health.v1) says SERVING and every RPC is served. Before that line "
+            "the port may already accept connections, but RPCs answer UNAVAILABLE. Wait for the line, or poll health."
+        ),
+    )
     m = p.add_argument_group("model")
     m.add_argument("--model", type=Path, help="HF checkpoint folder (default: the embedded default model)")
     m.add_argument("--random-model", action="store_true", help="a seeded random tiny Llama with a character tokenizer")

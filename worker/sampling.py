@@ -23,6 +23,11 @@ def new_generator(seed: int | None) -> torch.Generator:
     return generator
 
 
+# Below float32's smallest normal number, dividing by the temperature loses all precision: the limit of sampling as
+# the temperature goes to 0 is the argmax, so such temperatures are greedy.
+GREEDY_BELOW_TEMPERATURE = torch.finfo(torch.float32).tiny
+
+
 def apply_penalties(logits: torch.Tensor, generated: list[int], params: SamplingParams) -> torch.Tensor:
     """OpenAI's presence and frequency penalties over the tokens generated so far (the prompt does not count):
     logit[t] -= frequency_penalty * count(t) + presence_penalty * (count(t) > 0). Returns a new tensor; greedy
@@ -36,8 +41,13 @@ def apply_penalties(logits: torch.Tensor, generated: list[int], params: Sampling
 
 
 def filtered_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """Probabilities after temperature, top-k, top-p and min-p (float32, one row [vocab])."""
-    probs = torch.softmax(logits.float() / params.temperature, dim=-1)
+    """Probabilities after temperature, top-k, top-p and min-p (float32, one row [vocab]); finite, summing to 1.
+
+    The best token always survives every filter, and temperature scales logits relative to the best one (which
+    stays at 0), so no temperature or top_p in range can make every probability 0, inf or NaN.
+    """
+    logits = logits.float()
+    probs = torch.softmax((logits - logits.max()) / params.temperature, dim=-1)
     if params.top_k > 0 and params.top_k < probs.shape[-1]:
         kth = torch.topk(probs, params.top_k).values[-1]
         probs = torch.where(probs >= kth, probs, 0.0)
@@ -46,15 +56,18 @@ def filtered_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor
     if params.top_p < 1.0:
         sorted_probs, order = torch.sort(probs, descending=True)
         mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
-        # Keep the smallest set whose mass reaches top_p (the first token always stays).
-        sorted_probs = torch.where(mass_before < params.top_p * sorted_probs.sum(), sorted_probs, 0.0)
+        # Keep the smallest set whose mass reaches top_p; the first token always stays, even when top_p * mass
+        # underflows float32 (top_p ~ 1e-46).
+        keep = mass_before < params.top_p * sorted_probs.sum()
+        keep[0] = True
+        sorted_probs = torch.where(keep, sorted_probs, 0.0)
         probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
     return probs / probs.sum()
 
 
 def sample_row(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
     """One token from one row of logits [vocab]."""
-    if params.greedy:
+    if params.temperature < GREEDY_BELOW_TEMPERATURE:
         return int(torch.argmax(logits))
     probs = filtered_probs(logits, params)
     return int(torch.multinomial(probs, 1, generator=generator))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import signal
 import time
 from collections.abc import Callable
@@ -18,13 +19,16 @@ from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from radixcache.v1 import radixcache_pb2 as pb
 from radixcache.v1 import radixcache_pb2_grpc as pb_grpc
 from radixcache.worker.auth import Authenticator
+from radixcache.worker.decode_guard import UndecodableRequestInterceptor
 from radixcache.worker.metrics import WorkerMetrics
+from radixcache.worker.reflection import enable_reflection
 from radixcache.worker.servicer import RadixCacheServicer
+
+log = logging.getLogger("radixcache.serve")
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["RadixCache"].full_name
 MiB = 1 << 20
@@ -79,11 +83,13 @@ class WorkerServer:
         """Bind and start serving (health NOT_SERVING until attach()); returns the bound port."""
         o = self.options
         server = grpc.aio.server(
-            options=grpc_server_options(o.max_message_bytes), maximum_concurrent_rpcs=o.max_concurrent_rpcs
+            options=grpc_server_options(o.max_message_bytes),
+            maximum_concurrent_rpcs=o.max_concurrent_rpcs,
+            interceptors=[UndecodableRequestInterceptor()],
         )
         pb_grpc.add_RadixCacheServicer_to_server(self.servicer, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
-        reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+        enable_reflection((SERVICE_NAME, health.SERVICE_NAME), server)
         for service in ("", SERVICE_NAME):
             await self.health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
         address = f"{o.host}:{o.port}"
@@ -154,7 +160,9 @@ async def run_worker(
 ) -> int:
     """Run a worker until SIGTERM/SIGINT (or stop_event): bind, load the engine in a thread, serve, drain, exit 0.
 
-    load_engine builds, starts and warms up the engine (it runs in a worker thread, while health says NOT_SERVING).
+    load_engine builds, starts and warms up the engine (it runs in a worker thread, while health says NOT_SERVING
+    and every RPC answers UNAVAILABLE). on_listening(host, port) is called once the worker is ready: health says
+    SERVING and every RPC is served (the CLI prints "listening on HOST:PORT" then, so a script can wait for it).
     """
     loop = asyncio.get_running_loop()
     stop = stop_event or asyncio.Event()
@@ -166,18 +174,19 @@ async def run_worker(
     server = WorkerServer(options)
     try:
         port = await server.start()
-        if on_listening is not None:
-            on_listening(options.host, port)
-        if server.metrics_port is not None:
-            print(f"metrics on http://{options.host}:{server.metrics_port}/metrics", flush=True)
-        if server.http_port is not None:
-            print(f"openai api on http://{options.host}:{server.http_port}/v1", flush=True)
+        log.info("bound %s:%d; loading the model (health NOT_SERVING until ready)", options.host, port)
         loading = loop.run_in_executor(None, load_engine)
         stopping = asyncio.ensure_future(stop.wait())
         await asyncio.wait({loading, stopping}, return_when=asyncio.FIRST_COMPLETED)
         if loading.done():
             engine, info = loading.result()
             await server.attach(engine, info)
+            if on_listening is not None:
+                on_listening(options.host, port)
+            if server.metrics_port is not None:
+                print(f"metrics on http://{options.host}:{server.metrics_port}/metrics", flush=True)
+            if server.http_port is not None:
+                print(f"openai api on http://{options.host}:{server.http_port}/v1", flush=True)
             await stopping
         else:  # stopped while loading: the load must finish before its engine can be shut down
             stopping.cancel()

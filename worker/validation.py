@@ -137,6 +137,10 @@ def _token_ids(ids: Sequence[int], limits: ModelLimits, name: str) -> None:
                 raise InvalidArgument(f"{name}[{i}] = {t} is outside the vocabulary [0, {limits.vocab_size})")
 
 
+def _over(num_bytes: int, limits: ModelLimits) -> bool:
+    return limits.max_prompt_bytes is not None and num_bytes > limits.max_prompt_bytes
+
+
 def _at_least_tokens(num_bytes: int, limits: ModelLimits) -> int:
     if limits.max_bytes_per_token is None:
         return 1
@@ -151,19 +155,26 @@ def chat_messages(messages: Sequence[Mapping[str, Any]], limits: ModelLimits) ->
     if len(messages) > most:
         raise InvalidArgument(f"messages must hold at most {most} messages, got {len(messages)}")
     out = []
-    size = 0
+    chars = 0
     for i, m in enumerate(messages):
         role, content = m.get("role"), m.get("content")
         if role not in CHAT_ROLES:
             raise InvalidArgument(f"messages[{i}].role must be one of {', '.join(CHAT_ROLES)}; got {role!r}")
         if not isinstance(content, str):
             raise InvalidArgument(f"messages[{i}].content must be a string, got {type(content).__name__}")
-        size += _utf8_size(content, f"messages[{i}].content")
+        chars += len(content)
         out.append(dict(m))
-    if limits.max_prompt_bytes is not None and size > limits.max_prompt_bytes:
+    # Characters <= UTF-8 bytes: too many characters is too many bytes, without encoding megabytes to count them.
+    size = (
+        chars
+        if _over(chars, limits)
+        else sum(_utf8_size(m["content"], f"messages[{i}].content") for i, m in enumerate(out))
+    )
+    if _over(size, limits):
         raise InvalidArgument(
-            f"messages hold {size} bytes of content; a prompt that fits the context ({limits.max_prompt_tokens} "
-            f"tokens) holds at most {limits.max_prompt_bytes} bytes with this model's tokenizer"
+            f"messages hold at least {size} bytes of content; a prompt that fits the context "
+            f"({limits.max_prompt_tokens} tokens) holds at most {limits.max_prompt_bytes} bytes with this model's "
+            "tokenizer"
         )
     return out
 
@@ -192,14 +203,11 @@ def check_prompt_input(prompt: PromptInput, tokenizer: TokenizerLike | None, lim
     text = prompt.text or ""
     if not text:
         raise InvalidArgument("text must not be empty")
-    if limits.max_bytes_per_token is not None and len(text) > limits.max_prompt_bytes:  # type: ignore[operator]
-        num_bytes = len(text)  # characters <= bytes: already too long, no need to encode
-    else:
-        num_bytes = _utf8_size(text, "text")
+    num_bytes = len(text) if _over(len(text), limits) else _utf8_size(text, "text")  # characters <= bytes
     at_least = _at_least_tokens(num_bytes, limits)
     if at_least > limits.max_prompt_tokens:
         raise InvalidArgument(
-            f"text has {num_bytes}+ bytes, so at least {at_least} tokens with this model's tokenizer (at most "
+            f"text has at least {num_bytes} bytes, so at least {at_least} tokens with this model's tokenizer (at most "
             f"{limits.max_bytes_per_token} bytes per token); the context allows at most {limits.max_prompt_tokens} "
             f"prompt tokens (at most {limits.max_prompt_bytes} bytes)"
         )
@@ -301,14 +309,17 @@ def constraint(kind: str | None, text: str = "") -> Constraint | None:
     """
     if kind is None:
         return None
+    try:
+        wanted = Constraint(kind, text)  # first: it bounds the size
+    except ValueError as e:  # Constraint names the field and the limit
+        raise InvalidArgument(str(e)) from e
     if kind == "json_schema":
         try:
             schema = json.loads(text)
         except json.JSONDecodeError as e:
             raise InvalidArgument(f"json_schema is not valid JSON: {e}") from e
+        except RecursionError:
+            raise InvalidArgument("json_schema is nested too deeply") from None
         if not isinstance(schema, (dict, bool)):
             raise InvalidArgument(f"json_schema must be a JSON object, got a JSON {type(schema).__name__}")
-    try:
-        return Constraint(kind, text)
-    except ValueError as e:  # Constraint names the field and the limit
-        raise InvalidArgument(str(e)) from e
+    return wanted

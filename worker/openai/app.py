@@ -23,6 +23,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
+from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from radixcache.worker.engine import DuplicateRequestError, RequestTooLargeError
@@ -269,7 +270,11 @@ class OpenAIFront:
             finally:
                 stream.close()
 
-        return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        # The background close covers a client gone before the generator ever started (its finally never runs).
+        return StreamingResponse(
+            events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"},
+            background=BackgroundTask(stream.close),
+        )  # fmt: skip
 
 
 def create_app(front: Any, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
