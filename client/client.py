@@ -13,6 +13,7 @@ worker's status code and message (INVALID_ARGUMENT names the bad field). Imports
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -49,6 +50,8 @@ _SAMPLING = (
     "presence_penalty",
     "frequency_penalty",
 )
+# Structured output (at most one): json_schema (a dict or JSON text), json_object=True, regex, ebnf (GBNF or Lark).
+_CONSTRAINTS = ("json_schema", "json_object", "regex", "ebnf")
 
 
 @dataclass
@@ -149,16 +152,23 @@ def generate_request(
     request_id: str = "",
     **sampling: Any,
 ) -> pb.GenerateRequest:
-    """A GenerateRequest; sampling keywords left out (or None) take the worker's defaults."""
-    unknown = set(sampling) - set(_SAMPLING)
+    """A GenerateRequest; sampling keywords left out (or None) take the worker's defaults. The keywords also take
+    one constraint: json_schema (a dict or JSON text), json_object=True, regex or ebnf."""
+    known = _SAMPLING + _CONSTRAINTS
+    unknown = set(sampling) - set(known)
     if unknown:
-        raise TypeError(f"unknown sampling argument(s): {', '.join(sorted(unknown))}; known: {', '.join(_SAMPLING)}")
+        raise TypeError(f"unknown sampling argument(s): {', '.join(sorted(unknown))}; known: {', '.join(known)}")
+    constraints = [name for name in _CONSTRAINTS if sampling.get(name) is not None]
+    if len(constraints) > 1:
+        raise ValueError(f"give at most one constraint; got {', '.join(constraints)}")
     req = pb.GenerateRequest(request_id=request_id)
     _set_input(req, text, token_ids, messages)
     for name, value in sampling.items():
         if value is None:
             continue
-        if name in ("stop", "stop_token_ids"):
+        if name == "json_schema" and not isinstance(value, str):
+            req.json_schema = json.dumps(value)
+        elif name in ("stop", "stop_token_ids"):
             getattr(req, name).extend([value] if isinstance(value, str) else value)
         else:
             setattr(req, name, value)
@@ -247,7 +257,8 @@ class Client(_Base):
         **sampling: Any,
     ) -> Iterator[Chunk]:
         """Stream a completion, one Chunk per engine step. Sampling keywords: max_tokens, temperature, top_k, top_p,
-        min_p, seed, stop, stop_token_ids, ignore_eos, logprobs, top_logprobs."""
+        min_p, seed, stop, stop_token_ids, ignore_eos, logprobs, top_logprobs; and at most one constraint:
+        json_schema (dict or JSON text), json_object=True, regex, ebnf."""
         req = generate_request(text, token_ids=token_ids, messages=messages, request_id=request_id, **sampling)
         call = self._stub.Generate(req, timeout=timeout, metadata=self._metadata)
         return self._iterate(call)

@@ -249,8 +249,9 @@ BAD_CHAT = [
     ({"seed": 2**70}, "seed"),
     ({"stop": ["x"] * 17}, "stop"),
     ({"logit_bias": {"5": 10}}, "logit_bias"),
-    ({"response_format": {"type": "json_object"}}, "response_format"),
-    ({"tool_choice": "required", "tools": [{"type": "function", "function": {"name": "f"}}]}, "tool_choice"),
+    ({"response_format": {"type": "xml"}}, "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "objekt"}}}}, "response_format"),
+    ({"tool_choice": "required"}, "tool_choice"),  # no tools to call
     ({"parallel_tool_calls": False}, "parallel_tool_calls"),
     ({"stream_options": {"include_usage": True}}, "stream_options"),
     ({"top_k": 0}, "top_k"),
@@ -337,3 +338,25 @@ def test_a_client_that_disconnects_frees_its_pages(worker):
         httpx.post(worker.base_url + "/chat/completions", json=long, headers=headers, timeout=1.0)
     s = wait_idle(worker)
     assert s["steps"] - steps < 1700
+
+
+def test_structured_output_with_the_random_models_character_tokenizer(worker, client):
+    schema = {
+        "type": "object",
+        "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "minimum": 0, "maximum": 50}},
+        "required": ["ok", "n"],
+        "additionalProperties": False,
+    }
+    reply = client.chat.completions.create(
+        model=MODEL,
+        messages=chat("json please"),
+        response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": schema}},
+        max_tokens=40,
+    )
+    data = json.loads(reply.choices[0].message.content)
+    assert set(data) == {"ok", "n"} and isinstance(data["ok"], bool) and 0 <= data["n"] <= 50
+    assert reply.choices[0].finish_reason == "stop"
+    with Client(worker.target, token="key-alice") as c:  # and over gRPC, from the same worker
+        assert c.generate_text("x", regex="(ab|cd){3}", max_tokens=10).text in {
+            x + y + z for x in ("ab", "cd") for y in ("ab", "cd") for z in ("ab", "cd")
+        }

@@ -26,10 +26,11 @@ from radixcache.pool import KVPool, KVShape
 from radixcache.worker.attention import BatchLayout, SequenceSlice
 from radixcache.worker.attention.base import create_backend
 from radixcache.worker.model.tokenizer import IncrementalDetokenizer
-from radixcache.worker.request import ErrorKind, FinishReason, Request, RequestOutput
+from radixcache.worker.request import Constraint, ErrorKind, FinishReason, Request, RequestOutput
 from radixcache.worker.sampling import apply_penalties, sample_row, token_logprob
 from radixcache.worker.scheduler import Chunk, Scheduler
 from radixcache.worker.sequence import SeqStatus, Sequence
+from radixcache.worker.structured import GrammarCache
 from radixcache.worker.warmup import warm_up
 
 log = logging.getLogger("radixcache.engine")
@@ -173,6 +174,8 @@ class Engine:
             max_running=self.config.max_running,
             aging_steps=self.config.aging_steps,
         )
+        # Structured outputs: grammars compile on the submitting thread, masks are applied on this one.
+        self.grammars = GrammarCache(self.tokenizer, mc.vocab_size, self._eos_ids)
         self._inbox: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._live_ids: set[str] = set()
         self._samples: dict[str, list[Sequence]] = {}  # request id -> its unfinished samples (engine thread only)
@@ -263,6 +266,9 @@ class Engine:
             Sequence(request, on_output, self._detokenizer(), frozenset(stop_ids), index=i)
             for i in range(request.sampling.n)
         ]
+        if request.constraint is not None:  # compiles here, on the caller's thread, if not cached
+            for seq in samples:  # every sample walks the grammar on its own
+                seq.matcher = self.grammars.matcher(request.constraint)
         with self._ids_lock:  # atomic with shutdown(): a request is either refused or seen by the loop
             if not self._accepting:
                 raise RuntimeError("the engine is shutting down and accepts no new requests")
@@ -278,6 +284,11 @@ class Engine:
                 return False
         self._inbox.put(lambda: self._abort(request_id))
         return True
+
+    def compile_constraint(self, constraint: Constraint) -> None:
+        """Compile and cache a constraint's grammar (thread-safe; may take milliseconds, so keep it off an event
+        loop). Raises ConstraintError (a ValueError) naming the problem. submit() compiles too, on a cache miss."""
+        self.grammars.compile(constraint)
 
     def call(self, fn: Callable[[], Any]) -> Any:
         """Run fn on the engine thread (where the cache lives) and return its result."""
@@ -479,6 +490,7 @@ class Engine:
 
     def _advance(self, chunks: list[Chunk], logits: torch.Tensor) -> None:
         finite = torch.isfinite(logits).all(dim=-1).tolist()  # one pass for the batch, not one per row
+        allowed = self._constrained_logits(chunks, logits)
         for row, chunk in enumerate(chunks):
             seq = chunk.seq
             try:
@@ -488,9 +500,9 @@ class Engine:
                 if samples:
                     if not finite[row]:
                         raise FloatingPointError("non-finite logits")
-                    self._sample(seq, logits[row])
-                    if seq.forks:
-                        self._fork(seq, logits[row])
+                    self._sample(seq, logits[row], allowed.get(row))
+                    if seq.forks:  # the forks' matchers are at the start too: the same mask holds for them
+                        self._fork(seq, logits[row], allowed.get(row))
                 self._end_or_emit(seq)
             except Exception:
                 log.exception("request %s failed", seq.name)
@@ -502,22 +514,34 @@ class Engine:
         else:
             self._emit(seq)
 
-    def _fork(self, first: Sequence, logits: torch.Tensor) -> None:
+    def _fork(self, first: Sequence, logits: torch.Tensor, allowed: torch.Tensor | None = None) -> None:
         """first's prompt is computed and its first token sampled: start the request's other samples from a copy
-        of its prompt, each drawing its own first token from the same logits."""
+        of its prompt, each drawing its own first token from the same logits (and the same constrained logits:
+        every sample's grammar is still at its start)."""
         forks, first.forks = first.forks, []
         for seq in forks:
             try:
                 if self.scheduler.fork(first, seq):
-                    self._sample(seq, logits)
+                    self._sample(seq, logits, allowed)
                     self._end_or_emit(seq)
             except Exception:
                 log.exception("request %s failed", seq.name)
                 self._end(seq, FinishReason.ERROR, "internal error while sampling this request")
 
-    def _sample(self, seq: Sequence, logits: torch.Tensor) -> None:
+    def _constrained_logits(self, chunks: list[Chunk], logits: torch.Tensor) -> dict[int, torch.Tensor]:
+        """Row -> that row's logits with the tokens its grammar forbids at -inf, for the constrained rows that
+        sample this step (all masks of the batch in one call)."""
+        rows = [r for r, c in enumerate(chunks) if c.seq.matcher is not None and c.samples]
+        if not rows:
+            return {}
+        masked = self.grammars.mask_logits(logits, rows, [chunks[r].seq.matcher for r in rows])
+        return dict(zip(rows, masked, strict=True))
+
+    def _sample(self, seq: Sequence, logits: torch.Tensor, allowed: torch.Tensor | None = None) -> None:
+        """Sample from `allowed` (the constrained logits) when given; logprobs stay those of the model's logits."""
         params = seq.request.sampling
-        token = sample_row(apply_penalties(logits, seq.generated, params), params, seq.generator)
+        base = logits if allowed is None else allowed
+        token = sample_row(apply_penalties(base, seq.generated, params), params, seq.generator)
         logprob = token_logprob(logits, token, params.top_logprobs) if params.logprobs else None
         seq.append_token(token, logprob)
         self._generated += 1

@@ -46,3 +46,11 @@ def sampling_values(request: Any) -> SamplingValues:
     """A GenerateRequest's sampling fields; a field without presence set stays None (SamplingParams' default)."""
     present = {name: getattr(request, name) for name in SAMPLING_FIELDS if request.HasField(name)}
     return SamplingValues(stop=request.stop, stop_token_ids=request.stop_token_ids, **present)
+
+
+def constraint_values(request: Any) -> tuple[str | None, str]:
+    """A GenerateRequest's `constraint` oneof as (kind, text); (None, "") when unset or json_object is false."""
+    kind = request.WhichOneof("constraint")
+    if kind is None or (kind == "json_object" and not request.json_object):
+        return None, ""
+    return kind, "" if kind == "json_object" else getattr(request, kind)

@@ -17,6 +17,8 @@ MAX_TOP_LOGPROBS = 20
 SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed accepts (the wire's int64 fits)
 MAX_SAMPLES = 16  # n: completions of one prompt, computed once and shared
 MAX_PENALTY = 2.0  # |presence_penalty|, |frequency_penalty| (OpenAI's range)
+CONSTRAINT_KINDS = ("json_schema", "json_object", "regex", "ebnf")
+MAX_CONSTRAINT_CHARS = 65536
 
 
 class FinishReason(str, enum.Enum):
@@ -94,12 +96,31 @@ class SamplingParams:
         return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
 
+@dataclass(frozen=True)
+class Constraint:
+    """Structured output: the generated text must follow this JSON schema (JSON text), any JSON object, regex or
+    EBNF grammar (GBNF or Lark). Hashable: compiled grammars are cached by it. Whether the text compiles is decided
+    by worker.structured (ConstraintError), which needs the model's tokenizer."""
+
+    kind: str  # one of CONSTRAINT_KINDS
+    text: str = ""  # empty for json_object
+
+    def __post_init__(self) -> None:
+        if self.kind not in CONSTRAINT_KINDS:
+            raise ValueError(f"constraint kind must be one of {', '.join(CONSTRAINT_KINDS)}; got {self.kind!r}")
+        if self.kind != "json_object" and not self.text:
+            raise ValueError(f"{self.kind} must not be empty")
+        if len(self.text) > MAX_CONSTRAINT_CHARS:
+            raise ValueError(f"{self.kind} must have at most {MAX_CONSTRAINT_CHARS} characters, got {len(self.text)}")
+
+
 @dataclass
 class Request:
     request_id: str
     prompt_ids: list[int]
     sampling: SamplingParams = field(default_factory=SamplingParams)
     namespace: str = ""  # the tenant; set by the server from the caller's identity, never from the request body
+    constraint: Constraint | None = None  # structured output; None = unconstrained
 
     def __post_init__(self) -> None:
         if not self.request_id:

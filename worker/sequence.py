@@ -18,6 +18,7 @@ import torch
 from radixcache.cache import Lease
 from radixcache.worker.request import ErrorKind, FinishReason, Request, RequestOutput, TokenLogprob
 from radixcache.worker.sampling import new_generator
+from radixcache.worker.structured import GrammarMatcher
 
 
 def stop_prefix_at_end(text: str, stops: tuple[str, ...]) -> int:
@@ -68,6 +69,8 @@ class Sequence:
     # The request's other samples (n > 1), held by sample 0 until its prompt is computed: they then start from a
     # copy of its prompt instead of computing it again (Scheduler.fork).
     forks: list[Sequence] = field(default_factory=list)
+    # Structured output: the grammar state after the generated tokens (kept through preemption with them)
+    matcher: GrammarMatcher | None = None
 
     def __post_init__(self) -> None:
         self.tokens = list(self.request.prompt_ids)
@@ -115,7 +118,7 @@ class Sequence:
 
     # --- outputs -------------------------------------------------------------------------------------------
     def append_token(self, token_id: int, logprob: TokenLogprob | None) -> None:
-        """Record a sampled token; decide whether it ends the request (stop token, stop string, length)."""
+        """Record a sampled token; decide whether it ends the request (stop token, stop string, completed constraint, length)."""
         sampling = self.request.sampling
         now = time.monotonic()
         if self.first_token_at is None:
@@ -135,6 +138,11 @@ class Sequence:
             if hits:
                 self.text = self.text[: min(hits)]
                 self.finish_reason = FinishReason.STOP_STRING
+                return
+        if self.matcher is not None:
+            self.matcher.consume(token_id)
+            if self.matcher.done:  # the grammar allows nothing more (an EOS the mask forced would add nothing)
+                self.finish_reason = FinishReason.STOP_TOKEN
                 return
         if self.num_generated >= sampling.max_tokens:
             self.finish_reason = FinishReason.LENGTH

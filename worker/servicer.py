@@ -28,8 +28,9 @@ from radixcache.worker.auth import Authenticator
 from radixcache.worker.engine import DuplicateRequestError, RequestTooLargeError
 from radixcache.worker.engine_stream import EngineStream, engine_request_id
 from radixcache.worker.metrics import WorkerMetrics, flatten_stats
-from radixcache.worker.pb_inputs import prompt_input, sampling_values
-from radixcache.worker.request import ErrorKind, FinishReason, Request, RequestOutput, SamplingParams
+from radixcache.worker.pb_inputs import constraint_values, prompt_input, sampling_values
+from radixcache.worker.request import Constraint, ErrorKind, FinishReason, Request, RequestOutput, SamplingParams
+from radixcache.worker.structured import ConstraintError
 from radixcache.worker.validation import (
     InvalidArgument,
     ModelLimits,
@@ -37,6 +38,7 @@ from radixcache.worker.validation import (
     check_prompt_input,
     check_request_id,
     check_ttl,
+    constraint,
     render_prompt,
     sampling_params,
     tokenize_prompt,
@@ -150,14 +152,17 @@ class RadixCacheServicer(pb_grpc.RadixCacheServicer):
             text_or_ids, values = prompt_input(request), sampling_values(request)
             check_prompt_input(text_or_ids, engine.tokenizer, self.limits)  # refused before tokenizing: bad sizes
             sampling_params(values, prompt_tokens=None, limits=self.limits)  # and bad sampling values
+            wanted = constraint(*constraint_values(request))
             prompt, _ = await self._prompt(text_or_ids)
             sampling = sampling_params(values, prompt_tokens=len(prompt), limits=self.limits)
-        except InvalidArgument as e:
+            if wanted is not None:  # compiled (and cached) in a worker thread: the event loop keeps serving
+                await self._in_thread(engine.compile_constraint, wanted)
+        except (InvalidArgument, ConstraintError) as e:
             await self._invalid(context, e)
         key = (tenant, request_id)
         if key in self._active:
             await context.abort(grpc.StatusCode.ALREADY_EXISTS, f"request_id {request_id!r} is already running")
-        await self._stream(engine, context, key, prompt, sampling)
+        await self._stream(engine, context, key, prompt, sampling, wanted)
 
     async def _stream(
         self,
@@ -166,10 +171,12 @@ class RadixCacheServicer(pb_grpc.RadixCacheServicer):
         key: tuple[str, str],
         prompt: list[int],
         sampling: SamplingParams,
+        wanted: Constraint | None = None,
     ) -> None:
         tenant, request_id = key
         engine_id = engine_request_id(tenant, request_id)
-        stream = EngineStream(engine, Request(engine_id, prompt, sampling, namespace=tenant), self.metrics)
+        request = Request(engine_id, prompt, sampling, namespace=tenant, constraint=wanted)
+        stream = EngineStream(engine, request, self.metrics)
         await self._submit(stream, context)
         self._active[key] = engine_id
         try:

@@ -14,12 +14,13 @@ SamplingParams.__post_init__ holds the sampling rules that need nothing but the 
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from radixcache.worker.request import SamplingParams
+from radixcache.worker.request import Constraint, SamplingParams
 
 CHAT_ROLES = ("system", "user", "assistant", "tool")
 MAX_REQUEST_ID_CHARS = 128
@@ -297,3 +298,28 @@ def sampling_params(values: SamplingValues, *, prompt_tokens: int | None, limits
         _utf8_size(s, f"stop[{i}]")
     _token_ids(params.stop_token_ids, limits, "stop_token_ids")
     return params
+
+
+def constraint(kind: str | None, text: str = "") -> Constraint | None:
+    """A structured-output constraint from a front's plain values: kind one of request.CONSTRAINT_KINDS (None: no
+    constraint), text the JSON schema (JSON text), regex or grammar ("" for json_object).
+
+    Checks what needs no tokenizer (non-empty, size, the schema is JSON); whether it compiles is checked next by
+    Engine.compile_constraint (ConstraintError, also a ValueError), still before anything is allocated.
+    """
+    if kind is None:
+        return None
+    try:
+        wanted = Constraint(kind, text)  # first: it bounds the size
+    except ValueError as e:  # Constraint names the field and the limit
+        raise InvalidArgument(str(e)) from e
+    if kind == "json_schema":
+        try:
+            schema = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise InvalidArgument(f"json_schema is not valid JSON: {e}") from e
+        except RecursionError:
+            raise InvalidArgument("json_schema is nested too deeply") from None
+        if not isinstance(schema, (dict, bool)):
+            raise InvalidArgument(f"json_schema must be a JSON object, got a JSON {type(schema).__name__}")
+    return wanted

@@ -155,6 +155,10 @@ class Tokenizer:
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
 
+    def to_str(self) -> str:
+        """The tokenizer.json text (for libraries that build their own token tables, e.g. grammar matchers)."""
+        return self._tok.to_str()
+
     def apply_chat_template(
         self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, *, tools: list[Any] | None = None
     ) -> str:

@@ -34,7 +34,13 @@ from radixcache.worker.openai.requests import ParsedRequest, parse_chat, parse_c
 from radixcache.worker.openai.responses import ChatResponder, CompletionResponder
 from radixcache.worker.request import ErrorKind, FinishReason, RequestOutput
 from radixcache.worker.request import Request as EngineRequest
-from radixcache.worker.validation import InvalidArgument, check_prompt_input, sampling_params, tokenize_prompt
+from radixcache.worker.validation import (
+    InvalidArgument,
+    check_prompt_input,
+    constraint,
+    sampling_params,
+    tokenize_prompt,
+)
 
 log = logging.getLogger("radixcache.openai")
 
@@ -197,7 +203,15 @@ class OpenAIFront:
             sampling = sampling_params(values, prompt_tokens=len(ids), limits=limits)
         except InvalidArgument as e:
             raise bad_request(str(e), param_of(str(e), prompt_param=prompt_param, renames=renames)) from None
-        request = EngineRequest(engine_request_id(tenant, request_id), ids, sampling, namespace=tenant)
+        try:  # structured output: checked, then compiled (and cached) in a worker thread
+            wanted = constraint(*parsed.constraint)
+            if wanted is not None:
+                await loop.run_in_executor(None, engine.compile_constraint, wanted)
+        except ValueError as e:  # InvalidArgument or ConstraintError: the schema / grammar is the caller's
+            raise bad_request(f"{parsed.constraint_param}: {e}", parsed.constraint_param) from None
+        request = EngineRequest(
+            engine_request_id(tenant, request_id), ids, sampling, namespace=tenant, constraint=wanted
+        )
         stream = EngineStream(engine, request, self.front.metrics)
         try:
             stream.open()

@@ -13,13 +13,14 @@ from typing import Any
 
 from radixcache.worker.openai.errors import bad_request
 from radixcache.worker.openai.protocol import ChatCompletionRequest, ChatMessageIn, CompletionRequest
+from radixcache.worker.openai.tool_calls import tool_call_grammar
 from radixcache.worker.validation import PromptInput, SamplingValues
 
 # Accepted and ignored: they never change what is generated.
 IGNORED_PARAMS = frozenset(
     {"user", "store", "metadata", "service_tier", "prompt_cache_key", "prompt_cache_retention", "safety_identifier"}
 )
-TOOL_CHOICES = ("auto", "none")
+TOOL_CHOICES = ("auto", "none", "required")  # or {"type": "function", "function": {"name": ...}}
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,9 @@ class ParsedRequest:
     parse_tools: bool = False  # chat with tools (tool_choice "auto"): generated <tool_call> blocks become tool_calls
     max_tokens_param: str = "max_tokens"  # the field that set max_tokens, for error messages
     top_logprobs_param: str = "top_logprobs"
+    # Structured output, as validation.constraint takes it: (kind, text), and the parameter that asked for it
+    constraint: tuple[str | None, str] = (None, "")
+    constraint_param: str = "response_format"
 
 
 def _refuse_unsupported(body: ChatCompletionRequest | CompletionRequest) -> None:
@@ -41,10 +45,56 @@ def _refuse_unsupported(body: ChatCompletionRequest | CompletionRequest) -> None
             raise bad_request(f"{name} is not supported by this server", name)
     if body.logit_bias:
         raise bad_request("logit_bias is not supported by this server", "logit_bias")
-    if body.response_format is not None and body.response_format.get("type") != "text":
-        raise bad_request("response_format: only {'type': 'text'} is supported by this server", "response_format")
     if body.stream_options is not None and not body.stream:
         raise bad_request("stream_options is only allowed when stream is true", "stream_options")
+
+
+def _response_format(body: ChatCompletionRequest | CompletionRequest) -> tuple[str | None, str]:
+    """response_format -> a constraint's (kind, text): text (none), json_object, or json_schema {"schema": ...}."""
+    rf = body.response_format
+    kind = None if rf is None else rf.get("type")
+    if kind in (None, "text"):
+        return None, ""
+    if kind == "json_object":
+        return "json_object", ""
+    if kind == "json_schema":
+        spec = rf.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if not isinstance(schema, (dict, bool)):
+            raise bad_request(
+                "response_format.json_schema.schema must be a JSON schema (an object)", "response_format.json_schema"
+            )
+        return "json_schema", json.dumps(schema)
+    raise bad_request(
+        f"response_format.type must be one of text, json_object, json_schema; got {kind!r}", "response_format"
+    )
+
+
+def _tool_choice(body: ChatCompletionRequest, tools: list[dict[str, Any]] | None) -> tuple[str | None, str]:
+    """tool_choice "required" / {"type": "function", "function": {"name"}} -> a constraint forcing one tool call."""
+    choice = body.tool_choice
+    if choice is None or choice in ("auto", "none"):
+        return None, ""
+    name = None
+    if isinstance(choice, dict):
+        function = choice.get("function")
+        name = function.get("name") if choice.get("type") == "function" and isinstance(function, dict) else None
+        if not isinstance(name, str):
+            raise bad_request(
+                "tool_choice must be auto, none, required or {'type': 'function', 'function': {'name': ...}}",
+                "tool_choice",
+            )
+    elif choice not in TOOL_CHOICES:
+        raise bad_request(
+            f"tool_choice must be auto, none, required or a named function; got {choice!r}", "tool_choice"
+        )
+    if not tools:
+        raise bad_request("tool_choice requires tools", "tool_choice")
+    if name is not None and name not in {t["function"]["name"] for t in tools}:
+        raise bad_request(f"tool_choice names the function {name!r}, which is not among tools", "tool_choice")
+    if body.response_format is not None and _response_format(body)[0] is not None:
+        raise bad_request("set response_format or a forced tool_choice, not both", "response_format")
+    return "ebnf", tool_call_grammar(tools, name)
 
 
 def _stop(stop: str | list[str] | None) -> tuple[str, ...]:
@@ -127,12 +177,6 @@ def chat_messages(messages: list[ChatMessageIn]) -> list[dict[str, Any]]:
 def parse_chat(body: ChatCompletionRequest) -> ParsedRequest:
     _refuse_unsupported(body)
     choice = body.tool_choice
-    if choice is not None and choice not in TOOL_CHOICES:
-        raise bad_request(
-            f"tool_choice: only {' and '.join(repr(c) for c in TOOL_CHOICES)} are supported (a forced or required "
-            f"tool call needs constrained decoding), got {choice!r}",
-            "tool_choice",
-        )
     if body.parallel_tool_calls is False:
         raise bad_request("parallel_tool_calls=false is not supported by this server", "parallel_tool_calls")
     if body.top_logprobs is not None and not body.logprobs:
@@ -152,7 +196,15 @@ def parse_chat(body: ChatCompletionRequest) -> ParsedRequest:
         include_usage=bool(body.stream_options and body.stream_options.include_usage),
         parse_tools=bool(tools) and choice != "none",
         max_tokens_param=max_param,
+        **_constraint(body, tools),
     )
+
+
+def _constraint(body: ChatCompletionRequest, tools: list[dict[str, Any]] | None) -> dict[str, Any]:
+    forced = _tool_choice(body, tools)
+    if forced[0] is not None:
+        return {"constraint": forced, "constraint_param": "tool_choice"}
+    return {"constraint": _response_format(body)}
 
 
 def _completion_prompt(prompt: str | list[str] | list[int] | list[list[int]]) -> PromptInput:
@@ -187,4 +239,5 @@ def parse_completion(body: CompletionRequest) -> ParsedRequest:
         stream=bool(body.stream),
         include_usage=bool(body.stream_options and body.stream_options.include_usage),
         top_logprobs_param="logprobs",
+        constraint=_response_format(body),
     )

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
@@ -111,3 +113,26 @@ def parse_tool_calls(text: str) -> tuple[str, list[ToolCall]]:
     parser = ToolCallParser()
     first, last = parser.push(text), parser.finish()
     return first.text + last.text, parser.calls
+
+
+def tool_call_grammar(tools: Sequence[Mapping[str, Any]], name: str | None = None) -> str:
+    """A Lark grammar (for a Constraint of kind "ebnf") whose sentences are exactly one tool-call block calling one
+    of `tools` ([{"type": "function", "function": {"name", "parameters"}}]), or only `name`, with arguments valid
+    against that function's parameters schema: what tool_choice "required" / a named function forces."""
+    from radixcache.worker.structured import JSON_LAYOUT
+
+    calls = [
+        {
+            "type": "object",
+            "properties": {
+                "name": {"const": f["name"]},
+                "arguments": f.get("parameters") or {"type": "object"},
+            },
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+        }
+        for f in (t["function"] for t in tools)
+        if name is None or f["name"] == name
+    ]
+    schema = (calls[0] if len(calls) == 1 else {"anyOf": calls}) | {"x-guidance": JSON_LAYOUT}
+    return f"start: {json.dumps(OPEN + chr(10))} call {json.dumps(chr(10) + CLOSE)}\ncall: %json {json.dumps(schema)}\n"
