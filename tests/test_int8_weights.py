@@ -65,6 +65,23 @@ def test_int8_heldout_loss_within_one_percent_of_fp32(heldout):  # noqa: F811
     assert int8_bpb != fp32_bpb
 
 
+def test_int8_linear_is_its_weights_rounded_to_255_levels_per_row():
+    torch.manual_seed(0)
+    weight, bias = torch.randn(96, 64), torch.randn(96)
+    lin = Int8Linear(weight, bias)
+    assert lin.qweight.dtype == torch.int8 and lin.scale.dtype == torch.bfloat16
+    # Every row uses the whole int8 range (a coarser grid would lose precision for nothing) ...
+    assert (lin.qweight.abs().amax(dim=1) >= 126).all()
+    # ... and every weight is within half a step of its quantized value.
+    step = lin.scale.float()[:, None]
+    dequantized = lin.qweight.float() * step
+    assert ((dequantized - weight).abs() <= 0.51 * step).all()
+    x = torch.randn(5, 64)
+    expected = x.bfloat16().float() @ dequantized.T + bias
+    torch.testing.assert_close(lin(x), expected, rtol=2e-2, atol=2e-2)
+    assert lin(x[None]).shape == (1, 5, 96)
+
+
 def test_int8_engine_decodes_greedily():
     from radixcache.worker.engine import Engine, EngineConfig
     from radixcache.worker.request import Request, SamplingParams

@@ -27,11 +27,13 @@ class Int8Linear(nn.Module):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         super().__init__()
         w = weight.detach().float()
-        scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127.0
-        q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
+        # The scale is rounded to bf16 (the kernel's dtype) before quantizing, so q * scale is within half a step
+        # of w for the scale the kernel actually uses.
+        scale = (w.abs().amax(dim=1).clamp(min=1e-12) / 127.0).to(torch.bfloat16)
+        q = torch.round(w / scale.float()[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
         self.in_features, self.out_features = w.shape[1], w.shape[0]
         self.register_buffer("qweight", q)
-        self.register_buffer("scale", scale.to(torch.bfloat16))
+        self.register_buffer("scale", scale)
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
