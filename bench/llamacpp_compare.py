@@ -285,19 +285,15 @@ def decode_b1(stream: Callable[..., int], pid: int, prompt: list[int], tokens: i
     }
 
 
-def closed_loop(stream: Callable[..., int], jobs: list[Job], clients: int) -> dict[str, float]:
-    """`clients` threads, each sending the next job when its last one ended. Output tok/s and TTFT p50/p90."""
-    queue = list(reversed(jobs))
+def run_clients(stream: Callable[..., int], next_job: Callable[[int], Job | None], clients: int) -> dict[str, float]:
+    """`clients` threads; client c sends next_job(c) (thread-safe; None: done) each time its last request ended.
+    Output tokens per second over the whole run and TTFT p50/p90."""
     lock = threading.Lock()
     ttfts: list[float] = []
     total = [0]
 
-    def client() -> None:
-        while True:
-            with lock:
-                if not queue:
-                    return
-                job = queue.pop()
+    def client(c: int) -> None:
+        while (job := next_job(c)) is not None:
             sent = time.perf_counter()
             stamps: list[float] = []
             n = stream(job.prompt, job.max_tokens, lambda s=stamps: s.append(time.perf_counter()))
@@ -306,47 +302,39 @@ def closed_loop(stream: Callable[..., int], jobs: list[Job], clients: int) -> di
                 total[0] += n
 
     start = time.perf_counter()
-    threads = [threading.Thread(target=client) for _ in range(clients)]
+    threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     wall = time.perf_counter() - start
     return {"tok_s": total[0] / wall, "ttft_p50_s": percentile(ttfts, 50), "ttft_p90_s": percentile(ttfts, 90)}
+
+
+def closed_loop(stream: Callable[..., int], jobs: list[Job], clients: int) -> dict[str, float]:
+    """`clients` clients taking the next job of one shared queue when their last one ended."""
+    queue = list(reversed(jobs))
+    lock = threading.Lock()
+
+    def next_job(_: int) -> Job | None:
+        with lock:
+            return queue.pop() if queue else None
+
+    return run_clients(stream, next_job, clients)
 
 
 def multiturn(stream: Callable[..., int], first: list[Job], rounds: int, user: int) -> dict[str, float]:
     """Each client sends its rounds in order, clients concurrently; round r+1's prompt = round r's prompt + an answer
     + new user tokens. The answer in the next prompt is a seeded stand-in of the same length (not the streamed
     one), so both servers see identical prompts and reuse the same prefixes."""
-    jobs_by_client = []
+    chains = []
     for job in first:
         rng = random.Random(1000 + job.client)
         chain = [job]
         for _ in range(rounds - 1):
             chain.append(next_round(chain[-1], random_tokens(rng, job.max_tokens), user, rng))
-        jobs_by_client.append(chain)
-    lock = threading.Lock()
-    ttfts: list[float] = []
-    total = [0]
-
-    def client(chain: list[Job]) -> None:
-        for job in chain:
-            sent = time.perf_counter()
-            stamps: list[float] = []
-            n = stream(job.prompt, job.max_tokens, lambda s=stamps: s.append(time.perf_counter()))
-            with lock:
-                ttfts.append(stamps[0] - sent)
-                total[0] += n
-
-    start = time.perf_counter()
-    threads = [threading.Thread(target=client, args=(chain,)) for chain in jobs_by_client]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - start
-    return {"tok_s": total[0] / wall, "ttft_p50_s": percentile(ttfts, 50), "ttft_p90_s": percentile(ttfts, 90)}
+        chains.append(list(reversed(chain)))
+    return run_clients(stream, lambda c: chains[c].pop() if chains[c] else None, len(chains))
 
 
 def run_side(side: str, args: argparse.Namespace, ckpt: Path, ggufs: dict[str, Path], binary: Path, task: str) -> Any:
@@ -424,37 +412,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     gsp = abba(("ours", "llama-f32"), "gsp", args.reps, run)
     mt = abba(("ours", "llama-f32"), "multiturn", args.reps, run)
 
-    rows = [
-        ("decode b1 ms/token", "ours fp32", median_of(dec32["ours"], "ms_per_token"),
-         "llama.cpp F32", median_of(dec32["llama-f32"], "ms_per_token")),
-        ("decode b1 CPU ms/token", "ours fp32", median_of(dec32["ours"], "cpu_ms_per_token"),
-         "llama.cpp F32", median_of(dec32["llama-f32"], "cpu_ms_per_token")),
-        ("decode b1 ms/token", "ours int8", median_of(dec8["ours-int8"], "ms_per_token"),
-         "llama.cpp F16", median_of(dec8["llama-f16"], "ms_per_token")),
-        ("decode b1 CPU ms/token", "ours int8", median_of(dec8["ours-int8"], "cpu_ms_per_token"),
-         "llama.cpp F16", median_of(dec8["llama-f16"], "cpu_ms_per_token")),
-        ("gsp output tok/s", "ours fp32", median_of(gsp["ours"], "tok_s"),
-         "llama.cpp F32", median_of(gsp["llama-f32"], "tok_s")),
-        ("gsp TTFT p90 s", "ours fp32", median_of(gsp["ours"], "ttft_p90_s"),
-         "llama.cpp F32", median_of(gsp["llama-f32"], "ttft_p90_s")),
-        ("multiturn output tok/s", "ours fp32", median_of(mt["ours"], "tok_s"),
-         "llama.cpp F32", median_of(mt["llama-f32"], "tok_s")),
-        ("multiturn TTFT p90 s", "ours fp32", median_of(mt["ours"], "ttft_p90_s"),
-         "llama.cpp F32", median_of(mt["llama-f32"], "ttft_p90_s")),
+    # (summary key, table label, runs of the comparison, our side, their side, measure)
+    spec = [
+        ("decode_b1_vs_llamacpp_f32", "decode b1 ms/token", dec32, "ours", "llama-f32", "ms_per_token"),
+        ("decode_b1_cpu_vs_llamacpp_f32", "decode b1 CPU ms/token", dec32, "ours", "llama-f32", "cpu_ms_per_token"),
+        ("decode_int8_vs_llamacpp_f16", "decode b1 ms/token", dec8, "ours-int8", "llama-f16", "ms_per_token"),
+        ("decode_int8_cpu_vs_llamacpp_f16", "decode b1 CPU ms/token", dec8, "ours-int8", "llama-f16",
+         "cpu_ms_per_token"),
+        ("gsp_throughput_vs_llamacpp", "gsp output tok/s", gsp, "ours", "llama-f32", "tok_s"),
+        ("gsp_ttft_p90_vs_llamacpp", "gsp TTFT p90 s", gsp, "ours", "llama-f32", "ttft_p90_s"),
+        ("multiturn_throughput_vs_llamacpp", "multiturn output tok/s", mt, "ours", "llama-f32", "tok_s"),
+        ("multiturn_ttft_p90_vs_llamacpp", "multiturn TTFT p90 s", mt, "ours", "llama-f32", "ttft_p90_s"),
     ]  # fmt: skip
+    summary: dict[str, Any] = {"parity_max_abs_logprob_diff": par["max_abs_logprob_diff"]}
     print(f"\n{'':<24}{'radixcache':>22}{'llama.cpp':>22}{'ours/theirs':>13}")
-    for name, ours_name, ours, theirs_name, theirs in rows:
-        print(f"{name:<24}{ours_name:>12}{ours:10.3f}{theirs_name:>14}{theirs:8.3f}{ours / theirs:13.3f}")
-    summary = {
-        "parity_max_abs_logprob_diff": par["max_abs_logprob_diff"],
-        "decode_b1_vs_llamacpp_f32": rows[0][2] / rows[0][4],
-        "decode_b1_cpu_vs_llamacpp_f32": rows[1][2] / rows[1][4],
-        "decode_int8_vs_llamacpp_f16": rows[2][2] / rows[2][4],
-        "decode_int8_cpu_vs_llamacpp_f16": rows[3][2] / rows[3][4],
-        "gsp_throughput_vs_llamacpp": rows[4][2] / rows[4][4],
-        "gsp_ttft_p90_vs_llamacpp": rows[5][2] / rows[5][4],
-        "multiturn_throughput_vs_llamacpp": rows[6][2] / rows[6][4],
-    }
+    for key, label, runs, ours_side, their_side, measure in spec:
+        ours, theirs = median_of(runs[ours_side], measure), median_of(runs[their_side], measure)
+        summary[key] = ours / theirs
+        print(f"{label:<24}{ours_side:>12}{ours:10.3f}{their_side:>14}{theirs:8.3f}{ours / theirs:13.3f}")
     summary = {k: round(v, 4) if isinstance(v, float) else v for k, v in summary.items()}
     write_json(args.out, {"parity": par, "decode_f32": dec32, "decode_int8": dec8, "gsp": gsp, "multiturn": mt,
                           "summary": summary, "args": vars(args) | {"out": str(args.out)}})  # fmt: skip

@@ -10,16 +10,12 @@ import pytest
 import torch
 from test_default_model import (  # noqa: F401 (fixtures are used by name)
     MODEL_DIR,
-    SEQ_LEN,
-    _loss_from_logits,
-    _windows,
     documents,
     heldout,
+    project_heldout_loss,
     script,
 )
 
-from radixcache.pool import KVPool, KVShape
-from radixcache.worker.attention import BatchLayout, SequenceSlice, create_backend
 from radixcache.worker.model.loader import load_checkpoint
 from radixcache.worker.model.quant import Int8Linear
 
@@ -27,24 +23,7 @@ MAX_RELATIVE_LOSS_INCREASE = 0.01  # the issue's bound: +1% bits per byte over f
 
 
 def _heldout_bits_per_byte(loaded, ids: list[int], byte_lengths) -> float:  # noqa: ANN001
-    cfg = loaded.config
-    page = 16
-    windows = _windows(ids)
-    pages_per_seq = SEQ_LEN // page
-    pool = KVPool(
-        KVShape(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim),
-        page_size=page,
-        num_pages=pages_per_seq * len(windows),
-        dtype=torch.float32,
-    )
-    seqs = [
-        SequenceSlice(pages=list(range(b * pages_per_seq, (b + 1) * pages_per_seq)), num_cached=0, num_new=SEQ_LEN)
-        for b in range(len(windows))
-    ]
-    layout = BatchLayout.build(seqs, page)
-    with torch.inference_mode():
-        logits = loaded.model(torch.cat(windows), layout, pool, create_backend("torch", "cpu"), all_logits=True)
-    return _loss_from_logits(list(zip(windows, logits.split(SEQ_LEN), strict=True)), byte_lengths)["bits_per_byte"]
+    return project_heldout_loss(loaded, ids, byte_lengths)["bits_per_byte"]
 
 
 def test_int8_heldout_loss_within_one_percent_of_fp32(heldout):  # noqa: F811
