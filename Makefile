@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup test lint proto proto-check run bench soak gpu-check clean
+.PHONY: setup test lint proto proto-check run bench bench-llamacpp soak gpu-check clean
 
 setup: $(STAMP)
 
@@ -41,6 +41,12 @@ run: setup
 bench: setup
 	$(PY) bench/tree_bench.py --quick
 	$(PY) bench/run_all.py
+
+# Optional, never part of `make test` or `make bench`: radixcache against llama.cpp's llama-server on the CPU (same
+# checkpoint, one thread each, parity checked first). Builds llama-server once (~10 min on 2 quiet cores, cached in
+# bench/results/llamacpp/); the last line printed is one JSON object of ratios.
+bench-llamacpp: setup
+	$(PY) bench/llamacpp_compare.py
 
 # The long chaos + wire-fuzz run against one real worker (never part of `make test`; a few minutes): >= 2,000 chaos
 # requests, >= 5,000 fuzzed calls, worker RSS before/after, the longest loop stall while 15 MiB requests arrive. The

@@ -188,17 +188,13 @@ def test_heldout_loss_transformers(transformers_loss):
     _assert_below_bounds(transformers_loss)
 
 
-def test_heldout_loss_project_loader(heldout, transformers_loss):
-    loader = pytest.importorskip("radixcache.worker.model.loader")
+def project_heldout_loss(loaded, ids: list[int], byte_lengths) -> dict:  # noqa: ANN001
+    """Loss of a model loaded by the project's loader on the held-out windows: one prefill step of every window
+    through the paged KV pool and the torch backend, logits at every position."""
     from radixcache.pool import KVPool, KVShape
     from radixcache.worker.attention import BatchLayout, SequenceSlice, create_backend
 
-    ids, byte_lengths = heldout
-    loaded = loader.load_checkpoint(MODEL_DIR, dtype="float32")
     cfg = loaded.config
-    assert loaded.tokenizer.bos_token_id == SPECIAL_IDS["<|bos|>"]
-    assert {SPECIAL_IDS["<|endoftext|>"], SPECIAL_IDS["<|end|>"]} <= set(loaded.tokenizer.eos_token_ids)
-
     page = 16
     windows = _windows(ids)
     pages_per_seq = SEQ_LEN // page
@@ -216,7 +212,17 @@ def test_heldout_loss_project_loader(heldout, transformers_loss):
     layout = BatchLayout.build(seqs, page)
     with torch.no_grad():
         logits = loaded.model(torch.cat(windows), layout, pool, backend, all_logits=True)
-    m = _loss_from_logits(list(zip(windows, logits.split(SEQ_LEN), strict=True)), byte_lengths)
+    return _loss_from_logits(list(zip(windows, logits.split(SEQ_LEN), strict=True)), byte_lengths)
+
+
+def test_heldout_loss_project_loader(heldout, transformers_loss):
+    loader = pytest.importorskip("radixcache.worker.model.loader")
+
+    ids, byte_lengths = heldout
+    loaded = loader.load_checkpoint(MODEL_DIR, dtype="float32")
+    assert loaded.tokenizer.bos_token_id == SPECIAL_IDS["<|bos|>"]
+    assert {SPECIAL_IDS["<|endoftext|>"], SPECIAL_IDS["<|end|>"]} <= set(loaded.tokenizer.eos_token_ids)
+    m = project_heldout_loss(loaded, ids, byte_lengths)
     print(f"project loader: {m}")
     _assert_below_bounds(m)
     assert abs(m["bits_per_token"] - transformers_loss["bits_per_token"]) < 0.01

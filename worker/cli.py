@@ -47,6 +47,13 @@ def parser() -> argparse.ArgumentParser:
     m.add_argument("--seed", type=int, default=0, help="seed of --random-model (default 0)")
     m.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: cuda when available)")
     m.add_argument("--dtype", default=None, help="float32, bfloat16, float16 (default: the checkpoint's)")
+    m.add_argument(
+        "--weights",
+        choices=("full", "int8"),
+        default="full",
+        help="int8: weight-only int8 projections (faster CPU decode, slightly lossy; greedy output may differ "
+        "from full precision). full (default): the weights in --dtype",
+    )
     e = p.add_argument_group("engine")
     e.add_argument("--page-size", type=int, default=16, help="tokens per KV page (default 16)")
     kv = e.add_mutually_exclusive_group()
@@ -145,11 +152,13 @@ def load_model(args: argparse.Namespace) -> tuple[Any, str, str]:
             bos_token_id=0,
             eos_token_ids=(1,),
         )
-        loaded = random_model(config, seed=args.seed, device=device, dtype=args.dtype or "float32")
+        loaded = random_model(
+            config, seed=args.seed, device=device, dtype=args.dtype or "float32", weights=args.weights
+        )
         loaded.tokenizer = tokenizer
         return loaded, f"random-seed{args.seed}", ""
     path = args.model or default_model_path()
-    loaded = load_checkpoint(path, device=device, dtype=args.dtype)
+    loaded = load_checkpoint(path, device=device, dtype=args.dtype, weights=args.weights)
     return loaded, Path(path).resolve().name, str(Path(path).resolve())
 
 

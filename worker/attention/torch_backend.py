@@ -25,11 +25,12 @@ from radixcache.worker.attention.layout import BatchLayout
 class _Plan:
     decode_rows: torch.Tensor | None  # [Bd] rows of q that belong to decode sequences
     decode_slots: torch.Tensor | None  # [Bd, Lmax] K row of each position (padding repeats a valid row)
-    decode_pad: torch.Tensor | None  # [Bd, 1, 1, Lmax] True where a position is padding
+    decode_pad: torch.Tensor | None  # [Bd, 1, 1, Lmax] True where a position is padding; None when there is none
+    write_rows: torch.Tensor  # [2T]: row of each new token's K (first T) and V (last T) in the layer's rows view
     # (q_start, q_end, slots[L], visible[n, L] True = may attend, or None when there is no cached prefix)
     prefills: list[tuple[int, int, torch.Tensor, torch.Tensor | None]]
     # Built by the first layer of the step, once the KV head count is known; shared by every later layer.
-    decode_head_rows: torch.Tensor | None = None
+    decode_head_rows: torch.Tensor | None = None  # K rows then V rows: one index_select gathers both
     prefill_head_rows: list[torch.Tensor] | None = None
 
 
@@ -73,8 +74,9 @@ class TorchAttentionBackend(AttentionBackend):
             lmax = max(layout.seq_lens[b] for b in decode)
             decode_rows = torch.tensor([starts[b] for b in decode], dtype=torch.int64, device=device)
             decode_slots = _flat_slots(layout, decode, lmax, device)
-            lens = torch.tensor([layout.seq_lens[b] for b in decode], device=device)
-            decode_pad = (torch.arange(lmax, device=device)[None, :] >= lens[:, None])[:, None, None, :]
+            if any(layout.seq_lens[b] != lmax for b in decode):
+                lens = torch.tensor([layout.seq_lens[b] for b in decode], device=device)
+                decode_pad = (torch.arange(lmax, device=device)[None, :] >= lens[:, None])[:, None, None, :]
         prefills = []
         for b, n in enumerate(layout.num_new):
             if n == 1:
@@ -86,7 +88,9 @@ class TorchAttentionBackend(AttentionBackend):
                 q_pos = torch.arange(total - n, total, device=device)
                 visible = torch.arange(total, device=device)[None, :] <= q_pos[:, None]  # [n, L]
             prefills.append((starts[b], starts[b + 1], slots, visible))
-        self._plan = _Plan(decode_rows, decode_slots, decode_pad, prefills)
+        k_rows = layout.write_pages * (2 * layout.page_size) + layout.write_slots
+        write_rows = torch.cat((k_rows, k_rows + layout.page_size))
+        self._plan = _Plan(decode_rows, decode_slots, decode_pad, write_rows, prefills)
         self._layout = layout
 
     def forward(
@@ -102,19 +106,20 @@ class TorchAttentionBackend(AttentionBackend):
             self.begin_step(layout)
         plan = self._plan
         assert plan is not None
-        self.write_kv(k, v, kv_layer, layout)
         _, _, page_size, kvh, dim = kv_layer.shape
         # Rows view of the layer; K rows are the plan's indices, V rows the same shifted by page_size.
         rows = kv_layer.view(-1, kvh, dim)
+        # The step's new K and V in one indexed copy (same effect as AttentionBackend.write_kv).
+        rows.index_copy_(0, plan.write_rows, torch.cat((k, v)).to(rows.dtype))
         k_flat, v_flat = rows, rows[page_size:]
         num_tokens, heads, _ = q.shape
         group = heads // kvh
         qf = q.float() * (1.0 / math.sqrt(dim))
         if plan.decode_rows is not None and not plan.prefills and plan.decode_rows.numel() == num_tokens:
-            return self._decode(qf, k_flat, v_flat, plan, group).to(q.dtype)
+            return self._decode(qf, rows, page_size, plan, group).to(q.dtype)
         out = torch.empty(num_tokens, heads, dim, dtype=torch.float32, device=q.device)
         if plan.decode_rows is not None:
-            out[plan.decode_rows] = self._decode(qf[plan.decode_rows], k_flat, v_flat, plan, group)
+            out[plan.decode_rows] = self._decode(qf[plan.decode_rows], rows, page_size, plan, group)
         if plan.prefill_head_rows is None:
             plan.prefill_head_rows = [_head_rows(slots[None], kvh) for _, _, slots, _ in plan.prefills]
         for (start, end, _, visible), head_rows in zip(plan.prefills, plan.prefill_head_rows, strict=True):
@@ -130,18 +135,22 @@ class TorchAttentionBackend(AttentionBackend):
         return out.to(q.dtype)
 
     @staticmethod
-    def _decode(qf: torch.Tensor, k_flat: torch.Tensor, v_flat: torch.Tensor, plan: _Plan, group: int) -> torch.Tensor:
-        """One query per sequence, all sequences in one padded batched matmul. Returns float32 [Bd, H, D]."""
-        assert plan.decode_slots is not None and plan.decode_pad is not None
+    def _decode(qf: torch.Tensor, rows: torch.Tensor, page_size: int, plan: _Plan, group: int) -> torch.Tensor:
+        """One query per sequence, all sequences in one padded batched matmul. Returns float32 [Bd, H, D].
+
+        rows: the layer viewed as [pages * 2 * page_size, KVH, D] (a token's V is page_size rows after its K)."""
+        assert plan.decode_slots is not None
         bd, heads, dim = qf.shape
         kvh = heads // group
         if plan.decode_head_rows is None:
-            plan.decode_head_rows = _head_rows(plan.decode_slots, kvh)
-        shape = (bd, kvh, plan.decode_slots.shape[1], dim)
-        keys = k_flat.view(-1, dim).index_select(0, plan.decode_head_rows).view(shape).float()  # [Bd, KVH, L, D]
-        values = v_flat.view(-1, dim).index_select(0, plan.decode_head_rows).view(shape).float()
+            head_rows = _head_rows(plan.decode_slots, kvh)
+            plan.decode_head_rows = torch.cat((head_rows, head_rows + page_size * kvh))
+        shape = (2, bd, kvh, plan.decode_slots.shape[1], dim)
+        kv = rows.view(-1, dim).index_select(0, plan.decode_head_rows).view(shape).float()  # [2, Bd, KVH, L, D]
+        keys, values = kv[0], kv[1]
         qs = qf.view(bd, kvh, group, dim)
         scores = torch.matmul(qs, keys.mT)  # [Bd, KVH, G, L]
-        scores.masked_fill_(plan.decode_pad, float("-inf"))
+        if plan.decode_pad is not None:
+            scores.masked_fill_(plan.decode_pad, float("-inf"))
         probs = torch.softmax(scores, dim=-1)
         return torch.matmul(probs, values).reshape(bd, heads, dim)

@@ -28,6 +28,10 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:
+            # One fused kernel: bit-identical to the three-step form below in float32, and 1.5x faster at decode
+            # sizes (measured: 11.7 vs 17.2 us for [1, 768], one thread).
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         # Normalise in float32 and cast back before the weight, as the reference implementation does.
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -55,11 +59,12 @@ def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
     return torch.where(medium, blended, scaled)
 
 
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """RoPE on [T, heads, D] with cos/sin [T, 1, D] (half-split pairing: element i pairs with i + D/2)."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+def rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """RoPE on [T, heads, D] with cos/signed_sin [T, 1, D] (half-split pairing: element i pairs with i + D/2).
+
+    signed_sin is sin with its first half negated, so the rotation is x*cos + roll(x, D/2)*signed_sin: the same
+    products as Hugging Face's x*cos + cat(-x2, x1)*sin (negation is exact), in 4 ops instead of 6."""
+    return x * cos + x.roll(x.shape[-1] // 2, -1) * signed_sin
 
 
 def bucket_rows(rows: int) -> int:
@@ -112,12 +117,13 @@ class Attention(nn.Module):
         backend: AttentionBackend,
     ) -> torch.Tensor:
         t = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = rotate(q.view(t, self.num_heads, self.head_dim), cos, sin)
-        k = rotate(k.view(t, self.num_kv_heads, self.head_dim), cos, sin)
-        v = v.view(t, self.num_kv_heads, self.head_dim)
+        qkv = self.qkv_proj.forward(x)
+        # q and k rotate together: one [T, H + KVH, D] view of qkv's first columns, one set of ops per layer.
+        qk = rotate(qkv[:, : self.q_size + self.kv_size].view(t, self.num_heads + self.num_kv_heads, -1), cos, sin)
+        q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
+        v = qkv[:, self.q_size + self.kv_size :].view(t, self.num_kv_heads, self.head_dim)
         out = backend.forward(self.layer_idx, q, k, v, kv_layer, layout)
-        return self.o_proj(out.reshape(t, self.q_size))
+        return self.o_proj.forward(out.reshape(t, self.q_size))
 
 
 class MLP(nn.Module):
@@ -128,8 +134,8 @@ class MLP(nn.Module):
         self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        gate, up = self.gate_up_proj.forward(x).split(self.intermediate, dim=-1)
+        return self.down_proj.forward(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -141,8 +147,10 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(config)
 
     def forward(self, x, cos, sin, layout, kv_layer, backend):  # noqa: ANN001, ANN201 (hot path, typed above)
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, layout, kv_layer, backend)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        # Submodules are called through .forward: nn.Module.__call__ costs ~10 us a call in hook bookkeeping (no
+        # hooks are used here), about 1 ms of a batch-1 decode step over 12 layers.
+        x = x + self.self_attn.forward(self.input_layernorm.forward(x), cos, sin, layout, kv_layer, backend)
+        return x + self.mlp.forward(self.post_attention_layernorm.forward(x))
 
 
 class Backbone(nn.Module):
@@ -204,12 +212,15 @@ class CausalLM(nn.Module):
                 module.weight.data = module.weight.data.t().contiguous().t()
 
     def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [T, 1, D] for the step's positions: computed once per step, shared by every layer."""
+        """cos, signed_sin [T, 1, D] for the step's positions (see `rotate`): computed once per step, shared by
+        every layer."""
         if self._inv_freq.device != positions.device:
             self._inv_freq = self._inv_freq.to(positions.device)
         freqs = positions.float()[:, None] * self._inv_freq[None, :]
-        angles = torch.cat((freqs, freqs), dim=-1)
-        return angles.cos().to(dtype)[:, None, :], angles.sin().to(dtype)[:, None, :]
+        sin = freqs.sin()
+        cos = freqs.cos().repeat(1, 2)
+        signed_sin = torch.cat((-sin, sin), dim=-1)
+        return cos.to(dtype)[:, None, :], signed_sin.to(dtype)[:, None, :]
 
     def forward(
         self,
@@ -225,10 +236,10 @@ class CausalLM(nn.Module):
         x = self.model.embed_tokens(input_ids)
         cos, sin = self.rope(layout.positions, x.dtype)
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, cos, sin, layout, kv_pool.layer(i), backend)
-        if not all_logits:
-            x = x[layout.logits_indices]
-        return self.lm_head(self.model.norm(x)).float()
+            x = layer.forward(x, cos, sin, layout, kv_pool.layer(i), backend)
+        if not all_logits and (layout.logits_indices.shape[0] != x.shape[0]):
+            x = x[layout.logits_indices]  # a pure decode step needs every row already
+        return self.lm_head.forward(self.model.norm.forward(x)).float()
 
     @torch.no_grad()
     def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> set[str]:

@@ -19,6 +19,7 @@ from tqdm import tqdm
 from radixcache.pool import parse_dtype
 from radixcache.worker.model.config import ModelConfig
 from radixcache.worker.model.llama import CausalLM, rope_inv_freq
+from radixcache.worker.model.quant import WEIGHT_FORMATS, quantize_int8
 from radixcache.worker.model.tokenizer import Tokenizer
 
 PROGRESS_BAR_BYTES = 256 * 1024 * 1024  # show a progress bar when the weights are at least this large
@@ -67,15 +68,33 @@ def _read_json(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
 
 
+def _check_weights(weights: str) -> None:
+    if weights not in WEIGHT_FORMATS:
+        raise ValueError(f"weights must be one of {', '.join(WEIGHT_FORMATS)}, got {weights!r}")
+
+
+def _finish(model: CausalLM, device: torch.device, weights: str) -> None:
+    """The layout the kernels want: int8 projections (weights="int8"), else input-major fp matrices on CPU."""
+    if weights == "int8":
+        quantize_int8(model)
+    elif device.type == "cpu":
+        model.store_linear_weights_input_major()
+
+
 def load_checkpoint(
-    path: str | Path, device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None
+    path: str | Path,
+    device: str | torch.device = "cpu",
+    dtype: str | torch.dtype | None = None,
+    weights: str = "full",
 ) -> LoadedModel:
     """Load config, weights and tokenizer from a local checkpoint folder.
 
     dtype None uses the checkpoint's own dtype (config.json "dtype"/"torch_dtype"), float32 when unstated.
+    weights "int8" stores every projection as weight-only int8 (worker/model/quant.py); "full" keeps `dtype`.
     Raises FileNotFoundError naming the missing file and folder, ValueError for an unsupported architecture or
     a checkpoint whose tensors do not match the config (naming the tensors).
     """
+    _check_weights(weights)
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"checkpoint folder {path} does not exist")
@@ -113,8 +132,7 @@ def load_checkpoint(
     if missing:
         shown = ", ".join(sorted(missing)[:8]) + (" ..." if len(missing) > 8 else "")
         raise ValueError(f"checkpoint {path} lacks {len(missing)} tensors the config needs: {shown}")
-    if device.type == "cpu":
-        model.store_linear_weights_input_major()
+    _finish(model, device, weights)
     return LoadedModel(model=model, config=config, tokenizer=tokenizer, path=path)
 
 
@@ -124,9 +142,12 @@ def random_model(
     device: str | torch.device = "cpu",
     dtype: str | torch.dtype = torch.float32,
     std: float = 0.02,
+    weights: str = "full",
 ) -> LoadedModel:
     """A model with seeded random weights (normal(0, std) matrices, unit norms, zero biases) for tests and
-    benchmarks; the same seed gives the same weights on every device. No tokenizer."""
+    benchmarks; the same seed gives the same weights on every device. No tokenizer. `weights` as in
+    load_checkpoint."""
+    _check_weights(weights)
     dtype = parse_dtype(dtype)
     device = torch.device(device)
     model = _empty_model(config, device, dtype)
@@ -139,6 +160,5 @@ def random_model(
                 param.zero_()
             else:
                 param.copy_(torch.randn(param.shape, generator=gen) * std)
-    if device.type == "cpu":
-        model.store_linear_weights_input_major()
+    _finish(model, device, weights)
     return LoadedModel(model=model, config=config, tokenizer=None, path=None)
