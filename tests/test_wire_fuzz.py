@@ -6,7 +6,6 @@ or page is left behind. `make soak` runs the same driver (tests/wire_fuzz.py) fo
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import grpc
@@ -17,7 +16,7 @@ from wire_fuzz import run_wire_fuzz
 from worker_harness import ThreadedWorker
 
 from radixcache.client import Client
-from radixcache.worker.cli import load_model
+from radixcache.worker.cli import load_model, parser
 from radixcache.worker.engine import Engine, EngineConfig
 
 pytestmark = pytest.mark.timeout(120)
@@ -26,7 +25,7 @@ pytestmark = pytest.mark.timeout(120)
 @pytest.fixture(scope="module")
 def worker():
     """The --random-model worker (character tokenizer with a chat template, context 2048), a small pool."""
-    loaded, _, _ = load_model(argparse.Namespace(random_model=True, seed=0, device="cpu", dtype=None))
+    loaded, _, _ = load_model(parser().parse_args(["--random-model", "--device", "cpu"]))
     engine = Engine(loaded, EngineConfig(page_size=16, kv_pages=48, max_step_tokens=128, backend="torch"))
     with ThreadedWorker(engine, max_message_bytes=16 << 20) as w:
         yield w
