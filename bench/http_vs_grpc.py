@@ -3,17 +3,22 @@
 One `radixcache serve --http-port 0` process (the embedded default model unless --model, --no-cache so that
 neither front profits from the other's prompts). The workload (random token-id prompts, greedy, ignore_eos, a fixed
 number of output tokens, `--concurrency` closed-loop clients) is sent in rounds that alternate the fronts (gRPC,
-HTTP, HTTP, gRPC, ...), so machine noise falls on both alike. gRPC: radixcache's AsyncClient, streaming. HTTP: the
-official `openai` AsyncOpenAI client, /v1/completions with stream=True (server-sent events), the prompt as token ids.
+HTTP, openai, then reversed, ...), so machine noise falls on all alike.
+
+The clients run in this process, on a 2-core machine beside the worker, so a client that spends more CPU per token
+slows the front it drives: the comparison must use clients about as cheap as each other. gRPC: radixcache's
+AsyncClient (protobuf parsing in grpc's C core). HTTP/SSE, the headline: LeanSSEClient below, /v1/completions with
+stream=True over keep-alive HTTP/1.1, one json.loads per event. A third row drives the same requests with the
+official `openai` AsyncOpenAI client (what users run; its per-chunk parsing costs ~4x the lean client's CPU here);
+--no-openai-client leaves it out.
 
 Besides latency and throughput it reports CPU time per output token, of the worker process and of this process (the
 clients), from /proc and getrusage: on a shared machine the fronts' own costs show there more steadily than in
-wall-clock figures. A third row reads the same SSE stream with plain httpx + json.loads ("HTTP raw"): the front's own cost, without
-the openai client's per-chunk parsing (which runs in this benchmark's process, like our gRPC client's does).
+wall-clock figures.
 
 Prints a table (TTFT p50/p90, TPOT p50, output tokens/s per front) and, as its last line, one JSON object with
-`http_ttft_p50_overhead_ms` (HTTP minus gRPC) and `http_throughput_ratio` (HTTP / gRPC), both with the official
-openai client, and the same two for "HTTP raw". Not a test.
+`http_ttft_p50_overhead_ms` (HTTP minus gRPC) and `http_throughput_ratio` (HTTP / gRPC) with the lean client, the
+same two for the openai client (`http_openai_*`), and each row's figures. Not a test.
 """
 
 from __future__ import annotations
