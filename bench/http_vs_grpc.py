@@ -3,17 +3,22 @@
 One `radixcache serve --http-port 0` process (the embedded default model unless --model, --no-cache so that
 neither front profits from the other's prompts). The workload (random token-id prompts, greedy, ignore_eos, a fixed
 number of output tokens, `--concurrency` closed-loop clients) is sent in rounds that alternate the fronts (gRPC,
-HTTP, HTTP, gRPC, ...), so machine noise falls on both alike. gRPC: radixcache's AsyncClient, streaming. HTTP: the
-official `openai` AsyncOpenAI client, /v1/completions with stream=True (server-sent events), the prompt as token ids.
+HTTP, openai, then reversed, ...), so machine noise falls on all alike.
+
+The clients run in this process, on a 2-core machine beside the worker, so a client that spends more CPU per token
+slows the front it drives: the comparison must use clients about as cheap as each other. gRPC: radixcache's
+AsyncClient (protobuf parsing in grpc's C core). HTTP/SSE, the headline: LeanSSEClient below, /v1/completions with
+stream=True over keep-alive HTTP/1.1, one json.loads per event. A third row drives the same requests with the
+official `openai` AsyncOpenAI client (what users run; its per-chunk parsing costs ~4x the lean client's CPU here);
+--no-openai-client leaves it out.
 
 Besides latency and throughput it reports CPU time per output token, of the worker process and of this process (the
 clients), from /proc and getrusage: on a shared machine the fronts' own costs show there more steadily than in
-wall-clock figures. A third row reads the same SSE stream with plain httpx + json.loads ("HTTP raw"): the front's own cost, without
-the openai client's per-chunk parsing (which runs in this benchmark's process, like our gRPC client's does).
+wall-clock figures.
 
 Prints a table (TTFT p50/p90, TPOT p50, output tokens/s per front) and, as its last line, one JSON object with
-`http_ttft_p50_overhead_ms` (HTTP minus gRPC) and `http_throughput_ratio` (HTTP / gRPC), both with the official
-openai client, and the same two for "HTTP raw". Not a test.
+`http_ttft_p50_overhead_ms` (HTTP minus gRPC) and `http_throughput_ratio` (HTTP / gRPC) with the lean client, the
+same two for the openai client (`http_openai_*`), and each row's figures. Not a test.
 """
 
 from __future__ import annotations
@@ -25,8 +30,10 @@ import random
 import resource
 import sys
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import REPO, Worker, percentile  # noqa: E402
@@ -70,23 +77,73 @@ async def http_one(client, model: str, prompt: list[int], max_tokens: int) -> Ti
     return Timing(first - t0, (end - first) / (n - 1) if n > 1 else None, n)
 
 
-async def http_raw_one(client, url: str, model: str, prompt: list[int], max_tokens: int) -> Timing:  # noqa: ANN001
-    """The same request read as raw server-sent events with httpx: the front's cost without the openai client's."""
+class LeanSSEClient:
+    """A minimal HTTP/1.1 client for one streamed /v1/completions request at a time per connection (keep-alive,
+    chunked transfer encoding, server-sent events): about the per-event work of our gRPC client (one read, one
+    json.loads), so that the comparison measures the fronts and not a client's Python. Connections are pooled."""
+
+    def __init__(self, host: str, port: int, path: str) -> None:
+        self.host, self.port, self.path = host, port, path
+        self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+
+    async def _send(self, payload: bytes) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, bytes]:
+        """Send the request on an idle connection (a fresh one if the server closed it meanwhile: uvicorn ends
+        idle keep-alive connections after 5 s); returns the connection and the response head."""
+        request = (
+            f"POST {self.path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(payload)}\r\n\r\n".encode()
+            + payload
+        )
+        while self._idle:
+            reader, writer = self._idle.pop()
+            try:
+                writer.write(request)
+                return reader, writer, await reader.readuntil(b"\r\n\r\n")
+            except (asyncio.IncompleteReadError, ConnectionError):
+                writer.close()
+        reader, writer = await asyncio.open_connection(self.host, self.port)
+        writer.write(request)
+        return reader, writer, await reader.readuntil(b"\r\n\r\n")
+
+    async def events(self, body: dict) -> AsyncIterator[dict]:
+        """POST `body` and yield each `data:` event's JSON (not [DONE]); raises on a status other than 200."""
+        reader, writer, head = await self._send(json.dumps(body).encode())
+        status = head.split(b" ", 2)[1]
+        if status != b"200" or b"transfer-encoding: chunked" not in head.lower():
+            writer.close()
+            raise RuntimeError(f"unexpected response: {head!r}")
+        pending = b""
+        while True:
+            size = int(await reader.readline(), 16)
+            data = await reader.readexactly(size + 2)  # the chunk and its CRLF
+            if size == 0:
+                break
+            pending += data[:-2]
+            *events, pending = pending.split(b"\n\n")
+            for event in events:
+                if event.startswith(b"data: ") and event != b"data: [DONE]":
+                    yield json.loads(event[6:])
+        self._idle.append((reader, writer))
+
+    def close(self) -> None:
+        for _, writer in self._idle:
+            writer.close()
+        self._idle.clear()
+
+
+async def http_lean_one(client: LeanSSEClient, model: str, prompt: list[int], max_tokens: int) -> Timing:
+    """The same request through LeanSSEClient: the front's cost without a heavy client's."""
     body = {
         "model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True,
         "stream_options": {"include_usage": True}, "ignore_eos": True,
     }  # fmt: skip
     t0 = time.perf_counter()
     first, n = None, 0
-    async with client.stream("POST", url, json=body) as response:
-        async for line in response.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if chunk["choices"] and chunk["choices"][0]["text"] and first is None:
-                first = time.perf_counter()
-            if chunk.get("usage"):
-                n = chunk["usage"]["completion_tokens"]
+    async for chunk in client.events(body):
+        if chunk["choices"] and chunk["choices"][0]["text"] and first is None:
+            first = time.perf_counter()
+        if chunk.get("usage"):
+            n = chunk["usage"]["completion_tokens"]
     end = time.perf_counter()
     first = first or end
     return Timing(first - t0, (end - first) / (n - 1) if n > 1 else None, n)
@@ -142,21 +199,21 @@ def summary(rounds: list[Round]) -> dict[str, float]:
 
 
 async def bench(grpc_target: str, base_url: str, model: str, worker_pid: int, args: argparse.Namespace) -> dict:
-    import httpx
     import openai
 
     rng = random.Random(args.seed)
-    results: dict[str, list[Round]] = {"grpc": [], "http": [], "http_raw": []}
+    url = urlsplit(base_url)
+    lean_client = LeanSSEClient(url.hostname or "127.0.0.1", url.port or 80, url.path + "/completions")
     async with AsyncClient(grpc_target) as grpc_client:
         vocab = (await grpc_client.model_info())["vocab_size"]
-        http_client = openai.AsyncOpenAI(base_url=base_url, api_key="none", max_retries=0)
-        raw_client = httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=args.concurrency))
-        url = base_url + "/completions"
+        openai_client = openai.AsyncOpenAI(base_url=base_url, api_key="none", max_retries=0)
         senders = {
             "grpc": lambda p: grpc_one(grpc_client, p, args.output),
-            "http": lambda p: http_one(http_client, model, p, args.output),
-            "http_raw": lambda p: http_raw_one(raw_client, url, model, p, args.output),
+            "http": lambda p: http_lean_one(lean_client, model, p, args.output),
         }
+        if args.openai_client:
+            senders["http_openai"] = lambda p: http_one(openai_client, model, p, args.output)
+        results: dict[str, list[Round]] = {front: [] for front in senders}
         # A warm-up request through each front (imports, connections), not measured.
         for send in senders.values():
             await send([rng.randrange(8, vocab) for _ in range(args.prompt)])
@@ -165,8 +222,8 @@ async def bench(grpc_target: str, base_url: str, model: str, worker_pid: int, ar
             for front in order if r % 2 == 0 else order[::-1]:
                 prompts = [[rng.randrange(8, vocab) for _ in range(args.prompt)] for _ in range(args.requests)]
                 results[front].append(await run_round(senders[front], prompts, args.concurrency, worker_pid))
-        await http_client.close()
-        await raw_client.aclose()
+        await openai_client.close()
+        lean_client.close()
     return {front: summary(rounds) for front, rounds in results.items()}
 
 
@@ -180,6 +237,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--output", type=int, default=32, help="output tokens")
     p.add_argument("--threads", type=int, default=1, help="torch threads of the worker (OMP_NUM_THREADS)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--no-openai-client", dest="openai_client", action="store_false",
+        help="leave out the row of the official openai client (its Python parsing runs in this process)",
+    )  # fmt: skip
     return p.parse_args(argv)
 
 
@@ -195,30 +256,31 @@ def main(argv: list[str] | None = None) -> dict:
         model = args.model.resolve().name
         assert worker.proc is not None
         result = asyncio.run(bench(worker.target, base_url, model, worker.proc.pid, args))
-    g, h, raw = result["grpc"], result["http"], result["http_raw"]
+    g, h = result["grpc"], result["http"]
     print(
         f"{args.rounds} rounds x {args.requests} requests per front, {args.concurrency} clients, "
         f"{args.prompt} prompt + {args.output} output tokens, greedy, --no-cache, one worker"
     )
     print(
-        f"{'front':<10}{'TTFT p50 ms':>12}{'TTFT p90 ms':>12}{'TPOT p50 ms':>12}{'tok/s':>8}"
+        f"{'front':<14}{'TTFT p50 ms':>12}{'TTFT p90 ms':>12}{'TPOT p50 ms':>12}{'tok/s':>8}"
         f"{'worker CPU ms/tok':>19}{'client CPU ms/tok':>19}"
     )
-    for name, s in (("gRPC", g), ("HTTP/SSE", h), ("HTTP raw", raw)):
+    names = {"grpc": "gRPC", "http": "HTTP/SSE", "http_openai": "HTTP (openai)"}
+    for front, s in result.items():
         print(
-            f"{name:<10}{s['ttft_p50_ms']:>12.1f}{s['ttft_p90_ms']:>12.1f}{s['tpot_p50_ms']:>12.2f}{s['tok_s']:>8.1f}"
-            f"{s['worker_cpu_ms_per_token']:>19.2f}{s['client_cpu_ms_per_token']:>19.2f}"
+            f"{names[front]:<14}{s['ttft_p50_ms']:>12.1f}{s['ttft_p90_ms']:>12.1f}{s['tpot_p50_ms']:>12.2f}"
+            f"{s['tok_s']:>8.1f}{s['worker_cpu_ms_per_token']:>19.2f}{s['client_cpu_ms_per_token']:>19.2f}"
         )
-    headline = {
+    headline: dict = {
         "http_ttft_p50_overhead_ms": round(h["ttft_p50_ms"] - g["ttft_p50_ms"], 2),
         "http_throughput_ratio": round(h["tok_s"] / g["tok_s"], 3),
-        "http_raw_ttft_p50_overhead_ms": round(raw["ttft_p50_ms"] - g["ttft_p50_ms"], 2),
-        "http_raw_throughput_ratio": round(raw["tok_s"] / g["tok_s"], 3),
         "http_worker_cpu_per_token_ratio": round(h["worker_cpu_ms_per_token"] / g["worker_cpu_ms_per_token"], 3),
-        "grpc": {k: round(v, 2) for k, v in g.items()},
-        "http": {k: round(v, 2) for k, v in h.items()},
-        "http_raw": {k: round(v, 2) for k, v in raw.items()},
     }
+    if "http_openai" in result:
+        o = result["http_openai"]
+        headline["http_openai_ttft_p50_overhead_ms"] = round(o["ttft_p50_ms"] - g["ttft_p50_ms"], 2)
+        headline["http_openai_throughput_ratio"] = round(o["tok_s"] / g["tok_s"], 3)
+    headline.update({front: {k: round(v, 2) for k, v in s.items()} for front, s in result.items()})
     print(json.dumps(headline))
     return headline
 

@@ -94,3 +94,25 @@ def test_too_large_for_the_kv_pool_is_413(worker):
     finally:
         engine.num_pages = old
     assert r.status_code == 413 and r.json()["error"]["param"] == "prompt"
+
+
+def test_a_streamed_response_closes_its_engine_stream_on_the_event_loop(worker, monkeypatch):
+    # EngineStream.close must run on its loop (it touches an asyncio.Queue); a plain-function BackgroundTask would
+    # run it in a worker thread, one thread hop per response.
+    from radixcache.worker.engine_stream import EngineStream
+
+    threads: list[threading.Thread] = []
+    close = EngineStream.close
+
+    def recording_close(self: EngineStream) -> None:
+        threads.append(threading.current_thread())
+        close(self)
+
+    monkeypatch.setattr(EngineStream, "close", recording_close)
+    body = {"model": "fake", "prompt": "hi", "max_tokens": 3, "stream": True}
+    with httpx.stream("POST", url(worker, "/v1/completions"), json=body) as r:
+        assert [line for line in r.iter_lines() if line][-1] == "data: [DONE]"
+    deadline = time.monotonic() + 5
+    while len(threads) < 2 and time.monotonic() < deadline:  # the generator's finally and the background close
+        time.sleep(0.01)
+    assert len(threads) >= 2 and all(t is worker.thread for t in threads)

@@ -186,14 +186,18 @@ class OpenAIFront:
     async def _open(
         self, engine: Any, tenant: str, request_id: str, parsed: ParsedRequest, *, prompt_param: str, chat: bool
     ) -> EngineStream:
-        """Validate (the same functions as gRPC: cheap checks, tokenizing in a thread, exact checks), submit."""
+        """Validate (the same functions as gRPC: cheap checks, tokenizing text and messages in a thread, exact checks),
+        submit."""
         limits = self.front.limits
         renames = {"max_tokens": parsed.max_tokens_param, "top_logprobs": parsed.top_logprobs_param}
         try:
             check_prompt_input(parsed.prompt, engine.tokenizer, limits)  # refused before tokenizing: bad sizes
             sampling_params(parsed.sampling, prompt_tokens=None, limits=limits)  # and bad sampling values
-            loop = asyncio.get_running_loop()
-            ids, _ = await loop.run_in_executor(None, tokenize_prompt, parsed.prompt, engine.tokenizer, limits)
+            if parsed.prompt.kind == "token_ids":  # nothing to tokenize: a thread hop would only add latency
+                ids, _ = tokenize_prompt(parsed.prompt, engine.tokenizer, limits)
+            else:
+                loop = asyncio.get_running_loop()
+                ids, _ = await loop.run_in_executor(None, tokenize_prompt, parsed.prompt, engine.tokenizer, limits)
             values = parsed.sampling
             if chat and values.max_tokens is None:
                 # Chat's default (OpenAI's): as long as the reply can be, bounded by the context and the KV pool.
@@ -271,9 +275,14 @@ class OpenAIFront:
                 stream.close()
 
         # The background close covers a client gone before the generator ever started (its finally never runs).
+        # A coroutine function, so that Starlette runs it on this loop (close() must run on the stream's loop): a
+        # plain function would be sent to a worker thread, one thread hop per response.
+        async def close_stream() -> None:
+            stream.close()
+
         return StreamingResponse(
             events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"},
-            background=BackgroundTask(stream.close),
+            background=BackgroundTask(close_stream),
         )  # fmt: skip
 
 
