@@ -39,9 +39,8 @@ from radixcache.worker.validation import (
     check_request_id,
     check_ttl,
     constraint,
-    render_prompt,
     sampling_params,
-    tokenize_prompt,
+    tokenize_off_loop,
 )
 
 FINISH_REASONS = {
@@ -122,8 +121,7 @@ class RadixCacheServicer(pb_grpc.RadixCacheServicer):
 
     async def _prompt(self, prompt: PromptInput, *, fit: bool = True) -> tuple[list[int], str]:
         """Tokenized in a worker thread (the size checks come first there); fit: leave room in the context."""
-        tokenize = tokenize_prompt if fit else render_prompt
-        return await self._in_thread(tokenize, prompt, self.engine.tokenizer, self.limits)
+        return await tokenize_off_loop(prompt, self.engine.tokenizer, self.limits, fit=fit)
 
     async def _submit(self, stream: EngineStream, context: grpc.aio.ServicerContext) -> None:
         """stream.open() (engine.submit), with its synchronous refusals turned into the status codes the proto

@@ -14,6 +14,7 @@ SamplingParams.__post_init__ holds the sampling rules that need nothing but the 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -244,6 +245,18 @@ def tokenize_prompt(prompt: PromptInput, tokenizer: TokenizerLike | None, limits
     ids, text = render_prompt(prompt, tokenizer, limits)
     check_prompt_length(len(ids), limits.context_length)
     return ids, text
+
+
+async def tokenize_off_loop(
+    prompt: PromptInput, tokenizer: TokenizerLike | None, limits: ModelLimits, *, fit: bool = True
+) -> tuple[list[int], str]:
+    """tokenize_prompt (fit: leave room to generate) or render_prompt, for a front's event loop: in a worker thread,
+    so a long text or chat template never stalls other streams; token ids are checked in place (nothing to
+    tokenize, and a thread hop would only add latency)."""
+    tokenize = tokenize_prompt if fit else render_prompt
+    if prompt.kind == "token_ids":
+        return tokenize(prompt, tokenizer, limits)
+    return await asyncio.get_running_loop().run_in_executor(None, tokenize, prompt, tokenizer, limits)
 
 
 def check_prompt_length(num_tokens: int, context_length: int) -> None:

@@ -39,7 +39,7 @@ from radixcache.worker.validation import (
     check_prompt_input,
     constraint,
     sampling_params,
-    tokenize_prompt,
+    tokenize_off_loop,
 )
 
 log = logging.getLogger("radixcache.openai")
@@ -193,11 +193,7 @@ class OpenAIFront:
         try:
             check_prompt_input(parsed.prompt, engine.tokenizer, limits)  # refused before tokenizing: bad sizes
             sampling_params(parsed.sampling, prompt_tokens=None, limits=limits)  # and bad sampling values
-            if parsed.prompt.kind == "token_ids":  # nothing to tokenize: a thread hop would only add latency
-                ids, _ = tokenize_prompt(parsed.prompt, engine.tokenizer, limits)
-            else:
-                loop = asyncio.get_running_loop()
-                ids, _ = await loop.run_in_executor(None, tokenize_prompt, parsed.prompt, engine.tokenizer, limits)
+            ids, _ = await tokenize_off_loop(parsed.prompt, engine.tokenizer, limits)
             values = parsed.sampling
             if chat and values.max_tokens is None:
                 # Chat's default (OpenAI's): as long as the reply can be, bounded by the context and the KV pool.
@@ -210,7 +206,7 @@ class OpenAIFront:
         try:  # structured output: checked, then compiled (and cached) in a worker thread
             wanted = constraint(*parsed.constraint)
             if wanted is not None:
-                await loop.run_in_executor(None, engine.compile_constraint, wanted)
+                await asyncio.get_running_loop().run_in_executor(None, engine.compile_constraint, wanted)
         except ValueError as e:  # InvalidArgument or ConstraintError: the schema / grammar is the caller's
             raise bad_request(f"{parsed.constraint_param}: {e}", parsed.constraint_param) from None
         request = EngineRequest(
