@@ -1,0 +1,26 @@
+"""Settings every test module shares: hypothesis profiles, and the import layout of a mutmut run."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from hypothesis import HealthCheck, settings
+
+# `make test` and CI run the same examples every time (a failure there is a regression, not luck); a local
+# `HYPOTHESIS_PROFILE=long make test` explores ~12x more random examples to find new bugs.
+settings.register_profile(
+    "ci", derandomize=True, max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile(
+    "long", derandomize=False, max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+# Under mutmut the tests run in mutants/, a copy of the tree where `radixcache` is the mutated copy of radixcache/.
+# The installed package maps radixcache.worker to worker/ of the original tree; point it at the mutated copy.
+_ROOT = Path(__file__).resolve().parent.parent
+if _ROOT.name == "mutants" and (_ROOT / "worker").is_dir():
+    import radixcache
+
+    radixcache.__path__.append(str(_ROOT))
