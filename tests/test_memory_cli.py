@@ -1,3 +1,4 @@
+import argparse
 import subprocess
 import sys
 
@@ -67,6 +68,12 @@ def test_sizes_and_units() -> None:
     assert parse_size("1000") == 1000
     assert human(131072) == "128.0 KiB"
     assert human(3 * 2**40) == "3.0 TiB"
+    assert (human(1023), human(1024), human(2**20 - 1), human(2**20)) == ("1023 B", "1.0 KiB", "1024.0 KiB", "1.0 MiB")
+    assert human(2**60) == "1048576.0 TiB"  # the largest unit is the last
+    assert parse_size("1") == 1
+    for bad in ("0", "0.5", "12 parsecs", "GiB", ""):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_size(bad)
 
 
 def test_dispatcher_and_module_entry_point(capsys: pytest.CaptureFixture[str]) -> None:

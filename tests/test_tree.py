@@ -235,6 +235,42 @@ def test_evictable_list_follows_access_time() -> None:
     assert [pages[0] // 2 for pages in evicted] == order
 
 
+def test_an_unlocked_leaf_keeps_its_age_and_a_touch_makes_it_newest() -> None:
+    tree = RadixTree(1)
+    a = tree.insert(seq(1), [0]).node
+    tree.lock(a)
+    tree.insert(seq(2), [1])
+    tree.insert(seq(3), [2])
+    tree.unlock(a)  # evictable again with its old access time: older than both newer leaves
+    assert tree.evict(1) == [0]
+    tree.insert(seq(1), [0])
+    tree.lock(tree.match(seq(1)).node)
+    tree.insert(seq(4), [3])
+    tree.unlock(tree.match(seq(1), touch=False).node)  # listed behind newer leaves, by its age
+    tree.match(seq(1))  # ... and now used: it becomes the newest
+    assert [tree.evict(1) for _ in range(4)] == [[1], [2], [3], [0]]
+    tree.check()
+
+
+def test_a_parent_left_childless_is_evicted_by_its_own_age() -> None:
+    tree = RadixTree(1)
+    tree.insert(seq(1, 2), [0, 1])
+    tree.insert(seq(1, 3), [0, 2])  # splits: parent (1) -> children (2) and (3)
+    tree.insert(seq(5), [5])  # newer than the parent
+    tree.match(seq(1, 3))
+    assert tree.evict(1) == [1]  # the older child
+    assert tree.evict(1) == [5]  # (1, 3) was used after (5) was stored: (5) goes before it
+    assert tree.evict(1) == [2]
+    tree.insert(seq(7), [7])
+    tree.insert(seq(1, 4), [0, 4])
+    tree.insert(seq(8), [8])
+    assert tree.evict(1) == [7]
+    assert tree.evict(1) == [4]  # the parent (1) is a leaf again, with the age of its last use ...
+    assert tree.evict(1) == [0]  # ... older than (8): it goes first
+    assert tree.evict(1) == [8]
+    tree.check()
+
+
 def test_partial_lookup_after_children_were_evicted() -> None:
     tree = RadixTree(4)
     tree.insert(seq(9, 9, 9, 9), [0])
