@@ -15,12 +15,17 @@ settings.register_profile(
 settings.register_profile(
     "long", derandomize=False, max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+# Mutation testing runs every surviving mutant through the stateful tests: fewer examples, still derandomized.
+settings.register_profile(
+    "mutation", derandomize=True, max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 
 # Under mutmut the tests run in mutants/, a copy of the tree where `radixcache` is the mutated copy of radixcache/.
 # The installed package maps radixcache.worker to worker/ of the original tree; point it at the mutated copy.
 _ROOT = Path(__file__).resolve().parent.parent
-if _ROOT.name == "mutants" and (_ROOT / "worker").is_dir():
+_UNDER_MUTMUT = _ROOT.name == "mutants" and (_ROOT / "worker").is_dir()
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "mutation" if _UNDER_MUTMUT else "ci"))
+if _UNDER_MUTMUT:
     import radixcache
 
     radixcache.__path__.append(str(_ROOT))

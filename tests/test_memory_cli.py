@@ -52,7 +52,8 @@ def test_bad_values_are_clear_argparse_errors(
     with pytest.raises(SystemExit) as exc:
         main(["memory", *[x for kv in base.items() for x in kv]])
     assert exc.value.code == 2
-    assert message in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert message in err and err.startswith("usage: radixcache memory")  # names the command the user typed
 
 
 def test_missing_shape_is_an_error(capsys: pytest.CaptureFixture[str]) -> None:
