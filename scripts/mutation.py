@@ -66,19 +66,25 @@ def toml_list(items: list[str]) -> str:
 
 
 def prepare(target: str) -> Path:
-    """Copy the sources and tests into WORK/target and write its mutmut configuration."""
+    """Copy the sources and tests into WORK/target and write its mutmut configuration.
+
+    worker/ is copied to radixcache/worker/, where the installed package has it: mutmut names a mutant after its
+    file's path and matches it against the module the tests imported (radixcache.worker.validation).
+    """
     mutate, tests = TARGETS[target]
     here = WORK / target
     here.mkdir(parents=True, exist_ok=True)
     skip = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for folder in ("radixcache", "worker", "tests"):
-        shutil.copytree(ROOT / folder, here / folder, dirs_exist_ok=True, ignore=skip, copy_function=shutil.copy2)
+    for src, dst in (("radixcache", "radixcache"), ("worker", "radixcache/worker"), ("tests", "tests")):
+        shutil.copytree(ROOT / src, here / dst, dirs_exist_ok=True, ignore=skip, copy_function=shutil.copy2)
     tests_present = [f"tests/{t}" for t in tests if (ROOT / "tests" / t).exists()]
+    only = [m.replace("worker/", "radixcache/worker/") for m in mutate]
+    never = NOT_MUTATED + ([] if any(m.startswith("worker/") for m in mutate) else ["radixcache/worker/*"])
     config = (
         "\n[tool.mutmut]\n"
-        'source_paths = ["radixcache", "worker"]\n'
-        f"only_mutate = {toml_list(mutate)}\n"
-        f"do_not_mutate = {toml_list(NOT_MUTATED)}\n"
+        'source_paths = ["radixcache"]\n'
+        f"only_mutate = {toml_list(only)}\n"
+        f"do_not_mutate = {toml_list(never)}\n"
         f"pytest_add_cli_args = {toml_list(PYTEST_ARGS)}\n"
         f"pytest_add_cli_args_test_selection = {toml_list(tests_present)}\n"
     )

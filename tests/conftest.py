@@ -20,12 +20,6 @@ settings.register_profile(
     "mutation", derandomize=True, max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 
-# Under mutmut the tests run in mutants/, a copy of the tree where `radixcache` is the mutated copy of radixcache/.
-# The installed package maps radixcache.worker to worker/ of the original tree; point it at the mutated copy.
-_ROOT = Path(__file__).resolve().parent.parent
-_UNDER_MUTMUT = _ROOT.name == "mutants" and (_ROOT / "worker").is_dir()
+# Under mutmut (scripts/mutation.py) the tests run in build/mutation/<target>/mutants/, on the mutated copy.
+_UNDER_MUTMUT = Path(__file__).resolve().parent.parent.name == "mutants"
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "mutation" if _UNDER_MUTMUT else "ci"))
-if _UNDER_MUTMUT:
-    import radixcache
-
-    radixcache.__path__.append(str(_ROOT))
