@@ -280,13 +280,23 @@ def test_several_stop_strings_stop_at_the_earliest_match_in_the_text(alice):
     kwargs = dict(token_ids=prompt, max_tokens=60, ignore_eos=True, temperature=1.0, seed=99)
     full = alice.generate_text(**kwargs)
     text = full.text
-    early, late = _first_occurrence_pair(text)
-    stops = [text[late : late + 3], text[early : early + 3]]  # the later match is listed first
+    # Two stops completed by the same token (one character each with this tokenizer): "xyz" and its suffix "yz",
+    # the suffix listed first. The earliest match in the text is "xyz"; the first listed would cut one later.
+    at = next(
+        i
+        for i in range(2, len(text) - 3)
+        if text.find(text[i : i + 3]) == i and text.find(text[i + 1 : i + 3]) == i + 1
+    )
+    stops = [text[at + 1 : at + 3], text[at : at + 3]]
     chunks = list(alice.generate(stop=stops, **kwargs))
     sent = "".join(c.text for c in chunks)
     assert chunks[-1].finish_reason == "stop_string"
-    assert sent == text[:early]  # everything before the earliest stop, nothing from the stop on
+    assert sent == text[:at]  # everything before the earliest stop, nothing from the stop on
     assert chunks[-1].completion_tokens < full.completion_tokens
+    # and a stop string listed first but found later in the text does not win either
+    early, late = _first_occurrence_pair(text)
+    got = alice.generate_text(stop=[text[late : late + 3], text[early : early + 3]], **kwargs)
+    assert (got.text, got.finish_reason) == (text[:early], "stop_string")
 
 
 def test_a_single_stop_string_over_the_wire(alice):
