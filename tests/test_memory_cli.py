@@ -14,7 +14,10 @@ def test_llama_shape_per_token_and_per_sequence(capsys: pytest.CaptureFixture[st
     assert main([*LLAMA8B, "--tokens", "4000"]) == 0
     out = capsys.readouterr().out
     assert "KV bytes per token: 131072 (128.0 KiB)" in out
+    assert "  = 2 x 32 layers x 8 kv heads x 128 dims x bf16" in out  # how the number is made
     assert "one sequence of 4000 tokens: 524288000 bytes (500.0 MiB)" in out
+    assert main([*LLAMA8B, "--tokens", "3", "--page-size", "2"]) == 0
+    assert "one sequence of 3 tokens in 2 pages of 2:" in capsys.readouterr().out
     assert "budget" not in out
 
 

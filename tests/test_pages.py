@@ -9,6 +9,7 @@ def test_alloc_hands_out_distinct_pages_with_refcount_one() -> None:
     assert pages == [0, 1, 2]
     assert all(alloc.refcount(p) == 1 for p in pages)
     assert alloc.num_free == 5 and alloc.num_held == 3
+    assert sorted(alloc.free_pages()) == [3, 4, 5, 6, 7]
     more = alloc.alloc(5)
     assert set(pages).isdisjoint(more)
     assert alloc.num_free == 0

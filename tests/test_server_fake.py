@@ -85,6 +85,7 @@ BAD = [
 
 @pytest.mark.parametrize("kwargs,message", BAD, ids=[m for _, m in BAD])
 def test_bad_input_is_invalid_argument_and_the_worker_still_serves(worker, kwargs, message):
+    kwargs = dict(kwargs)  # popped below: leave the shared parameter intact for a rerun in the same process
     stub = pb_grpc.RadixCacheStub(grpc.insecure_channel(worker.target))
     req = pb.GenerateRequest(request_id=kwargs.pop("request_id", ""))
     if "text" in kwargs:

@@ -271,6 +271,40 @@ def test_a_parent_left_childless_is_evicted_by_its_own_age() -> None:
     tree.check()
 
 
+def test_the_older_head_goes_first_whichever_list_holds_it() -> None:
+    tree = RadixTree(1)
+    tree.insert(seq(1), [1])
+    tree.insert(seq(2), [2])
+    c = tree.insert(seq(3), [3]).node
+    tree.lock(c)
+    tree.insert(seq(4), [4])
+    tree.unlock(c)  # listed by age: newer than (1) and (2), older than (4)
+    assert [tree.evict(1) for _ in range(4)] == [[1], [2], [3], [4]]
+    assert c.evicted
+    assert tree.evict(0) == [] and tree.evict(-1) == []
+    tree.check()
+
+
+def test_pin_accounting_over_several_nodes_and_expiry_counts() -> None:
+    clock = FakeClock()
+    tree = RadixTree(1, clock=clock)
+    tree.insert(seq(1, 2, 3), [1, 2, 3])
+    tree.insert(seq(1, 2, 4), [1, 2, 4])  # splits (1, 2) from its two children
+    tree.insert(seq(7, 8), [7, 8])
+    assert tree.pin(seq(1, 2, 3), ttl=10) == 3  # two nodes
+    assert tree.pin(seq(7, 8), ttl=30) == 2
+    assert tree.pinned_pages == 5
+    assert tree.pin(seq(1, 2, 3), ttl=5) == 3  # a shorter TTL never shortens a pin
+    clock.now += 8
+    assert tree.pinned_pages == 5 and tree.expire() == 0
+    clock.now += 3
+    assert tree.expire() == 2  # both nodes of the first pin
+    assert tree.pinned_pages == 2
+    assert tree.pin(seq(1, 2, 4)) == 3
+    assert tree.unpin(seq(1, 2, 4)) == 3  # summed over both nodes
+    tree.check()
+
+
 def test_partial_lookup_after_children_were_evicted() -> None:
     tree = RadixTree(4)
     tree.insert(seq(9, 9, 9, 9), [0])
