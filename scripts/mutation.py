@@ -84,7 +84,12 @@ def prepare(target: str) -> Path:
     never = NOT_MUTATED + ([] if any(m.startswith("worker/") for m in mutate) else ["radixcache/worker/*"])
     # gRPC and torch do not survive a fork of a process that already started them (segfaults, hangs): a worker
     # target forks from a bare fork server and imports them afresh for every mutant (slower, but decided).
-    isolation = 'process_isolation = "forkserver"\nforkserver_warmup = "none"\n' if target in WORKER_TARGETS else ""
+    # Importing them afresh costs CPU seconds that mutmut's time limit (made from the tests' durations) leaves out.
+    isolation = (
+        ""
+        if target not in WORKER_TARGETS
+        else ('process_isolation = "forkserver"\nforkserver_warmup = "none"\ntimeout_constant = 10.0\n')
+    )
     config = (
         "\n[tool.mutmut]\n"
         f"{isolation}"
