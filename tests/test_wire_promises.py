@@ -340,6 +340,7 @@ def test_validation_boundaries(worker, alice):
             alice.generate_text(**kwargs)
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and message in e.value.details()
     assert alice.generate_text(token_ids=[5, 6], max_tokens=2, stop_token_ids=[vocab - 1]).completion_tokens >= 1
+    assert alice.generate_text(token_ids=[0, 5], max_tokens=1, stop_token_ids=[0]).prompt_tokens == 2  # id 0 is valid
     tool = alice.generate_text(
         messages=[{"role": "user", "content": "weather?"}, {"role": "tool", "content": "sunny"}], max_tokens=2
     )
@@ -355,6 +356,10 @@ def test_a_full_context_ends_with_length_before_max_tokens(alice):
     prompt = fresh_ids(CONTEXT - 5)
     done = alice.generate_text(token_ids=prompt, ignore_eos=True)  # max_tokens unset: what the context leaves
     assert (done.finish_reason, done.completion_tokens) == ("length", 5)
+    exact = alice.generate_text(token_ids=prompt, ignore_eos=True, max_tokens=5)  # exactly the room left
+    assert (exact.finish_reason, exact.completion_tokens) == ("length", 5)
+    longest = alice.generate_text(token_ids=fresh_ids(CONTEXT - 1), ignore_eos=True)  # the longest prompt allowed
+    assert (longest.finish_reason, longest.completion_tokens) == ("length", 1)
     with pytest.raises(grpc.RpcError) as e:  # set beyond the context: refused up front, not cut short
         alice.generate_text(token_ids=prompt, ignore_eos=True, max_tokens=6)
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "max_tokens must be in [1, 5]" in e.value.details()
