@@ -73,6 +73,8 @@ class FakeEngine:
         self.pins: dict[tuple[str, tuple[int, ...]], float | None] = {}
         self.steps = 0
         self.submitted: list[Request] = []
+        self.finished: dict[str, FinishReason] = {}  # request id -> how it ended (what the server made happen)
+        self.flushed: list[str | None] = []  # the namespace of every flush_cache call
         self._seen: dict[str, list[list[int]]] = {}  # namespace -> sequences "cached"
         self._seqs: dict[str, _Seq] = {}
         self._lock = threading.Condition()
@@ -136,6 +138,7 @@ class FakeEngine:
 
     def flush_cache(self, namespace: str | None = None) -> int:
         with self._lock:
+            self.flushed.append(namespace)
             names = list(self._seen) if namespace is None else [namespace]
             return sum(len(self._seen.pop(n, [])) for n in names)
 
@@ -201,6 +204,7 @@ class FakeEngine:
             tpot = (now - (seq.first_at or now)) / max(1, len(seq.generated))
             with self._lock:
                 del self._seqs[r.request_id]
+                self.finished[r.request_id] = reason
                 if reason is not FinishReason.ERROR:
                     self._seen.setdefault(r.namespace, []).append(list(r.prompt_ids) + seq.generated)
                 self._lock.notify_all()

@@ -220,6 +220,17 @@ def test_unpin_and_pin_without_ttl() -> None:
     cache.check(idle=True)
 
 
+def test_pin_and_unpin_in_a_namespace() -> None:
+    cache = PrefixCache(8, 1)
+    serve(cache, "a", [1, 2, 3], namespace="alice")
+    assert cache.pin([1, 2, 3]) == 0  # not in the default namespace
+    assert cache.pin([1, 2, 3], "alice") == 3
+    assert cache.unpin([1, 2, 3]) == 0
+    assert cache.unpin([1, 2, 3], "alice") == 3
+    assert cache.stats().pages_pinned == 0
+    cache.check(idle=True)
+
+
 def test_namespaces_are_isolated() -> None:
     cache = PrefixCache(16, 2)
     serve(cache, "a", [1, 2, 3, 4, 5], namespace="alice")

@@ -8,7 +8,7 @@ choice (which leaves to evict), the model only checks the rules: what vanished w
 neither pinned nor read by a live lease, and the count is what was asked (capped by what was evictable).
 """
 
-from hypothesis import HealthCheck, settings
+from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -283,7 +283,6 @@ class CacheMachine(RuleBasedStateMachine):
         assert self.cache.allocator.num_free == self.cache.num_pages
 
 
-CacheMachine.TestCase.settings = settings(
-    max_examples=80, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
+# Examples, seed and deadline come from the profile (tests/conftest.py: derandomized by default, HYPOTHESIS_PROFILE=long)
+CacheMachine.TestCase.settings = settings(stateful_step_count=40)
 TestCacheMachine = CacheMachine.TestCase

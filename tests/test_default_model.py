@@ -16,6 +16,10 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers
+
+from radixcache.worker.model import loader
+from radixcache.worker.model.tokenizer import Tokenizer
 
 REPO = Path(__file__).resolve().parent.parent
 MODEL_DIR = REPO / "worker" / "default_model"
@@ -136,8 +140,7 @@ def test_chat_template_only_appends_transformers(hf_tokenizer):
 
 
 def test_chat_template_only_appends_project_tokenizer():
-    tokenizer_mod = pytest.importorskip("radixcache.worker.model.tokenizer")
-    tok = tokenizer_mod.Tokenizer.from_dir(MODEL_DIR)
+    tok = Tokenizer.from_dir(MODEL_DIR)
     _assert_appends_only(lambda msgs, gen: tok.apply_chat_template(msgs, add_generation_prompt=gen))
 
 
@@ -165,13 +168,11 @@ def _windows(ids: list[int]) -> list[torch.Tensor]:
 
 @pytest.fixture(scope="module")
 def hf_model():
-    transformers = pytest.importorskip("transformers")
     return transformers.AutoModelForCausalLM.from_pretrained(MODEL_DIR, dtype=torch.float32).eval()
 
 
 @pytest.fixture(scope="module")
 def hf_tokenizer():
-    transformers = pytest.importorskip("transformers")
     return transformers.AutoTokenizer.from_pretrained(MODEL_DIR)
 
 
@@ -216,8 +217,6 @@ def project_heldout_loss(loaded, ids: list[int], byte_lengths) -> dict:  # noqa:
 
 
 def test_heldout_loss_project_loader(heldout, transformers_loss):
-    loader = pytest.importorskip("radixcache.worker.model.loader")
-
     ids, byte_lengths = heldout
     loaded = loader.load_checkpoint(MODEL_DIR, dtype="float32")
     assert loaded.tokenizer.bos_token_id == SPECIAL_IDS["<|bos|>"]

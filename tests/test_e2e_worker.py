@@ -15,6 +15,7 @@ from worker_process import WorkerProcess
 from radixcache.client import Chat, Client
 from radixcache.v1 import radixcache_pb2 as pb
 from radixcache.v1 import radixcache_pb2_grpc as pb_grpc
+from radixcache.worker.cli import default_model_path
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
@@ -62,6 +63,8 @@ def test_model_info_and_reflection(worker, alice):
     info = alice.model_info()
     assert info["page_size"] == PAGE and info["kv_pages"] == PAGES and info["backend"] == "torch"
     assert info["context_length"] == 2048 and info["vocab_size"] == 194
+    assert (info["architecture"], info["dtype"], info["device"]) == ("LlamaForCausalLM", "float32", "cpu")
+    assert info["cache_enabled"] is True and info["model_name"] == "random-seed0" and info["model_path"] == ""
     from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
     with grpc.insecure_channel(worker.target) as ch:
@@ -98,7 +101,9 @@ def test_cancel_mid_prefill_frees_everything(worker, alice):
     req = pb.GenerateRequest(max_tokens=8)
     req.token_ids.ids.extend(ids(1400, 2))  # ~22 prefill steps of 64 tokens
     call = stub.Generate(req, metadata=(("authorization", "Bearer tok-alice"),))
-    time.sleep(0.05)
+    deadline = time.monotonic() + 30
+    while alice.stats()["running"] == 0 and time.monotonic() < deadline:  # cancel once it is being computed
+        time.sleep(0.01)
     call.cancel()
     with pytest.raises(grpc.RpcError) as e:
         next(call)
@@ -157,6 +162,7 @@ def test_auth_and_tenant_isolation(worker):
     assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
     prompt = ids(96, 5)
     with Client(worker.target, token="tok-alice") as a, Client(worker.target, token="tok-bob") as b:
+        a.flush(), b.flush()  # whatever earlier tests left: this test starts from two empty tenants
         assert a.generate_text(token_ids=prompt, max_tokens=2).cached_tokens == 0
         assert b.generate_text(token_ids=prompt, max_tokens=2).cached_tokens == 0  # alice's pages are not bob's
         assert a.generate_text(token_ids=prompt, max_tokens=2).cached_tokens >= 80
@@ -193,6 +199,20 @@ def test_metrics(worker, alice):
     ):
         assert name in body, name
     assert "radixcache_time_to_first_token_seconds_count 0.0" not in body
+
+
+def test_no_cache_worker_with_the_default_model():
+    """`radixcache serve --no-cache` (the shipped checkpoint): ModelInfo says so, and nothing is ever reused."""
+    with WorkerProcess("--no-cache", "--kv-pages", "64", model=()) as w, Client(w.target) as c:
+        info = c.model_info()
+        assert info["cache_enabled"] is False
+        assert info["model_path"] == str(default_model_path().resolve()) and info["model_name"] == "default_model"
+        assert info["architecture"] == "LlamaForCausalLM" and info["device"] == "cpu" and info["dtype"] == "bfloat16"
+        prompt = "The cache keeps every page it computed, unless it is told not to. " * 3
+        for _ in range(2):
+            assert c.generate_text(prompt, max_tokens=2).cached_tokens == 0
+        assert c.stats()["pages_cached"] == 0
+        assert c.pin(prompt) == 0  # nothing to pin: no prefix is ever kept
 
 
 def test_graceful_shutdown_under_load():

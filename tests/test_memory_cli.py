@@ -1,3 +1,4 @@
+import argparse
 import subprocess
 import sys
 
@@ -13,7 +14,10 @@ def test_llama_shape_per_token_and_per_sequence(capsys: pytest.CaptureFixture[st
     assert main([*LLAMA8B, "--tokens", "4000"]) == 0
     out = capsys.readouterr().out
     assert "KV bytes per token: 131072 (128.0 KiB)" in out
+    assert "  = 2 x 32 layers x 8 kv heads x 128 dims x bf16" in out  # how the number is made
     assert "one sequence of 4000 tokens: 524288000 bytes (500.0 MiB)" in out
+    assert main([*LLAMA8B, "--tokens", "3", "--page-size", "2"]) == 0
+    assert "one sequence of 3 tokens in 2 pages of 2:" in capsys.readouterr().out
     assert "budget" not in out
 
 
@@ -51,7 +55,8 @@ def test_bad_values_are_clear_argparse_errors(
     with pytest.raises(SystemExit) as exc:
         main(["memory", *[x for kv in base.items() for x in kv]])
     assert exc.value.code == 2
-    assert message in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert message in err and err.startswith("usage: radixcache memory")  # names the command the user typed
 
 
 def test_missing_shape_is_an_error(capsys: pytest.CaptureFixture[str]) -> None:
@@ -67,6 +72,12 @@ def test_sizes_and_units() -> None:
     assert parse_size("1000") == 1000
     assert human(131072) == "128.0 KiB"
     assert human(3 * 2**40) == "3.0 TiB"
+    assert (human(1023), human(1024), human(2**20 - 1), human(2**20)) == ("1023 B", "1.0 KiB", "1024.0 KiB", "1.0 MiB")
+    assert human(2**60) == "1048576.0 TiB"  # the largest unit is the last
+    assert parse_size("1") == 1
+    for bad in ("0", "0.5", "12 parsecs", "GiB", ""):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_size(bad)
 
 
 def test_dispatcher_and_module_entry_point(capsys: pytest.CaptureFixture[str]) -> None:

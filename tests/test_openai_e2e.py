@@ -8,12 +8,11 @@ import json
 import time
 
 import httpx
+import openai
 import pytest
 from worker_process import WorkerProcess
 
 from radixcache.client import Client
-
-openai = pytest.importorskip("openai")
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 

@@ -12,8 +12,6 @@ import pytest
 from fake_engine import FakeEngine
 from worker_harness import ThreadedWorker
 
-pytest.importorskip("fastapi")
-
 BODY = {"model": "fake", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
 
 

@@ -7,15 +7,13 @@ import json
 
 import httpx
 import jsonschema
+import openai
 import pytest
 from worker_harness import ThreadedWorker
 
 from radixcache.worker.cli import default_model_path
 from radixcache.worker.engine import Engine, EngineConfig
 from radixcache.worker.model.loader import load_checkpoint
-
-openai = pytest.importorskip("openai")
-pytest.importorskip("llguidance")
 
 MODEL = "fake"  # the name ThreadedWorker describes the engine with
 MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]

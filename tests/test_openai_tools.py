@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import json
 
+import openai
 import pytest
 from fake_engine import FakeEngine
 from worker_harness import ThreadedWorker
-
-openai = pytest.importorskip("openai")
 
 TOOLS = [
     {

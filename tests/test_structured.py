@@ -27,8 +27,6 @@ from radixcache.worker.pb_inputs import constraint_values
 from radixcache.worker.request import Constraint, FinishReason, Request, SamplingParams
 from radixcache.worker.structured import ConstraintError, GrammarCache
 
-pytest.importorskip("llguidance")
-
 REQUESTS = 20  # per schema / regex / grammar, sampled with different seeds
 FREE = 5  # the same prompt unconstrained, per schema / regex / grammar: none of them validates
 

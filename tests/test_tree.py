@@ -235,6 +235,76 @@ def test_evictable_list_follows_access_time() -> None:
     assert [pages[0] // 2 for pages in evicted] == order
 
 
+def test_an_unlocked_leaf_keeps_its_age_and_a_touch_makes_it_newest() -> None:
+    tree = RadixTree(1)
+    a = tree.insert(seq(1), [0]).node
+    tree.lock(a)
+    tree.insert(seq(2), [1])
+    tree.insert(seq(3), [2])
+    tree.unlock(a)  # evictable again with its old access time: older than both newer leaves
+    assert tree.evict(1) == [0]
+    tree.insert(seq(1), [0])
+    tree.lock(tree.match(seq(1)).node)
+    tree.insert(seq(4), [3])
+    tree.unlock(tree.match(seq(1), touch=False).node)  # listed behind newer leaves, by its age
+    tree.match(seq(1))  # ... and now used: it becomes the newest
+    assert [tree.evict(1) for _ in range(4)] == [[1], [2], [3], [0]]
+    tree.check()
+
+
+def test_a_parent_left_childless_is_evicted_by_its_own_age() -> None:
+    tree = RadixTree(1)
+    tree.insert(seq(1, 2), [0, 1])
+    tree.insert(seq(1, 3), [0, 2])  # splits: parent (1) -> children (2) and (3)
+    tree.insert(seq(5), [5])  # newer than the parent
+    tree.match(seq(1, 3))
+    assert tree.evict(1) == [1]  # the older child
+    assert tree.evict(1) == [5]  # (1, 3) was used after (5) was stored: (5) goes before it
+    assert tree.evict(1) == [2]
+    tree.insert(seq(7), [7])
+    tree.insert(seq(1, 4), [0, 4])
+    tree.insert(seq(8), [8])
+    assert tree.evict(1) == [7]
+    assert tree.evict(1) == [4]  # the parent (1) is a leaf again, with the age of its last use ...
+    assert tree.evict(1) == [0]  # ... older than (8): it goes first
+    assert tree.evict(1) == [8]
+    tree.check()
+
+
+def test_the_older_head_goes_first_whichever_list_holds_it() -> None:
+    tree = RadixTree(1)
+    tree.insert(seq(1), [1])
+    tree.insert(seq(2), [2])
+    c = tree.insert(seq(3), [3]).node
+    tree.lock(c)
+    tree.insert(seq(4), [4])
+    tree.unlock(c)  # listed by age: newer than (1) and (2), older than (4)
+    assert [tree.evict(1) for _ in range(4)] == [[1], [2], [3], [4]]
+    assert c.evicted
+    assert tree.evict(0) == [] and tree.evict(-1) == []
+    tree.check()
+
+
+def test_pin_accounting_over_several_nodes_and_expiry_counts() -> None:
+    clock = FakeClock()
+    tree = RadixTree(1, clock=clock)
+    tree.insert(seq(1, 2, 3), [1, 2, 3])
+    tree.insert(seq(1, 2, 4), [1, 2, 4])  # splits (1, 2) from its two children
+    tree.insert(seq(7, 8), [7, 8])
+    assert tree.pin(seq(1, 2, 3), ttl=10) == 3  # two nodes
+    assert tree.pin(seq(7, 8), ttl=30) == 2
+    assert tree.pinned_pages == 5
+    assert tree.pin(seq(1, 2, 3), ttl=5) == 3  # a shorter TTL never shortens a pin
+    clock.now += 8
+    assert tree.pinned_pages == 5 and tree.expire() == 0
+    clock.now += 3
+    assert tree.expire() == 2  # both nodes of the first pin
+    assert tree.pinned_pages == 2
+    assert tree.pin(seq(1, 2, 4)) == 3
+    assert tree.unpin(seq(1, 2, 4)) == 3  # summed over both nodes
+    tree.check()
+
+
 def test_partial_lookup_after_children_were_evicted() -> None:
     tree = RadixTree(4)
     tree.insert(seq(9, 9, 9, 9), [0])
