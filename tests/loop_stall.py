@@ -72,7 +72,13 @@ def measure_loop_stall(
 ) -> StallReport:
     """Sends huge requests for `seconds` from `senders` threads while probing health; see the module docstring."""
     requests = huge_requests(payload_mib)
-    options = [("grpc.max_send_message_length", 64 * MiB), ("grpc.max_receive_message_length", 64 * MiB)]
+    # A local subchannel pool: each channel its own TCP connection (gRPC shares one between channels with the same
+    # target and options), so the probe is another client, not a call queued behind 15 MiB frames on one socket.
+    options = [
+        ("grpc.max_send_message_length", 64 * MiB),
+        ("grpc.max_receive_message_length", 64 * MiB),
+        ("grpc.use_local_subchannel_pool", 1),
+    ]
     statuses: collections.Counter[str] = collections.Counter()
     lock = threading.Lock()
     stop = threading.Event()
