@@ -39,6 +39,7 @@ class FleetEngine:
         self.context_length = int(model_info.context_length)
         self.loop = loop
         self._relays: dict[str, asyncio.Task] = {}  # request id -> the task relaying its stream
+        self._aborts: set[asyncio.Task] = set()  # abort broadcasts in flight (referenced until done)
 
     # -- the engine interface, called on the loop ---------------------------------------------------------------
     def submit(self, request: Request, on_output: Callable[[RequestOutput], None]) -> None:
@@ -58,7 +59,10 @@ class FleetEngine:
         if request_id not in self._relays:
             return False
         # The replica running it ends it with FINISH_REASON_ABORTED, as one worker would; the others answer False.
-        self.handle.broadcast("abort", request_id)
+        # (A broadcast is only sent once its results are awaited.)
+        task = self.loop.create_task(self._broadcast_async("abort", request_id))
+        self._aborts.add(task)
+        task.add_done_callback(self._aborts.discard)
         return True
 
     async def _relay(self, request: Request, on_output: Callable[[RequestOutput], None]) -> None:
@@ -106,13 +110,13 @@ class FleetEngine:
         return max(self._broadcast("unpin", token_ids, namespace), default=0)
 
     def _broadcast(self, method: str, *args: Any) -> list[Any]:
+        """_broadcast_async from a worker thread (the servicer's stats, flush, pin and unpin)."""
+        return asyncio.run_coroutine_threadsafe(self._broadcast_async(method, *args), self.loop).result()
+
+    async def _broadcast_async(self, method: str, *args: Any) -> list[Any]:
         """Every live replica's answer; a replica that failed or did not answer in time is left out (logged)."""
-
-        async def call() -> list[Any]:
-            response = self.handle.broadcast(method, *args)
-            return await response.results_async(timeout_s=BROADCAST_TIMEOUT_S, return_exceptions=True)
-
-        results = asyncio.run_coroutine_threadsafe(call(), self.loop).result()
+        response = self.handle.broadcast(method, *args)
+        results = await response.results_async(timeout_s=BROADCAST_TIMEOUT_S, return_exceptions=True)
         for r in results:
             if isinstance(r, BaseException):
                 log.warning("%s: a replica did not answer: %s", method, r)

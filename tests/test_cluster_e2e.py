@@ -132,6 +132,22 @@ def test_flush_and_pin_reach_every_replica(cluster):
         assert generate(c, prefix + [1])["cached"] == 0  # the flush reached the replica that had it
 
 
+def test_abort_and_cancel_stop_the_request_on_its_replica(cluster):
+    target, _ = cluster
+    long = {"max_tokens": 900, "ignore_eos": True}  # one engine step per token: 900 steps if nothing stops it
+    with Client(target, token="tok-alice") as c:
+        stream = c.generate(token_ids=ids(8, salt=600), request_id="long-1", **long)
+        first = next(stream)
+        assert c.abort("long-1")  # Abort reaches the replica that runs it
+        chunks = [first, *stream]
+        assert chunks[-1].finish_reason == "aborted" and chunks[-1].completion_tokens < 300
+        steps_before = wait_idle(c)["steps"]
+        stream = c.generate(token_ids=ids(8, salt=601), **long)
+        next(stream)
+        stream.close()  # the client goes away: the servicer's abort must reach the replica too
+        assert wait_idle(c)["steps"] - steps_before < 300  # stopped, rather than running its 900 steps
+
+
 def test_load_fallback_when_one_replica_is_saturated(cluster):
     target, _ = cluster
     prefix = ids(32, salt=11)
