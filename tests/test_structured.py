@@ -12,7 +12,6 @@ import threading
 import grpc
 import jsonschema
 import pytest
-import torch
 from engine_fixtures import byte_tokenizer, tiny_model
 from test_engine import Collector, assert_clean, make_engine
 from worker_harness import ThreadedWorker
@@ -23,6 +22,7 @@ from radixcache.worker.cli import default_model_path
 from radixcache.worker.engine import Engine, EngineConfig
 from radixcache.worker.model.config import ModelConfig
 from radixcache.worker.model.loader import load_checkpoint, random_model
+from radixcache.worker.model.packed import PackedLinear
 from radixcache.worker.pb_inputs import constraint_values
 from radixcache.worker.request import Constraint, FinishReason, Request, SamplingParams
 from radixcache.worker.structured import ConstraintError, GrammarCache
@@ -278,8 +278,9 @@ def test_padding_rows_of_the_model_vocab_are_never_sampled():
     )
     loaded = random_model(config, seed=3, std=0.3)
     loaded.tokenizer = tokenizer
-    with torch.no_grad():  # make the padding rows the model's favourites
-        loaded.model.lm_head.weight[tokenizer.vocab_size :] *= 40
+    head = loaded.model.lm_head.dense_weight()  # make the padding rows the model's favourites
+    head[tokenizer.vocab_size :] *= 40
+    loaded.model.lm_head = PackedLinear(head, None)
     engine = make_engine(loaded, page_size=4)
     prompt = tokenizer.encode("the cache")
     sink = run(

@@ -19,6 +19,7 @@ from tqdm import tqdm
 from radixcache.pool import parse_dtype
 from radixcache.worker.model.config import ModelConfig
 from radixcache.worker.model.llama import CausalLM, rope_inv_freq
+from radixcache.worker.model.packed import pack_linears, packing_available
 from radixcache.worker.model.quant import WEIGHT_FORMATS, quantize_int8
 from radixcache.worker.model.tokenizer import Tokenizer
 
@@ -74,9 +75,13 @@ def _check_weights(weights: str) -> None:
 
 
 def _finish(model: CausalLM, device: torch.device, weights: str) -> None:
-    """The layout the kernels want: int8 projections (weights="int8"), else input-major fp matrices on CPU."""
+    """The layout the kernels want: int8 projections (weights="int8"); on a CPU, float32 projections packed for
+    oneDNN (worker/model/packed.py) and other dtypes' stored input-major."""
     if weights == "int8":
         quantize_int8(model)
+    elif packing_available(device, model.model.embed_tokens.weight.dtype):
+        tied = model.lm_head if model.config.tie_word_embeddings else None
+        pack_linears(model, skip=tied)  # a tied LM head is the embedding table: it stays as it is
     elif device.type == "cpu":
         model.store_linear_weights_input_major()
 
