@@ -24,13 +24,14 @@ from radixcache.worker.attention.layout import BatchLayout
 @dataclass
 class _Plan:
     decode_rows: torch.Tensor | None  # [Bd] rows of q that belong to decode sequences
-    decode_slots: torch.Tensor | None  # [Bd, Lmax] K row of each position (padding repeats a valid row)
-    decode_pad: torch.Tensor | None  # [Bd, 1, 1, Lmax] True where a position is padding; None when there is none
+    # [2 * Bd * P] blocks of the layer viewed as [pages * 2, page_size, KVH, D] (block 2p: page p's K, 2p + 1: its
+    # V): every decode sequence's P pages' K blocks, then their V blocks (padding repeats a sequence's last page)
+    decode_blocks: torch.Tensor | None
+    decode_visible: torch.Tensor | None  # [Bd, 1, 1, P * page_size] True where a position is the sequence's; None: all
     write_rows: torch.Tensor  # [2T]: row of each new token's K (first T) and V (last T) in the layer's rows view
     # (q_start, q_end, slots[L], visible[n, L] True = may attend, or None when there is no cached prefix)
     prefills: list[tuple[int, int, torch.Tensor, torch.Tensor | None]]
     # Built by the first layer of the step, once the KV head count is known; shared by every later layer.
-    decode_head_rows: torch.Tensor | None = None  # K rows then V rows: one index_select gathers both
     prefill_head_rows: list[torch.Tensor] | None = None
 
 
@@ -69,14 +70,10 @@ class TorchAttentionBackend(AttentionBackend):
         starts = [0]
         for n in layout.num_new:
             starts.append(starts[-1] + n)
-        decode_rows = decode_slots = decode_pad = None
+        decode_rows = decode_blocks = decode_visible = None
         if decode:
-            lmax = max(layout.seq_lens[b] for b in decode)
             decode_rows = torch.tensor([starts[b] for b in decode], dtype=torch.int64, device=device)
-            decode_slots = _flat_slots(layout, decode, lmax, device)
-            if any(layout.seq_lens[b] != lmax for b in decode):
-                lens = torch.tensor([layout.seq_lens[b] for b in decode], device=device)
-                decode_pad = (torch.arange(lmax, device=device)[None, :] >= lens[:, None])[:, None, None, :]
+            decode_blocks, decode_visible = _decode_blocks(layout, decode, device)
         prefills = []
         for b, n in enumerate(layout.num_new):
             if n == 1:
@@ -90,7 +87,7 @@ class TorchAttentionBackend(AttentionBackend):
             prefills.append((starts[b], starts[b + 1], slots, visible))
         k_rows = layout.write_pages * (2 * layout.page_size) + layout.write_slots
         write_rows = torch.cat((k_rows, k_rows + layout.page_size))
-        self._plan = _Plan(decode_rows, decode_slots, decode_pad, write_rows, prefills)
+        self._plan = _Plan(decode_rows, decode_blocks, decode_visible, write_rows, prefills)
         self._layout = layout
 
     def forward(
@@ -136,21 +133,39 @@ class TorchAttentionBackend(AttentionBackend):
 
     @staticmethod
     def _decode(qf: torch.Tensor, rows: torch.Tensor, page_size: int, plan: _Plan, group: int) -> torch.Tensor:
-        """One query per sequence, all sequences in one padded batched matmul. Returns float32 [Bd, H, D].
+        """One query per sequence, all sequences in one call of torch's fused attention. Returns float32 [Bd, H, D].
 
+        K and V are gathered a whole page at a time (page_size * KVH * D contiguous values: a plain memory copy,
+        ~2x faster than gathering one head's row at a time) into [Bd, P * page_size, KVH, D]; the kernel reads
+        them head by head through strides, without another copy.
         rows: the layer viewed as [pages * 2 * page_size, KVH, D] (a token's V is page_size rows after its K)."""
-        assert plan.decode_slots is not None
+        assert plan.decode_blocks is not None
         bd, heads, dim = qf.shape
         kvh = heads // group
-        if plan.decode_head_rows is None:
-            head_rows = _head_rows(plan.decode_slots, kvh)
-            plan.decode_head_rows = torch.cat((head_rows, head_rows + page_size * kvh))
-        shape = (2, bd, kvh, plan.decode_slots.shape[1], dim)
-        kv = rows.view(-1, dim).index_select(0, plan.decode_head_rows).view(shape).float()  # [2, Bd, KVH, L, D]
-        keys, values = kv[0], kv[1]
-        qs = qf.view(bd, kvh, group, dim)
-        scores = torch.matmul(qs, keys.mT)  # [Bd, KVH, G, L]
-        if plan.decode_pad is not None:
-            scores.masked_fill_(plan.decode_pad, float("-inf"))
-        probs = torch.softmax(scores, dim=-1)
-        return torch.matmul(probs, values).reshape(bd, heads, dim)
+        blocks = rows.view(-1, page_size, kvh, dim)  # [pages * 2, page_size, KVH, D]
+        kv = blocks.index_select(0, plan.decode_blocks).view(2, bd, -1, kvh, dim).float()  # [2, Bd, L, KVH, D]
+        keys, values = kv[0].transpose(1, 2), kv[1].transpose(1, 2)  # [Bd, KVH, L, D], strided
+        out = F.scaled_dot_product_attention(
+            qf.view(bd, heads, 1, dim), keys, values, attn_mask=plan.decode_visible, scale=1.0, enable_gqa=True
+        )
+        return out.view(bd, heads, dim)
+
+
+def _decode_blocks(
+    layout: BatchLayout, seqs: list[int], device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(blocks, visible) of _Plan for the decode sequences `seqs`."""
+    ps = layout.page_size
+    lens = [layout.seq_lens[b] for b in seqs]
+    width = -(-max(lens) // ps)  # pages of the longest sequence
+    sel = torch.tensor(seqs, dtype=torch.int64, device=device)
+    start = layout.kv_indptr[:-1].to(torch.int64)[sel]
+    last = start + torch.tensor([-(-n // ps) - 1 for n in lens], dtype=torch.int64, device=device)
+    page_idx = torch.minimum(start[:, None] + torch.arange(width, device=device), last[:, None])
+    pages = layout.kv_indices.to(torch.int64)[page_idx].flatten()
+    blocks = torch.cat((2 * pages, 2 * pages + 1))
+    visible = None
+    if any(n != width * ps for n in lens):
+        tokens = torch.arange(width * ps, device=device)[None, :]
+        visible = (tokens < torch.tensor(lens, device=device)[:, None])[:, None, None, :]
+    return blocks, visible
