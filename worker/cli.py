@@ -51,8 +51,8 @@ def parser() -> argparse.ArgumentParser:
         "--weights",
         choices=("full", "int8"),
         default="full",
-        help="int8: weight-only int8 projections (faster CPU decode, slightly lossy; greedy output may differ "
-        "from full precision). full (default): the weights in --dtype",
+        help="int8: int8 projections, one scale per output channel (faster CPU decode, slightly lossy; greedy "
+        "output may differ from full precision). full (default): the weights in --dtype",
     )
     e = p.add_argument_group("engine")
     e.add_argument("--page-size", type=int, default=16, help="tokens per KV page (default 16)")

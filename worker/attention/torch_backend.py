@@ -2,8 +2,9 @@
 
 Per step, begin_step turns the page tables into flat row indices for every token of every sequence: a layer
 [pages, 2, page_size, KVH, D] viewed as rows [pages*2*page_size, KVH, D] (a view, no copy) holds token (page, slot)'s
-K at row page*2*page_size + slot and its V page_size rows later. Sequences that add one token (decode) are attended to together: their K/V are gathered into a
-padded [B, Lmax] batch and one batched matmul runs with a length mask. Sequences that add several tokens
+K at row page*2*page_size + slot and its V page_size rows later. Sequences that add one token (decode) are attended
+to together: their pages' K and V blocks are gathered whole into a padded [B, pages * page_size] batch and one call
+of torch's fused attention runs with a length mask. Sequences that add several tokens
 (prefill chunks) are attended to one at a time with torch's fused scaled_dot_product_attention (their cost is
 compute, not Python overhead).
 Scores, softmax and the weighted sum run in float32 whatever the pool dtype.

@@ -95,7 +95,7 @@ def load_checkpoint(
     """Load config, weights and tokenizer from a local checkpoint folder.
 
     dtype None uses the checkpoint's own dtype (config.json "dtype"/"torch_dtype"), float32 when unstated.
-    weights "int8" stores every projection as weight-only int8 (worker/model/quant.py); "full" keeps `dtype`.
+    weights "int8" stores every projection as int8 (worker/model/quant.py); "full" keeps `dtype`.
     Raises FileNotFoundError naming the missing file and folder, ValueError for an unsupported architecture or
     a checkpoint whose tensors do not match the config (naming the tensors).
     """

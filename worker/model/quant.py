@@ -85,7 +85,7 @@ class Int8Linear(nn.Module):
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, kernel: str | None = None) -> None:
         super().__init__()
-        self.kernel = kernel or int8_kernel()
+        self.kernel = kernel or (int8_kernel() if weight.device.type == "cpu" else "weight-only")
         if self.kernel not in INT8_KERNELS:
             raise ValueError(f"int8 kernel must be one of {', '.join(INT8_KERNELS)}, got {self.kernel!r}")
         self.out_features, self.in_features = weight.shape
