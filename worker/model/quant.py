@@ -5,7 +5,7 @@ Embeddings, norms, the residual stream, attention and the KV cache keep the mode
 the weight matrices change. Two kernels, chosen once per process by `int8_kernel()`:
 
 - "fbgemm" (x86 CPUs with VNNI): torch's int8 x int8 dynamic-quantized product. Each activation row is scaled to
-  max |x| = 1 and quantized to 8 bits on a grid that does not depend on the other rows (see `_RowGrid`), so a
+  max |x| = 1 and quantized to 8 bits on a grid that does not depend on the other rows (see `_per_row_grid_product`), so a
   sequence's result never depends on what it is batched with. A batch-1 decode step of the ~125M model took
   13.2-13.9 ms against 18.2-19.9 ms with the weight-only kernel below (one thread, AVX-512 EPYC, same run).
 - "weight-only" (anywhere else): activation rows cast to bfloat16 into torch's int8 weight-only kernel
@@ -23,8 +23,6 @@ from pathlib import Path
 
 import torch
 from torch import nn
-
-from radixcache.worker.model.llama import bucket_rows
 
 WEIGHT_FORMATS = ("full", "int8")
 INT8_KERNELS = ("fbgemm", "weight-only")
@@ -61,23 +59,23 @@ def quantize_rows(weight: torch.Tensor, scale_dtype: torch.dtype) -> tuple[torch
     return q, scale
 
 
-class _RowGrid:
-    """Dynamic activation quantization made per row and batch-independent.
+def _guard_row(in_features: int) -> torch.Tensor:
+    """[1, in_features] float32: 1, -1, then zeros (see `_per_row_grid_product`)."""
+    guard = torch.zeros(1, in_features)
+    guard[0, 0], guard[0, 1 % in_features] = 1.0, -1.0
+    return guard
 
-    fbgemm's dynamic product quantizes the whole input on one grid spanning its min and max, so a row's rounding
-    would depend on the other rows of the step. Each row is divided by its own max |x| (so it lies in [-1, 1]) and
-    one guard row holding -1 and 1 is appended: the grid is then always [-1, 1] in 255 steps, whatever else is in
-    the batch. Outputs are multiplied back by each row's max |x|. The guard row also pads the rows to a few sizes
-    (`bucket_rows`), so the kernel sees few shapes."""
 
-    @staticmethod
-    def forward(rows: torch.Tensor, packed: object) -> torch.Tensor:
-        n = rows.shape[0]
-        row_max = rows.abs().amax(dim=1, keepdim=True).clamp_(min=torch.finfo(torch.float32).tiny)
-        grid = rows.new_zeros(bucket_rows(n + 1), rows.shape[1])
-        torch.div(rows, row_max, out=grid[:n])
-        grid[n, 0], grid[n, 1] = 1.0, -1.0
-        return torch.ops.quantized.linear_dynamic(grid, packed, False)[:n] * row_max
+def _per_row_grid_product(rows: torch.Tensor, packed: object, guard: torch.Tensor) -> torch.Tensor:
+    """fbgemm's dynamic int8 product of float32 `rows` [n, in], each row on its own batch-independent grid.
+
+    fbgemm quantizes its whole input on one grid spanning the input's min and max, so a row's rounding would depend
+    on the other rows of the step. Each row is divided by its own max |x| (so it lies in [-1, 1]) and a guard row
+    holding 1 and -1 goes first: the grid is then always [-1, 1] in 255 steps, whatever else is in the batch.
+    The outputs are multiplied back by each row's max |x|."""
+    row_max = rows.abs().amax(dim=1, keepdim=True).clamp_(min=torch.finfo(torch.float32).tiny)
+    grid = torch.cat((guard, rows / row_max))
+    return torch.ops.quantized.linear_dynamic(grid, packed, False)[1:] * row_max
 
 
 class Int8Linear(nn.Module):
@@ -98,6 +96,7 @@ class Int8Linear(nn.Module):
                 qweight = torch._make_per_channel_quantized_tensor(q, scale.double(), zero, 0)
             # Only the packed form is kept (an int8 copy beside it would double the weights' memory).
             self._packed = torch.ops.quantized.linear_prepack(qweight, None)
+            self._guard = _guard_row(self.in_features)
         else:
             q, scale = quantize_rows(weight, torch.bfloat16)
             self.register_buffer("qweight", q)
@@ -114,7 +113,7 @@ class Int8Linear(nn.Module):
         shape = x.shape
         rows = x.reshape(-1, shape[-1])
         if self.kernel == "fbgemm":
-            y = _RowGrid.forward(rows.float(), self._packed)
+            y = _per_row_grid_product(rows.float(), self._packed, self._guard)
         else:
             y = torch.ops.aten._weight_int8pack_mm(rows.to(torch.bfloat16), self.qweight, self.scale)
         y = y.to(x.dtype)
