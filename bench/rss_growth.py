@@ -1,6 +1,6 @@
 """Resident memory of an in-process engine over many requests of varied sizes (the default bf16 model by default).
 
-    python bench/rss_growth.py [--requests 1000] [--dtype bfloat16] [--concurrency 8] [--no-row-buckets]
+    python bench/rss_growth.py [--requests 1000] [--dtype bfloat16] [--weights int8] [--concurrency 8] [--no-row-buckets]
 
 Each step's token count differs (prompts of 1..400 tokens, 1..64 generated, several at once), which is what makes
 per-shape kernel caches grow (see worker/model/llama.py `Linear`; --no-row-buckets turns its rounding off, to compare).
@@ -36,6 +36,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=100, help="requests before the baseline is taken")
     parser.add_argument("--max-tokens", type=int, default=16, help="tokens generated per request at most")
     parser.add_argument("--no-row-buckets", action="store_true", help="GEMMs see each step's exact row count")
+    parser.add_argument("--weights", default="full", choices=("full", "int8"))
     args = parser.parse_args()
     if args.no_row_buckets:
         from torch import nn
@@ -45,7 +46,7 @@ def main() -> None:
         llama.Linear.forward = nn.Linear.forward
     import radixcache.worker.default_model as default_model
 
-    loaded = load_checkpoint(Path(default_model.__file__).parent, dtype=args.dtype)
+    loaded = load_checkpoint(Path(default_model.__file__).parent, dtype=args.dtype, weights=args.weights)
     engine = Engine(loaded, EngineConfig(kv_pages=256, max_step_tokens=512))
     rng = random.Random(0)
     vocab = loaded.config.vocab_size
@@ -78,6 +79,7 @@ def main() -> None:
             {
                 "dtype": dtype,
                 "row_buckets": not args.no_row_buckets,
+                "weights": args.weights,
                 "requests": args.requests,
                 "rss_after_warmup_mb": round(baseline, 1),
                 "rss_end_mb": round(end, 1),
