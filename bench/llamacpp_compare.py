@@ -432,7 +432,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ours, theirs = median_of(runs[ours_side], measure), median_of(runs[their_side], measure)
         summary[key] = ours / theirs
         print(f"{label:<24}{ours_side:>12}{ours:10.3f}{their_side:>14}{theirs:8.3f}{ours / theirs:13.3f}")
-    summary = {k: round(v, 4) if isinstance(v, float) else v for k, v in summary.items()}
+    summary = {k: float(f"{v:.4g}") if isinstance(v, float) else v for k, v in summary.items()}  # 6.6e-06 stays
     write_json(args.out, {"parity": par, "decode_f32": dec32, "decode_int8": dec8, "gsp": gsp, "multiturn": mt,
                           "summary": summary, "args": vars(args) | {"out": str(args.out)}})  # fmt: skip
     print(json.dumps(summary))
