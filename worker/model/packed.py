@@ -3,7 +3,8 @@
 Why: torch's default float32 product on the CPU (MKL) repacks the weight on every call when more than one row is
 multiplied, so a decode step of 4-16 sequences read the weights about twice: on an AVX-512 EPYC, one thread, the
 ~125M model's projections took 49 ms at 4 rows and 73 ms at 16 rows against 21 ms at one row. With the weight packed
-once at load time, oneDNN's kernel reads it once per call: 21 ms at 4 rows, 38 ms at 16 (bench/decode_floor.py).
+once at load time, oneDNN's kernel reads it once per call: 21 ms at 4 rows, 38 ms at 16 (the model's 49 shapes).
+A decode step (bench/decode_floor.py): b4 61 -> 29 ms, b16 107 -> 65-73 ms, b1 unchanged.
 oneDNN's blocked kernel is also the fastest at one row when it is handed 4 (the plain layout it picks for a single
 row is ~20% slower), so rows are padded to at least MIN_ROWS, and past that to the few sizes of `bucket_rows`
 (oneDNN keeps a kernel per input shape; unbounded shapes would grow memory, as they did for bf16).

@@ -9,7 +9,8 @@ the weight matrices change. Two kernels, chosen once per process by `int8_kernel
   sequence's result never depends on what it is batched with. A batch-1 decode step of the ~125M model took
   13.2-13.9 ms against 18.2-19.9 ms with the weight-only kernel below (one thread, AVX-512 EPYC, same run).
 - "weight-only" (anywhere else): activation rows cast to bfloat16 into torch's int8 weight-only kernel
-  (aten._weight_int8pack_mm), scales in bfloat16 as that kernel wants.
+  (aten._weight_int8pack_mm), scales in bfloat16 as that kernel wants (with float32 activations it takes a path
+  ~7x slower).
 
 Greedy exactness with transformers is promised for full-precision weights only; the quality cost of both kernels is
 measured by tests/test_int8_weights.py (held-out loss of the default model, bound +1% bits per byte).
@@ -59,10 +60,11 @@ def quantize_rows(weight: torch.Tensor, scale_dtype: torch.dtype) -> tuple[torch
     return q, scale
 
 
-def _guard_row(in_features: int) -> torch.Tensor:
-    """[1, in_features] float32: 1, -1, then zeros (see `_per_row_grid_product`)."""
-    guard = torch.zeros(1, in_features)
-    guard[0, 0], guard[0, 1 % in_features] = 1.0, -1.0
+def _guard_rows(in_features: int) -> torch.Tensor:
+    """[2, in_features] float32: a row starting with 1 and one starting with -1, zeros elsewhere (see
+    `_per_row_grid_product`)."""
+    guard = torch.zeros(2, in_features)
+    guard[0, 0], guard[1, 0] = 1.0, -1.0
     return guard
 
 
@@ -70,12 +72,12 @@ def _per_row_grid_product(rows: torch.Tensor, packed: object, guard: torch.Tenso
     """fbgemm's dynamic int8 product of float32 `rows` [n, in], each row on its own batch-independent grid.
 
     fbgemm quantizes its whole input on one grid spanning the input's min and max, so a row's rounding would depend
-    on the other rows of the step. Each row is divided by its own max |x| (so it lies in [-1, 1]) and a guard row
-    holding 1 and -1 goes first: the grid is then always [-1, 1] in 255 steps, whatever else is in the batch.
+    on the other rows of the step. Each row is divided by its own max |x| (so it lies in [-1, 1]) and two guard rows
+    holding 1 and -1 go first: the grid is then always [-1, 1] in 255 steps, whatever else is in the batch.
     The outputs are multiplied back by each row's max |x|."""
     row_max = rows.abs().amax(dim=1, keepdim=True).clamp_(min=torch.finfo(torch.float32).tiny)
     grid = torch.cat((guard, rows / row_max))
-    return torch.ops.quantized.linear_dynamic(grid, packed, False)[1:] * row_max
+    return torch.ops.quantized.linear_dynamic(grid, packed, False)[guard.shape[0] :] * row_max
 
 
 class Int8Linear(nn.Module):
@@ -96,7 +98,7 @@ class Int8Linear(nn.Module):
                 qweight = torch._make_per_channel_quantized_tensor(q, scale.double(), zero, 0)
             # Only the packed form is kept (an int8 copy beside it would double the weights' memory).
             self._packed = torch.ops.quantized.linear_prepack(qweight, None)
-            self._guard = _guard_row(self.in_features)
+            self._guard = _guard_rows(self.in_features)
         else:
             q, scale = quantize_rows(weight, torch.bfloat16)
             self.register_buffer("qweight", q)
