@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import json
 import re
 import shutil
 import subprocess
@@ -37,6 +38,8 @@ TARGETS: dict[str, tuple[list[str], list[str]]] = {
             "test_cache_stateful.py",
             "test_memory_cli.py",
             "test_attention.py",
+            "test_events.py",
+            "test_invariant_checks.py",
         ],  # fmt: skip
     ),
     "validation": (["worker/validation.py"], ["test_server_fake.py", "test_wire_promises.py"]),
@@ -60,6 +63,7 @@ PYTEST_ARGS = [
 GOAL = {"radixcache": 0.90, "validation": 0.90}  # others: 0.80
 # A timeout is not counted as a kill: in a forked gRPC process a hang may be the fork's, not the mutant's.
 KILLED = {"killed", "caught by type check"}
+KILLED_EXIT_CODES = {1, 3, 37}  # mutmut's exit codes for the statuses in KILLED (mutmut.stats.status_by_exit_code)
 UNDECIDED = {"not checked", "skipped"}
 
 
@@ -104,8 +108,41 @@ def prepare(target: str) -> Path:
     return here
 
 
-def run(target: str, max_children: int) -> int:
+def retest_undecided(here: Path) -> int:
+    """Forget every verdict but a kill, so the next run tests those mutants again with the current tests.
+
+    mutmut keeps a verdict until the mutated function's source changes; it never retests a survivor because a
+    test was added or made stronger. Without its stats file mutmut also keeps every verdict through a change of
+    test selection (it then cannot compare configurations) and records the tests of every function afresh. A kill stays a kill (tests are only ever made stronger), so only survivors,
+    timeouts, "no tests" and the like are run again. Returns how many verdicts were forgotten.
+    """
+    # Which tests reach which function is recorded once and then only extended for tests with new names: a test
+    # made stronger, or a function the tests reach since, would keep a stale (or no) list. Record it afresh.
+    (here / "mutants" / "mutmut-stats.json").unlink(missing_ok=True)
+    forgotten = 0
+    for meta in (here / "mutants").rglob("*.py.meta"):
+        try:
+            data = json.loads(meta.read_text())
+        except json.JSONDecodeError:  # a run killed while writing it: make mutmut mutate that file afresh
+            meta.unlink()
+            meta.with_suffix("").unlink(missing_ok=True)
+            continue
+        codes = data.get("exit_code_by_key", {})
+        stale = [k for k, code in codes.items() if code is not None and code not in KILLED_EXIT_CODES]
+        for key in stale:
+            codes[key] = None
+        if stale:
+            meta.write_text(json.dumps(data, indent=4))
+            forgotten += len(stale)
+    return forgotten
+
+
+def run(target: str, max_children: int, retest: bool) -> int:
     here = prepare(target)
+    if retest:
+        n = retest_undecided(here)
+        if n:
+            print(f"   retesting {n} mutants that no test killed last time", flush=True)
     print(f"== mutmut: {target} in {here.relative_to(ROOT)}", flush=True)
     # mutmut redraws a progress line many times a second: keep only its summary lines on the terminal.
     with open(here / "mutmut.log", "w") as log:
@@ -183,7 +220,13 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("targets", nargs="*", help=f"some of {', '.join(TARGETS)} (default: all, in that order)")
     p.add_argument("--report-only", action="store_true")
-    p.add_argument("--max-children", type=int, default=2)
+    # One child by default: the machine this runs on has 2 cores and the other one is someone else's.
+    p.add_argument("--max-children", type=int, default=1, help="mutants tested at once (default: 1)")
+    p.add_argument(
+        "--keep-verdicts",
+        action="store_true",
+        help="do not retest the survivors, timeouts and no-tests of earlier runs (default: retest them)",
+    )
     args = p.parse_args()
     targets = args.targets or list(TARGETS)
     unknown = set(targets) - set(TARGETS)
@@ -192,7 +235,7 @@ def main() -> int:
     failed = 0
     if not args.report_only:
         for target in targets:
-            failed |= run(target, args.max_children) != 0
+            failed |= run(target, args.max_children, not args.keep_verdicts) != 0
     report(targets)
     return 1 if failed else 0
 
