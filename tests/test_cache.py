@@ -2,6 +2,7 @@ import pytest
 
 from radixcache.cache import CacheFullError, PrefixCache
 from radixcache.keys import encode
+from radixcache.pool import KVPool, KVShape
 
 
 def list_key(tokens) -> bytes:
@@ -273,6 +274,8 @@ def test_stats_count_hits_use_and_leases() -> None:
     assert s.pages_in_use == 3 and s.live_leases == 1 and cache.leases() == [lease]
     assert s.pages_cached == 3 and s.published_pages == 3 and s.pages_partial == 1  # a's tail [5] too
     assert s.pages_evictable == 1  # the tail: b reads only the whole pages before it
+    assert (s.pages_total, s.max_pinned_pages, s.evictable_leaves, s.namespaces) == (16, 16, 1, 1)
+    assert PrefixCache(16, 2, max_pinned_pages=3).stats().max_pinned_pages == 3
     cache.release(lease)
 
 
@@ -448,4 +451,65 @@ def test_a_lookup_acquired_uncounted_counts_once_when_asked() -> None:
     cache.count_lookup(kept)  # idempotent
     assert (cache.stats().queried_tokens, cache.stats().hit_tokens) == (10, 4)
     cache.release(kept)
+    cache.check(idle=True)
+
+
+def test_pinned_pages_counts_the_pins_a_request_cannot_read() -> None:
+    cache = PrefixCache(16, 2)
+    serve(cache, "a", [1, 2, 3, 4, 5])
+    serve(cache, "b", [7, 8, 9, 10, 11])
+    serve(cache, "c", [1, 2, 3, 4, 5], namespace="t")
+    assert cache.pin([1, 2, 3, 4]) == 4 and cache.pin([7, 8]) == 2 and cache.pin([1, 2], "t") == 2
+    assert cache.pinned_pages() == 4  # everything pinned, in every namespace
+    assert cache.pinned_pages([1, 2, 3, 4, 6]) == 2  # its own prefix's 2 pinned pages it can read
+    assert cache.pinned_pages([1, 2, 6], "t") == 3  # only t's pinned page is on its path
+    assert cache.pinned_pages([5, 5, 5]) == 4  # shares nothing
+    cache.unpin([1, 2, 3, 4])
+    assert cache.pinned_pages() == 2 and cache.pinned_pages([1, 2, 3, 4]) == 2
+    assert PrefixCache(4, 2, enabled=False).pinned_pages([1, 2]) == 0
+    cache.check(idle=True)
+
+
+def test_copied_keeps_exactly_the_whole_pages_read_locked() -> None:
+    # the hit ends inside the third page of one long edge: the lock moves from 3 pages to the 2 read whole
+    cache = PrefixCache(16, 2)
+    serve(cache, "a", list(range(1, 10)))  # 4 whole pages and a tail, one edge
+    lease = cache.acquire("b", [1, 2, 3, 4, 5, 99], max_cached=5)
+    src, _, k = lease.copy_from
+    assert k == 1 and cache.tree.protected_pages == 3
+    cache.copied(lease)
+    assert cache.tree.protected_pages == 2 and cache.allocator.refcount(src) == 1  # the tree's reference only
+    cache.check()
+    cache.release(lease)
+    # the hit ends inside the first page of a child: once copied, the lock moves up to the parent's pages
+    serve(cache, "c", [1, 2, 3, 4, 70, 71, 72])  # [1 2 3 4] now branches
+    lease = cache.acquire("d", [1, 2, 3, 4, 70, 99], max_cached=5)
+    assert lease.copy_from is not None and lease.copy_from[2] == 1
+    cache.copied(lease)
+    assert cache.tree.protected_pages == 2
+    assert cache.evict(100) > 0 and cache.match_length([1, 2, 3, 4]) == 4  # what it reads stays cached
+    cache.check()
+    cache.release(lease)
+    # under the root: nothing whole is read, nothing stays locked
+    lease = cache.acquire("e", [1, 99], max_cached=1)
+    assert lease.copy_from is not None and lease.cached_tokens == 1
+    cache.copied(lease)
+    assert cache.tree.protected_pages == 0
+    cache.check()
+    cache.release(lease)
+    cache.check(idle=True)
+
+
+def test_a_regrown_tail_is_copied_by_whole_token_slots() -> None:
+    cache = PrefixCache(16, 4)
+    pool = KVPool(KVShape(1, 1, 1), page_size=4, num_pages=16)
+    serve(cache, "t1", [0, 1, 2, 3, 4])  # a whole page and a tail of 1
+    serve(cache, "t2", [0, 1, 2, 3, 4, 5, 6])  # a longer tail replaces it, in place
+    lease = cache.acquire("t3", [0, 1, 2, 3, 4, 5, 6, 9])
+    src, dst, k = lease.copy_from
+    assert k == 3 and lease.cached_tokens == 7
+    pool.kv[:, src] = 1.0
+    pool.copy_prefix(src, dst, k)  # what the engine does with copy_from
+    assert pool.kv[0, dst, :, :3].eq(1.0).all() and pool.kv[0, dst, :, 3].eq(0.0).all()
+    cache.release(lease)
     cache.check(idle=True)

@@ -86,6 +86,11 @@ def test_allocator_and_pool_bounds() -> None:
         "cpu",
     )
     assert KVPool.from_budget(shape, page_size=4, budget_bytes=per_page, dtype="fp16").num_pages == 1
+    # the device it was asked for (meta: shapes only, so this runs without an accelerator)
+    assert (
+        KVPool.from_budget(shape, page_size=4, budget_bytes=per_page, dtype="fp16", device="meta").kv.device.type
+        == "meta"
+    )
     with pytest.raises(ValueError, match="holds no page"):
         KVPool.from_budget(shape, page_size=4, budget_bytes=per_page - 1, dtype="fp16")
     for slots in (0, 5):

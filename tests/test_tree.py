@@ -407,3 +407,35 @@ def test_partial_tails_under_eviction_locks_pins_flush_and_namespaces() -> None:
     assert tree.match(seq(5, 5, 5)).tokens == 0 and tree.match(seq(5, 5, 5), "other").tokens == 3
     assert sorted(tree.flush()) == [5, 9] and tree.partial_pages == 0 and tree.cached_pages == 0
     tree.check()
+
+
+class RecordingSink:
+    """An event sink that keeps what the tree reports, in order."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple] = []
+
+    def stored(self, namespace: str, after: int | None, pages: list[int], key: bytes) -> None:
+        self.events.append(("stored", namespace, after, list(pages), key))
+
+    def removed(self, pages: list[int]) -> None:
+        self.events.append(("removed", list(pages)))
+
+    def cleared(self, namespace: str) -> None:
+        self.events.append(("cleared", namespace))
+
+
+def test_a_tail_regrown_inside_its_first_page_stays_a_partial_child_after_its_parent() -> None:
+    tree, sink = RadixTree(4), RecordingSink()
+    tree.set_event_sink(sink)
+    edge = tree.insert(seq(*range(1, 13)), [0, 1, 2]).node  # three whole pages
+    tail = tree.insert(seq(*range(1, 14)), [0, 1, 2, 5], partial=True).node  # tail [13] below them
+    assert tail.parent is edge and edge.partial_children == 1 and tail.tail == 1
+    d = tree.insert(seq(*range(1, 15)), [0, 1, 2, 6], partial=True)  # a longer tail [13 14]: replaces it
+    assert d.replaced == [5] and d.node is tail and tail.pages == [6] and tail.tail == 2
+    assert edge.partial_children == 1 and tree.partial_pages == 1 and tree.cached_pages == 4
+    # what replaces the tail continues the edge's last page: a consumer chains its page hashes from there
+    assert sink.events[-1] == ("stored", "", 2, [6], seq(13, 14))
+    m = tree.match(seq(*range(1, 15), 99))
+    assert m.pages == [0, 1, 2] and (m.partial_page, m.partial_tokens) == (6, 2)
+    tree.check()
