@@ -1,6 +1,6 @@
 import pytest
 
-from radixcache.cache import CacheFullError, PrefixCache
+from radixcache.cache import CacheFullError, PinBudgetError, PrefixCache
 from radixcache.keys import encode
 from radixcache.pool import KVPool, KVShape
 
@@ -512,4 +512,39 @@ def test_a_regrown_tail_is_copied_by_whole_token_slots() -> None:
     pool.copy_prefix(src, dst, k)  # what the engine does with copy_from
     assert pool.kv[0, dst, :, :3].eq(1.0).all() and pool.kv[0, dst, :, 3].eq(0.0).all()
     cache.release(lease)
+    cache.check(idle=True)
+
+
+def test_the_pin_budget_is_exact_counts_every_node_of_the_path_and_pins_nothing_when_refused() -> None:
+    cache = PrefixCache(8, 2, max_pinned_pages=2)
+    serve(cache, "a", [1, 2, 3, 4, 5, 6])
+    serve(cache, "b", [1, 2, 3, 4, 9, 9])  # [1 2 3 4] -> {[5 6], [9 9]}: the path to [5 6] is two nodes
+    with pytest.raises(PinBudgetError) as refused:
+        cache.pin([1, 2, 3, 4, 5, 6])
+    assert "pinning 3 more pages would hold 3 pinned pages; the pin budget (--max-pinned) is 2 of the 8" in str(
+        refused.value
+    )
+    assert cache.pinned_pages() == 0  # nothing pinned
+    assert cache.pin([1, 2, 3, 4]) == 4  # exactly the budget: allowed
+    assert cache.pin([1, 2, 3, 4], ttl=10) == 4  # pinned already: costs nothing, always allowed
+    with pytest.raises(PinBudgetError):
+        cache.pin([1, 2, 3, 4, 9, 9])  # one more page than the budget
+    serve(cache, "c", [1, 2, 3, 4], namespace="t")
+    with pytest.raises(PinBudgetError):
+        cache.pin([1, 2, 3, 4], "t")  # another namespace's pages are new pins
+    with pytest.raises(ValueError, match="ttl must be > 0 seconds"):
+        cache.pin([1, 2, 3, 4, 9, 9], ttl=0)  # a bad ttl is named before the budget is looked at
+    assert PrefixCache(8, 2, max_pinned_pages=100).max_pinned_pages == 8  # clamped to the pool
+    assert PrefixCache(8, 2, max_pinned_pages=-1).max_pinned_pages == 0
+    cache.check(idle=True)
+
+
+def test_pins_leave_the_pages_promised_to_running_requests() -> None:
+    cache = PrefixCache(8, 2)  # the pin budget is the whole pool
+    serve(cache, "a", list(range(16)))  # 8 whole pages: the whole pool
+    with pytest.raises(PinBudgetError, match="leaving fewer than the 6 pages a running request was promised"):
+        cache.pin(list(range(6)), keep_unpinned=6)  # 3 pinned would leave 5 of 8
+    assert cache.pinned_pages() == 0
+    assert cache.pin(list(range(6)), keep_unpinned=5) == 6  # leaves exactly 5
+    assert cache.pin(list(range(16))) == 16  # no promise: every page may be pinned
     cache.check(idle=True)

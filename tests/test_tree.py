@@ -439,3 +439,20 @@ def test_a_tail_regrown_inside_its_first_page_stays_a_partial_child_after_its_pa
     m = tree.match(seq(*range(1, 15), 99))
     assert m.pages == [0, 1, 2] and (m.partial_page, m.partial_tokens) == (6, 2)
     tree.check()
+
+
+def test_pins_follow_a_path_of_three_nodes_and_never_cut_a_partial_tail() -> None:
+    tree = RadixTree(2)
+    tree.insert(seq(1, 2, 3, 4, 5, 6), [0, 1, 2])
+    tree.insert(seq(1, 2, 3, 4, 9, 9), [0, 1, 3])
+    tree.insert(seq(1, 2, 8, 8), [0, 4])  # [1 2] -> {[3 4] -> {[5 6], [9 9]}, [8 8]}
+    assert tree.pinned_on_path(seq(1, 2, 3, 4, 5, 6)) == (0, 3)
+    assert tree.pin(seq(1, 2, 3, 4, 5, 6, 7)) == 6 and tree.pinned_pages == 3
+    assert tree.pinned_on_path(seq(1, 2, 3, 4, 9, 9)) == (2, 1)
+    tail = tree.insert(seq(1, 2, 8, 8, 7), [0, 4, 5], partial=True).node  # a tail [7] below [8 8]
+    assert tail.tail == 1
+    assert tree.pin(seq(1, 2, 8, 8, 7)) == 4  # whole pages only: the tail is neither pinned nor split
+    assert tree.pinned_pages == 4 and tail.pages == [5] and tail.pin_until is None
+    assert tree.unpin(seq(1, 2, 8, 8, 7)) == 4  # [1 2] and [8 8]; [3 4] and [5 6] stay pinned
+    assert tree.pinned_pages == 2
+    tree.check()
