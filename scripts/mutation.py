@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -60,6 +61,8 @@ PYTEST_ARGS = [
     "-k",
     "not test_dispatcher_and_module_entry_point",
 ]
+# Imported once by a worker target's fork server (see prepare): nothing here may start a thread at import.
+PRELOAD = ["torch", "numpy", "sortedcontainers", "hypothesis", "pytest_timeout"]
 GOAL = {"radixcache": 0.90, "validation": 0.90}  # others: 0.80
 # A timeout is not counted as a kill: in a forked gRPC process a hang may be the fork's, not the mutant's.
 KILLED = {"killed", "caught by type check"}
@@ -86,14 +89,17 @@ def prepare(target: str) -> Path:
     tests_present = [f"tests/{t}" for t in tests if (ROOT / "tests" / t).exists()]
     only = [m.replace("worker/", "radixcache/worker/") for m in mutate]
     never = NOT_MUTATED + ([] if any(m.startswith("worker/") for m in mutate) else ["radixcache/worker/*"])
-    # gRPC and torch do not survive a fork of a process that already started them (segfaults, hangs): a worker
-    # target forks from a bare fork server and imports them afresh for every mutant (slower, but decided).
-    # Importing them afresh costs CPU seconds that mutmut's time limit (made from the tests' durations) leaves out.
-    isolation = (
-        ""
-        if target not in WORKER_TARGETS
-        else ('process_isolation = "forkserver"\nforkserver_warmup = "none"\ntimeout_constant = 10.0\n')
-    )
+    # gRPC does not survive a fork of a process that already started it (its threads are gone: hangs, segfaults):
+    # a worker target forks every mutant from a fork server that has imported only modules that start no thread
+    # (PRELOAD: torch alone is ~1.6 s a mutant), so each mutant still imports gRPC and starts its servers afresh.
+    # That import and start-up cost CPU seconds mutmut's time limit (made from the tests' durations) leaves out.
+    isolation = ""
+    if target in WORKER_TARGETS:
+        (here / "preload.txt").write_text("\n".join(PRELOAD) + "\n")
+        isolation = (
+            'process_isolation = "forkserver"\nforkserver_warmup = "import"\npreload_modules_file = "preload.txt"\n'
+            "timeout_constant = 10.0\n"
+        )
     config = (
         "\n[tool.mutmut]\n"
         f"{isolation}"
@@ -145,10 +151,14 @@ def run(target: str, max_children: int, retest: bool) -> int:
             print(f"   retesting {n} mutants that no test killed last time", flush=True)
     print(f"== mutmut: {target} in {here.relative_to(ROOT)}", flush=True)
     # mutmut redraws a progress line many times a second: keep only its summary lines on the terminal.
+    # One OpenMP thread: mutmut forks each mutant from a process that has already run torch, and a forked child
+    # blocks forever in a thread pool its parent started (the mutant then "times out" on the wall clock).
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     with open(here / "mutmut.log", "w") as log:
         proc = subprocess.run(
             [sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children)],
             cwd=here,
+            env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
         )

@@ -72,6 +72,8 @@ def test_partial_hit_is_dropped_when_no_page_can_be_allocated() -> None:
     serve(cache, "a", [1, 2, 3, 4])
     lease = cache.acquire("b", [1, 2, 3, 9], max_cached=3)  # would copy page 2, but both pages are its path
     assert lease.cached_tokens == 2 and lease.copy_from is None and len(lease.pages) == 1
+    assert cache.tree.protected_pages == 1  # only the whole page it reads stays locked, not the one not copied
+    assert (cache.stats().hit_tokens, cache.stats().copied_tokens) == (2, 0)
     cache.check()
     cache.release(lease)
     cache.check(idle=True)
@@ -113,8 +115,13 @@ def test_release_is_idempotent_and_a_released_lease_is_dead() -> None:
         cache.publish(lease, [1])
     cache.check(idle=True)
     assert cache.stats().pages_cached == 3 and cache.stats().pages_free == 5
-    with pytest.raises(ValueError, match="owner"):
+    with pytest.raises(ValueError, match="a lease needs an owner"):
         cache.acquire("", [1])
+    foreign = PrefixCache(8, 1).acquire("r2", [1])
+    with pytest.raises(ValueError, match="r2.* belongs to another cache"):
+        cache.allocate(foreign, 1)
+    with pytest.raises(ValueError, match="cannot allocate a negative number of pages"):
+        cache.allocate(cache.acquire("r3", [1]), -1)
 
 
 def test_publish_more_tokens_than_pages_is_refused() -> None:
@@ -139,11 +146,12 @@ def test_allocate_evicts_lru_and_fails_cleanly_when_full() -> None:
     reader = cache.acquire("reader", [3, 4, 0], max_cached=2)  # locks [3, 4]
     assert reader.cached_tokens == 2
     before = (cache.stats(), sorted(cache.tree.items()), list(lease.pages))
-    with pytest.raises(CacheFullError, match=r"needs 5 pages but has 0 free and 2 evictable"):
+    with pytest.raises(CacheFullError, match=r"needs 5 pages but has 0 free and 2 evictable \(of 6; 2 cached pages"):
         cache.allocate(lease, 5)
     assert (cache.stats(), sorted(cache.tree.items()), list(lease.pages)) == before  # nothing changed
     assert cache.available_pages() == 2
     cache.allocate(lease, 2)  # evicts [5, 6], never the locked [3, 4]
+    assert cache.stats().evicted_pages == 4  # counted over both allocations
     assert cache.match_length([3, 4]) == 2 and cache.match_length([5, 6]) == 0
     cache.check()
     cache.release(lease)
@@ -485,6 +493,7 @@ def test_copied_keeps_exactly_the_whole_pages_read_locked() -> None:
     serve(cache, "c", [1, 2, 3, 4, 70, 71, 72])  # [1 2 3 4] now branches
     lease = cache.acquire("d", [1, 2, 3, 4, 70, 99], max_cached=5)
     assert lease.copy_from is not None and lease.copy_from[2] == 1
+    assert cache.tree.protected_pages == 3  # the whole pages read and the source page, not the child's tail
     cache.copied(lease)
     assert cache.tree.protected_pages == 2
     assert cache.evict(100) > 0 and cache.match_length([1, 2, 3, 4]) == 4  # what it reads stays cached
@@ -548,3 +557,45 @@ def test_pins_leave_the_pages_promised_to_running_requests() -> None:
     assert cache.pin(list(range(6)), keep_unpinned=5) == 6  # leaves exactly 5
     assert cache.pin(list(range(16))) == 16  # no promise: every page may be pinned
     cache.check(idle=True)
+
+
+def test_extend_adopts_in_steps_in_its_namespace_and_counts_every_page() -> None:
+    cache = PrefixCache(16, 2)
+    prompt = list(range(8))
+    first = cache.acquire("first", prompt, "t")
+    second = cache.acquire("second", prompt, "t")
+    cache.allocate(first, 4)
+    cache.publish(first, prompt[:2])
+    assert cache.extend(second, prompt[:2]) == 2  # exactly one more whole page: adopted
+    cache.publish(first, prompt[:6])
+    assert cache.extend(second, prompt) == 4 and second.pages == first.pages[:3]
+    assert cache.stats().extended_pages == 3
+    cache.allocate(second, 1)
+    assert cache.publish(second, prompt) == 1  # it goes on from the adopted pages
+    other = cache.acquire("other", prompt)  # namespace "": nothing of t's
+    assert cache.extend(other, prompt) == 0 and other.pages == []
+    for lease in (first, second, other):
+        cache.release(lease)
+    cache.check(idle=True)
+
+
+def test_evict_counts_every_page_it_frees() -> None:
+    cache = PrefixCache(8, 1)
+    serve(cache, "a", [1, 2, 3])
+    assert cache.evict(1) == 1 and cache.evict(1) == 1
+    assert cache.stats().evicted_pages == 2
+
+
+def test_a_lookup_is_counted_once_with_its_copied_tokens() -> None:
+    cache = PrefixCache(8, 2)
+    serve(cache, "a", [1, 2, 3, 4, 5])
+    lease = cache.acquire("b", [1, 2, 3, 9], count=False)
+    assert lease.copy_from is not None
+    cache.count_lookup(lease)
+    cache.count_lookup(lease)
+    s = cache.stats()
+    assert (s.queried_tokens, s.hit_tokens, s.copied_tokens) == (9, 3, 1)
+    cache.release(lease)
+    off = PrefixCache(8, 2, enabled=False)
+    off.release(off.acquire("c", [1, 2, 3]))
+    assert (off.stats().queried_tokens, off.stats().hit_tokens, off.stats().copied_tokens) == (3, 0, 0)
