@@ -15,7 +15,7 @@ import pytest
 
 from radixcache.cache import Lease, PrefixCache
 from radixcache.keys import encode
-from radixcache.lru import RECENT
+from radixcache.lru import RECENT, order_key
 from radixcache.node import Node
 from radixcache.pages import PageAllocator
 from radixcache.tree import RadixTree
@@ -111,6 +111,10 @@ TREE_CORRUPTIONS = {
     "partial pages miscounted": (lambda t, n: setattr(t, "partial_pages", 0), "counters"),
     "a locked node listed as evictable": (set_("locked", "ev_key", RECENT), "listed as evictable but is not"),
     "a leaf listed at a stale place": (set_("leaf", "ev_key", 12345), "listed at a stale place"),
+    "a leaf keyed for the sorted list but not in it": (
+        lambda t, n: setattr(n["leaf"], "ev_key", order_key(n["leaf"])),
+        "listed at a stale place",
+    ),
     "an evictable leaf not listed": (lambda t, n: t._lru.remove(n["leaf"]), "evictable node .* is not listed"),
     "a pin expiry not listed": (lambda t, n: t._expiry.clear(), "pin expiry list out of sync"),
     "an expiry of no pin listed": (lambda t, n: t._expiry.add((5.0, 999)), "pin expiry list out of sync"),

@@ -3,7 +3,7 @@ import random
 
 import pytest
 
-from radixcache.keys import decode, encode
+from radixcache.keys import common_prefix, decode, encode
 from radixcache.tree import RadixTree
 
 
@@ -456,3 +456,34 @@ def test_pins_follow_a_path_of_three_nodes_and_never_cut_a_partial_tail() -> Non
     assert tree.unpin(seq(1, 2, 8, 8, 7)) == 4  # [1 2] and [8 8]; [3 4] and [5 6] stay pinned
     assert tree.pinned_pages == 2
     tree.check()
+
+
+def test_common_prefix_counts_bytes_up_to_the_first_difference() -> None:
+    assert common_prefix(seq(1, 2, 3), seq(1, 2, 3)) == 12
+    assert common_prefix(seq(1, 2, 3), seq(1, 2)) == 8  # one is a prefix of the other
+    assert common_prefix(seq(1, 2, 3), seq(1, 2, 4)) == 11  # differ in the last byte of the third token
+    assert common_prefix(seq(1, 0), seq(1, 128)) == 7  # the highest bit of a byte
+    assert common_prefix(seq(1, 2**24), seq(1, 0)) == 4  # the first byte of the second token
+    assert common_prefix(seq(7), seq(7 + 2**31)) == 0
+    assert common_prefix(b"", seq(1)) == 0
+
+
+def test_the_oldest_leaf_is_evicted_when_only_the_sorted_list_holds_leaves() -> None:
+    tree = RadixTree(1)
+    a = tree.insert(seq(1), [0]).node
+    b = tree.insert(seq(2), [1]).node
+    tree.lock(a)
+    tree.unlock(a)  # evictable again with an access older than b's: listed in the sorted list
+    tree.lock(b)  # the recent list is now empty
+    assert len(tree._lru.recent) == 0 and len(tree._lru.ordered) == 1
+    assert tree.evict(1) == [0]
+    tree.check()
+
+
+def test_a_flush_of_every_namespace_reports_each_cleared_namespace() -> None:
+    tree, sink = RadixTree(1), RecordingSink()
+    tree.insert(seq(1, 2), [0, 1])
+    tree.insert(seq(1, 2), [2, 3], "t")
+    tree.set_event_sink(sink)
+    assert sorted(tree.flush()) == [0, 1, 2, 3]
+    assert sorted(e for e in sink.events if e[0] == "cleared") == [("cleared", ""), ("cleared", "t")]
