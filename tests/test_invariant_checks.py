@@ -191,15 +191,32 @@ CACHE_CORRUPTIONS = {
     "a released lease still registered": (lambda c, n: setattr(reader(c), "released", True), "is released but still"),
     "a lease reading an unlocked node": (
         lambda c, n: (setattr(n["leaf"], "lock", 0), reader(c).pages.append(n["leaf"].pages[0])),
-        "reads page .* in unlocked node",
+        "lease of 'reader' reads page .* in unlocked node",
     ),
-    "a lease locking an evicted node": (lambda c, n: setattr(reader(c), "_node", evicted()), "locks evicted node"),
-    "a lease locking another namespace": (lambda c, n: setattr(reader(c), "namespace", "b"), "locks a node of another"),
+    "a lease locking an evicted node": (
+        lambda c, n: setattr(reader(c), "_node", evicted()),
+        "lease of 'reader' locks evicted node",
+    ),
+    "a lease locking another namespace": (
+        lambda c, n: setattr(reader(c), "namespace", "b"),
+        "lease of 'reader' \\(namespace 'b'\\) locks a node of another namespace",
+    ),
     "a lock no lease holds": (lambda c, n: setattr(reader(c), "_node", None), "1 locks recorded, 0 leases hold one"),
-    "a leaked page": (lambda c, n: c.allocator.incref([n["leaf"].pages[0]]), "refcount 2 but 1 holders .*leaked page"),
+    "a lock recorded twice": (
+        lambda c, n: (setattr(n["locked"], "own_locks", 2), c.tree._adjust(n["locked"], 1, 0)),
+        "2 locks recorded, 1 leases hold one",
+    ),
+    "a private page leaked": (
+        lambda c, n: c.allocator.alloc(1),  # a page taken from the free list that nobody holds
+        r"refcount 1 but 0 holders \(not the tree; leases: \[\]\); leaked page",
+    ),
+    "a leaked page": (
+        lambda c, n: c.allocator.incref([n["leaf"].pages[0]]),
+        r"refcount 2 but 1 holders \(the tree; leases: \[\]\); leaked page",
+    ),
     "a lost reference": (
         lambda c, n: c.allocator._refcounts.__setitem__(n["locked"].pages[0], 1),
-        "refcount 1 but 2 holders .* a holder lost its reference",
+        r"refcount 1 but 2 holders \(the tree; leases: \['reader'\]\); a holder lost its reference",
     ),
 }
 
