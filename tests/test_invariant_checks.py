@@ -100,6 +100,10 @@ TREE_CORRUPTIONS = {
         ),  # fmt: skip
         "too many stale sorted keys",
     ),
+    "a sorted key listed twice": (
+        lambda t, n: n["trunk"].sorted_keys.insert(0, n["trunk"].sorted_keys[0]),
+        "keys",
+    ),
     "sorted keys on a leaf": (set_("leaf", "sorted_keys", []), "has sorted keys but no children"),
     "lock count wrong": (set_("locked", "lock", 2), "lock 1, locks below 2"),  # named at the parent
     "own lock not counted": (set_("leaf", "own_locks", 1), "lock 0, locks below 1"),
@@ -224,3 +228,11 @@ CACHE_CORRUPTIONS = {
 @pytest.mark.parametrize("case", CACHE_CORRUPTIONS)
 def test_the_cache_check_names_each_broken_invariant(case: str) -> None:
     corrupt_cache(*CACHE_CORRUPTIONS[case])
+
+
+def test_stale_sorted_keys_up_to_the_bound_are_healthy() -> None:
+    cache, nodes = healthy()
+    trunk = nodes["trunk"]
+    stale = [encode([90 + i, 0]) for i in range(2 * len(trunk.children) + 8 - len(trunk.sorted_keys))]
+    trunk.sorted_keys = sorted(trunk.sorted_keys + stale)  # exactly 2 x children + 8: evicted children's keys
+    cache.check()
