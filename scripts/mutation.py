@@ -43,9 +43,9 @@ TARGETS: dict[str, tuple[list[str], list[str]]] = {
             "test_invariant_checks.py",
         ],  # fmt: skip
     ),
-    "validation": (["worker/validation.py"], ["test_server_fake.py", "test_wire_promises.py"]),
+    "validation": (["worker/validation.py"], ["test_validation.py", "test_server_fake.py", "test_wire_promises.py"]),
     "sequence": (["worker/sequence.py"], ["test_sampling.py", "test_engine.py", "test_wire_promises.py"]),
-    "scheduler": (["worker/scheduler.py"], ["test_engine.py", "test_engine_soak.py"]),
+    "scheduler": (["worker/scheduler.py"], ["test_engine.py", "test_engine_capacity.py", "test_engine_soak.py"]),
     "servicer": (["worker/servicer.py"], ["test_server_fake.py", "test_wire_promises.py"]),
 }
 WORKER_TARGETS = {"validation", "sequence", "scheduler", "servicer"}
