@@ -487,3 +487,36 @@ def test_a_flush_of_every_namespace_reports_each_cleared_namespace() -> None:
     tree.set_event_sink(sink)
     assert sorted(tree.flush()) == [0, 1, 2, 3]
     assert sorted(e for e in sink.events if e[0] == "cleared") == [("cleared", ""), ("cleared", "t")]
+
+
+def test_a_match_that_diverges_inside_a_deeper_edge_keeps_the_whole_path() -> None:
+    tree = RadixTree(2)
+    upper = tree.insert(seq(1, 2, 3, 4), [0, 1]).node
+    lower = tree.insert(seq(1, 2, 3, 4, 5, 6, 7, 8), [0, 1, 2, 3]).node
+    assert lower.parent is upper and lower.pages == [2, 3]
+    m = tree.match(seq(1, 2, 3, 4, 5, 6, 9, 9))
+    assert m.pages == [0, 1, 2] and m.node is lower and m.node_pages == 1 and m.tokens == 6
+    m = tree.match(seq(1, 2, 3, 4, 5, 6, 7, 9))  # and a partial page after that
+    assert m.pages == [0, 1, 2] and (m.partial_page, m.partial_tokens) == (3, 1)
+    miss = tree.match(seq(8, 8))
+    assert miss.pages == [] and miss.node is None and miss.tokens == 0
+
+
+def test_insert_takes_whole_pages_unless_told_the_key_ends_in_a_partial_one() -> None:
+    tree = RadixTree(2)
+    with pytest.raises(ValueError, match="^2 pages need 4 tokens, the key has 3$"):
+        tree.insert(seq(1, 2, 3), [0, 1])  # not partial by default
+    assert tree.cached_pages == 0
+    r = tree.insert(seq(1, 2, 3, 4, 5), [0, 1])  # tokens beyond the pages are not stored
+    assert r.new_pages == [0, 1] and tree.match(seq(1, 2, 3, 4, 5)).tokens == 4 and tree.partial_pages == 0
+    tree.check()
+
+
+def test_a_partial_key_covered_by_a_sibling_page_stores_nothing() -> None:
+    tree = RadixTree(4)
+    parent = tree.insert(seq(1, 2, 3, 4), [0]).node
+    tree.insert(seq(1, 2, 3, 4, 5, 6, 7, 8), [0, 1])
+    assert parent.partial_children == 0
+    d = tree.insert(seq(1, 2, 3, 4, 5, 6), [0, 9], partial=True)  # [5 6] is the start of the cached [5 6 7 8]
+    assert d.new_pages == [] and d.duplicates == [9] and tree.partial_pages == 0 and len(parent.children) == 1
+    tree.check()
