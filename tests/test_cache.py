@@ -601,18 +601,18 @@ def test_a_lookup_is_counted_once_with_its_copied_tokens() -> None:
     assert (off.stats().queried_tokens, off.stats().hit_tokens, off.stats().copied_tokens) == (3, 0, 0)
 
 
-def test_a_running_request_publishes_through_a_tail_stored_in_the_same_edge() -> None:
+def test_a_request_that_recomputes_publishes_through_a_tail_stored_in_the_same_edge() -> None:
     cache = PrefixCache(16, 4)
     turn1 = list(range(10))
     serve(cache, "t1", turn1)  # published at release only: one edge of two whole pages and the tail [8 9]
     (edge,) = cache.tree._roots[""].children.values()
     assert edge.tail == 2 and len(edge.pages) == 3
+    cached = edge.pages[:2]
     turn2 = turn1 + [10, 11, 12]
-    lease = cache.acquire("t2", turn2)
-    assert lease.cached_tokens == 10
-    cache.copied(lease)
-    cache.allocate(lease, 1)
-    assert cache.publish(lease, turn2[:12]) == 1  # its whole third page replaces the tail, while it runs
+    lease = cache.acquire("t2", turn2, max_cached=0)  # reads nothing cached (as acquire never cuts the edge)
+    cache.allocate(lease, 4)
+    assert cache.publish(lease, turn2[:12]) == 1  # its third page replaces the tail while it runs
+    assert lease.pages[:2] == cached  # the two it computed again are swapped for the tree's, freeing its copies
     assert cache.tree.match(list_key(turn2[:12])).pages == lease.pages[:3] and cache.stats().pages_partial == 0
     cache.check()
     cache.release(lease, turn2)
