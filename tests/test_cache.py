@@ -513,6 +513,11 @@ def test_a_regrown_tail_is_copied_by_whole_token_slots() -> None:
     cache = PrefixCache(16, 4)
     pool = KVPool(KVShape(1, 1, 1), page_size=4, num_pages=16)
     serve(cache, "t1", [0, 1, 2, 3, 4])  # a whole page and a tail of 1
+    first = cache.acquire("t1b", [0, 1, 2, 3, 4, 9])
+    src, dst, k = first.copy_from
+    pool.copy_prefix(src, dst, k)  # a tail as first stored is copied by whole slots too
+    assert k == 1 and first.cached_tokens == 5
+    cache.release(first)
     serve(cache, "t2", [0, 1, 2, 3, 4, 5, 6])  # a longer tail replaces it, in place
     lease = cache.acquire("t3", [0, 1, 2, 3, 4, 5, 6, 9])
     src, dst, k = lease.copy_from

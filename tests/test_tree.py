@@ -520,3 +520,15 @@ def test_a_partial_key_covered_by_a_sibling_page_stores_nothing() -> None:
     d = tree.insert(seq(1, 2, 3, 4, 5, 6), [0, 9], partial=True)  # [5 6] is the start of the cached [5 6 7 8]
     assert d.new_pages == [] and d.duplicates == [9] and tree.partial_pages == 0 and len(parent.children) == 1
     tree.check()
+
+
+def test_a_partial_key_ending_inside_a_deeper_edge_is_covered_without_a_split() -> None:
+    tree = RadixTree(4)
+    tree.insert(seq(1, 2, 3, 4), [0])
+    lower = tree.insert(seq(*range(1, 13)), [0, 1, 2]).node  # [5 .. 12] below [1 2 3 4]
+    before = snapshot(tree)
+    d = tree.insert(seq(*range(1, 11)), [0, 1, 7], partial=True)  # ends 2 tokens into the edge's second page
+    assert d.new_pages == [] and d.duplicates == [7] and d.node is lower
+    assert snapshot(tree) == before
+    with pytest.raises(ValueError, match="page_size must be >= 1, got 0"):
+        RadixTree(0)
