@@ -19,6 +19,7 @@ from radixcache.worker.validation import (
     PromptInput,
     SamplingValues,
     check_prompt_input,
+    check_request_id,
     check_ttl,
     render_prompt,
     sampling_params,
@@ -129,3 +130,32 @@ def test_bytes_per_token_bound_by_tokenizer_kind():
     nfkc = HFTokenizer(models.BPE(byte_fallback=True))
     nfkc.normalizer = normalizers.NFKC()  # U+1D400 (4 bytes) -> "A"
     assert bytes_per_token_bound(nfkc) == 16
+
+
+def test_size_bounds_are_exact() -> None:
+    """A prompt exactly at a bound is accepted and one past it refused: text bytes, chat content, message count."""
+    limits = ModelLimits(vocab_size=100, context_length=11, max_bytes_per_token=2)  # 10 prompt tokens, 20 bytes
+    tok = DEFAULT_TOKENIZER
+    assert check_prompt_input(PromptInput(text="a" * 19), tok, limits) == 10  # ceil(19 / 2) tokens at least
+    assert check_prompt_input(PromptInput(text="é" * 10), tok, limits) == 10  # 20 bytes
+    with invalid("text has at least 21 bytes, so at least 11 tokens"):
+        check_prompt_input(PromptInput(text="a" * 21), tok, limits)
+    chat = [{"role": "user", "content": "a" * 10}, {"role": "assistant", "content": "b" * 10}]
+    assert check_prompt_input(PromptInput(messages=chat), tok, limits) == 1  # 20 bytes of content in all
+    with invalid("messages hold at least 21 bytes of content"):
+        check_prompt_input(PromptInput(messages=chat + [{"role": "user", "content": "c"}]), tok, limits)
+    many = [{"role": "user", "content": ""}] * 10  # at most one message per prompt token
+    assert check_prompt_input(PromptInput(messages=many), tok, limits) == 1
+    with invalid("messages must hold at most 10 messages, got 11"):
+        check_prompt_input(PromptInput(messages=many + many[:1]), tok, limits)
+    unbounded = ModelLimits.of(object(), vocab_size=100, context_length=11)  # a tokenizer with no bytes bound
+    assert unbounded.max_bytes_per_token is None and unbounded.max_prompt_bytes is None
+    assert check_prompt_input(PromptInput(text="a" * 1000), tok, unbounded) == 1  # checked after tokenizing
+
+
+def test_a_pin_ttl_of_zero_and_a_request_id_that_is_not_unicode_are_named() -> None:
+    with invalid("ttl_seconds must be > 0 and finite"):
+        check_ttl(0)
+    check_ttl(0.001)
+    with invalid("request_id is not valid Unicode"):
+        check_request_id("abc\ud800")
