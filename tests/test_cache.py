@@ -470,7 +470,7 @@ def test_pinned_pages_counts_the_pins_a_request_cannot_read() -> None:
     assert cache.pin([1, 2, 3, 4]) == 4 and cache.pin([7, 8]) == 2 and cache.pin([1, 2], "t") == 2
     assert cache.pinned_pages() == 4  # everything pinned, in every namespace
     assert cache.pinned_pages([1, 2, 3, 4, 6]) == 2  # its own prefix's 2 pinned pages it can read
-    assert cache.pinned_pages([1, 2, 6], "t") == 3  # only t's pinned page is on its path
+    assert cache.pinned_pages([1, 2, 3, 4, 6], "t") == 3  # only t's one pinned page is on its path, not ""'s two
     assert cache.pinned_pages([5, 5, 5]) == 4  # shares nothing
     cache.unpin([1, 2, 3, 4])
     assert cache.pinned_pages() == 2 and cache.pinned_pages([1, 2, 3, 4]) == 2
