@@ -13,6 +13,7 @@ from tokenizers import models, normalizers, pre_tokenizers
 from radixcache.worker.cli import char_tokenizer
 from radixcache.worker.default_model import __file__ as default_model_file
 from radixcache.worker.model.tokenizer import Tokenizer, bytes_per_token_bound
+from radixcache.worker.request import Constraint
 from radixcache.worker.validation import (
     InvalidArgument,
     ModelLimits,
@@ -21,6 +22,7 @@ from radixcache.worker.validation import (
     check_prompt_input,
     check_request_id,
     check_ttl,
+    constraint,
     render_prompt,
     sampling_params,
     tokenize_prompt,
@@ -159,3 +161,16 @@ def test_a_pin_ttl_of_zero_and_a_request_id_that_is_not_unicode_are_named() -> N
     check_ttl(0.001)
     with invalid("request_id is not valid Unicode"):
         check_request_id("abc\ud800")
+
+
+def test_a_constraint_is_passed_on_as_given_and_a_bad_one_is_named() -> None:
+    assert constraint(None) is None
+    assert constraint("json_object") == Constraint("json_object", "")
+    assert constraint("regex", "[a-z]+") == Constraint("regex", "[a-z]+")
+    assert constraint("json_schema", '{"type": "object"}') == Constraint("json_schema", '{"type": "object"}')
+    with invalid("regex must not be empty"):
+        constraint("regex")
+    with invalid("json_schema is not valid JSON"):
+        constraint("json_schema", "{")
+    with invalid("json_schema must be a JSON object, got a JSON list"):
+        constraint("json_schema", "[1]")
