@@ -43,10 +43,13 @@ TARGETS: dict[str, tuple[list[str], list[str]]] = {
             "test_invariant_checks.py",
         ],  # fmt: skip
     ),
-    "validation": (["worker/validation.py"], ["test_validation.py", "test_server_fake.py", "test_wire_promises.py"]),
-    "sequence": (["worker/sequence.py"], ["test_sampling.py", "test_engine.py", "test_wire_promises.py"]),
+    # test_wire_promises (a real model behind a real server: several seconds a mutant, and each survivor waits out
+    # its cancel/deadline bounds) is left out: on one core it made each worker target a run of hours. The scores of
+    # these targets are therefore lower bounds; the wire tests still run in `make test`.
+    "validation": (["worker/validation.py"], ["test_validation.py", "test_server_fake.py"]),
+    "sequence": (["worker/sequence.py"], ["test_sampling.py", "test_engine.py"]),
     "scheduler": (["worker/scheduler.py"], ["test_engine.py", "test_engine_capacity.py", "test_engine_soak.py"]),
-    "servicer": (["worker/servicer.py"], ["test_server_fake.py", "test_wire_promises.py"]),
+    "servicer": (["worker/servicer.py"], ["test_server_fake.py"]),
 }
 WORKER_TARGETS = {"validation", "sequence", "scheduler", "servicer"}
 NOT_MUTATED = ["radixcache/v1/*", "radixcache/cli.py", "radixcache/__main__.py"]  # stubs and the dispatcher
