@@ -248,3 +248,11 @@ def test_tokenizing_off_the_loop_checks_the_fit_unless_asked_not_to() -> None:
 def test_a_schema_nested_too_deeply_is_named() -> None:
     with invalid("^json_schema is nested too deeply$"):
         constraint("json_schema", "[" * 50000)
+
+
+def test_token_ids_span_the_whole_vocabulary_and_the_first_one_outside_is_named() -> None:
+    assert check_prompt_input(PromptInput(token_ids=[0, 99]), None, SMALL) == 2  # 0 and vocab_size - 1 are tokens
+    with invalid(r"^token_ids.ids\[1\] = 100 is outside the vocabulary \[0, 100\)$"):
+        check_prompt_input(PromptInput(token_ids=[0, 100]), None, SMALL)
+    with invalid(r"^token_ids.ids\[2\] = -1 is outside"):
+        check_prompt_input(PromptInput(token_ids=[0, 5, -1]), None, SMALL)
