@@ -64,7 +64,8 @@ clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache .hypothesis
 
 # Mutation testing (never part of `make test`): per-module scores, survivors under build/mutation/<target>/.
-# Tens of minutes on 2 cores; `make mutation TARGETS="radixcache validation"` runs some; reruns resume.
+# One mutant at a time (hours on one core: radixcache/ under an hour, a worker target longer); `make mutation
+# TARGETS="radixcache validation"` runs some; reruns resume and retest what no test killed before.
 mutation: setup
 	$(PY) -m pip install -q -e ".[mutation]"
 	$(PY) scripts/mutation.py $(TARGETS)

@@ -1,7 +1,8 @@
 import pytest
 
-from radixcache.cache import CacheFullError, PrefixCache
+from radixcache.cache import CacheFullError, PinBudgetError, PrefixCache
 from radixcache.keys import encode
+from radixcache.pool import KVPool, KVShape
 
 
 def list_key(tokens) -> bytes:
@@ -71,6 +72,8 @@ def test_partial_hit_is_dropped_when_no_page_can_be_allocated() -> None:
     serve(cache, "a", [1, 2, 3, 4])
     lease = cache.acquire("b", [1, 2, 3, 9], max_cached=3)  # would copy page 2, but both pages are its path
     assert lease.cached_tokens == 2 and lease.copy_from is None and len(lease.pages) == 1
+    assert cache.tree.protected_pages == 1  # only the whole page it reads stays locked, not the one not copied
+    assert (cache.stats().hit_tokens, cache.stats().copied_tokens) == (2, 0)
     cache.check()
     cache.release(lease)
     cache.check(idle=True)
@@ -112,8 +115,13 @@ def test_release_is_idempotent_and_a_released_lease_is_dead() -> None:
         cache.publish(lease, [1])
     cache.check(idle=True)
     assert cache.stats().pages_cached == 3 and cache.stats().pages_free == 5
-    with pytest.raises(ValueError, match="owner"):
+    with pytest.raises(ValueError, match="a lease needs an owner"):
         cache.acquire("", [1])
+    foreign = PrefixCache(8, 1).acquire("r2", [1])
+    with pytest.raises(ValueError, match="r2.* belongs to another cache"):
+        cache.allocate(foreign, 1)
+    with pytest.raises(ValueError, match="cannot allocate a negative number of pages"):
+        cache.allocate(cache.acquire("r3", [1]), -1)
 
 
 def test_publish_more_tokens_than_pages_is_refused() -> None:
@@ -138,11 +146,12 @@ def test_allocate_evicts_lru_and_fails_cleanly_when_full() -> None:
     reader = cache.acquire("reader", [3, 4, 0], max_cached=2)  # locks [3, 4]
     assert reader.cached_tokens == 2
     before = (cache.stats(), sorted(cache.tree.items()), list(lease.pages))
-    with pytest.raises(CacheFullError, match=r"needs 5 pages but has 0 free and 2 evictable"):
+    with pytest.raises(CacheFullError, match=r"needs 5 pages but has 0 free and 2 evictable \(of 6; 2 cached pages"):
         cache.allocate(lease, 5)
     assert (cache.stats(), sorted(cache.tree.items()), list(lease.pages)) == before  # nothing changed
     assert cache.available_pages() == 2
     cache.allocate(lease, 2)  # evicts [5, 6], never the locked [3, 4]
+    assert cache.stats().evicted_pages == 4  # counted over both allocations
     assert cache.match_length([3, 4]) == 2 and cache.match_length([5, 6]) == 0
     cache.check()
     cache.release(lease)
@@ -273,6 +282,8 @@ def test_stats_count_hits_use_and_leases() -> None:
     assert s.pages_in_use == 3 and s.live_leases == 1 and cache.leases() == [lease]
     assert s.pages_cached == 3 and s.published_pages == 3 and s.pages_partial == 1  # a's tail [5] too
     assert s.pages_evictable == 1  # the tail: b reads only the whole pages before it
+    assert (s.pages_total, s.max_pinned_pages, s.evictable_leaves, s.namespaces) == (16, 16, 1, 1)
+    assert PrefixCache(16, 2, max_pinned_pages=3).stats().max_pinned_pages == 3
     cache.release(lease)
 
 
@@ -448,4 +459,166 @@ def test_a_lookup_acquired_uncounted_counts_once_when_asked() -> None:
     cache.count_lookup(kept)  # idempotent
     assert (cache.stats().queried_tokens, cache.stats().hit_tokens) == (10, 4)
     cache.release(kept)
+    cache.check(idle=True)
+
+
+def test_pinned_pages_counts_the_pins_a_request_cannot_read() -> None:
+    cache = PrefixCache(16, 2)
+    serve(cache, "a", [1, 2, 3, 4, 5])
+    serve(cache, "b", [7, 8, 9, 10, 11])
+    serve(cache, "c", [1, 2, 3, 4, 5], namespace="t")
+    assert cache.pin([1, 2, 3, 4]) == 4 and cache.pin([7, 8]) == 2 and cache.pin([1, 2], "t") == 2
+    assert cache.pinned_pages() == 4  # everything pinned, in every namespace
+    assert cache.pinned_pages([1, 2, 3, 4, 6]) == 2  # its own prefix's 2 pinned pages it can read
+    assert cache.pinned_pages([1, 2, 3, 4, 6], "t") == 3  # only t's one pinned page is on its path, not ""'s two
+    assert cache.pinned_pages([5, 5, 5]) == 4  # shares nothing
+    cache.unpin([1, 2, 3, 4])
+    assert cache.pinned_pages() == 2 and cache.pinned_pages([1, 2, 3, 4]) == 2
+    assert PrefixCache(4, 2, enabled=False).pinned_pages([1, 2]) == 0
+    cache.check(idle=True)
+
+
+def test_copied_keeps_exactly_the_whole_pages_read_locked() -> None:
+    # the hit ends inside the third page of one long edge: the lock moves from 3 pages to the 2 read whole
+    cache = PrefixCache(16, 2)
+    serve(cache, "a", list(range(1, 10)))  # 4 whole pages and a tail, one edge
+    lease = cache.acquire("b", [1, 2, 3, 4, 5, 99], max_cached=5)
+    src, _, k = lease.copy_from
+    assert k == 1 and cache.tree.protected_pages == 3
+    cache.copied(lease)
+    assert cache.tree.protected_pages == 2 and cache.allocator.refcount(src) == 1  # the tree's reference only
+    cache.check()
+    cache.release(lease)
+    # the hit ends inside the first page of a child: once copied, the lock moves up to the parent's pages
+    serve(cache, "c", [1, 2, 3, 4, 70, 71, 72])  # [1 2 3 4] now branches
+    lease = cache.acquire("d", [1, 2, 3, 4, 70, 99], max_cached=5)
+    assert lease.copy_from is not None and lease.copy_from[2] == 1
+    assert cache.tree.protected_pages == 3  # the whole pages read and the source page, not the child's tail
+    cache.copied(lease)
+    assert cache.tree.protected_pages == 2
+    assert cache.evict(100) > 0 and cache.match_length([1, 2, 3, 4]) == 4  # what it reads stays cached
+    cache.check()
+    cache.release(lease)
+    # under the root: nothing whole is read, nothing stays locked
+    lease = cache.acquire("e", [1, 99], max_cached=1)
+    assert lease.copy_from is not None and lease.cached_tokens == 1
+    cache.copied(lease)
+    assert cache.tree.protected_pages == 0
+    cache.check()
+    cache.release(lease)
+    cache.check(idle=True)
+
+
+def test_a_regrown_tail_is_copied_by_whole_token_slots() -> None:
+    cache = PrefixCache(16, 4)
+    pool = KVPool(KVShape(1, 1, 1), page_size=4, num_pages=16)
+    serve(cache, "t1", [0, 1, 2, 3, 4])  # a whole page and a tail of 1
+    first = cache.acquire("t1b", [0, 1, 2, 3, 4, 9])
+    src, dst, k = first.copy_from
+    pool.copy_prefix(src, dst, k)  # a tail as first stored is copied by whole slots too
+    assert k == 1 and first.cached_tokens == 5
+    cache.release(first)
+    serve(cache, "t2", [0, 1, 2, 3, 4, 5, 6])  # a longer tail replaces it, in place
+    lease = cache.acquire("t3", [0, 1, 2, 3, 4, 5, 6, 9])
+    src, dst, k = lease.copy_from
+    assert k == 3 and lease.cached_tokens == 7
+    pool.kv[:, src] = 1.0
+    pool.copy_prefix(src, dst, k)  # what the engine does with copy_from
+    assert pool.kv[0, dst, :, :3].eq(1.0).all() and pool.kv[0, dst, :, 3].eq(0.0).all()
+    cache.release(lease)
+    cache.check(idle=True)
+
+
+def test_the_pin_budget_is_exact_counts_every_node_of_the_path_and_pins_nothing_when_refused() -> None:
+    cache = PrefixCache(8, 2, max_pinned_pages=2)
+    serve(cache, "a", [1, 2, 3, 4, 5, 6])
+    serve(cache, "b", [1, 2, 3, 4, 9, 9])  # [1 2 3 4] -> {[5 6], [9 9]}: the path to [5 6] is two nodes
+    with pytest.raises(PinBudgetError) as refused:
+        cache.pin([1, 2, 3, 4, 5, 6])
+    assert "pinning 3 more pages would hold 3 pinned pages; the pin budget (--max-pinned) is 2 of the 8" in str(
+        refused.value
+    )
+    assert cache.pinned_pages() == 0  # nothing pinned
+    assert cache.pin([1, 2, 3, 4]) == 4  # exactly the budget: allowed
+    assert cache.pin([1, 2, 3, 4], ttl=10) == 4  # pinned already: costs nothing, always allowed
+    with pytest.raises(PinBudgetError):
+        cache.pin([1, 2, 3, 4, 9, 9])  # one more page than the budget
+    serve(cache, "c", [1, 2, 3, 4], namespace="t")
+    with pytest.raises(PinBudgetError):
+        cache.pin([1, 2, 3, 4], "t")  # another namespace's pages are new pins
+    with pytest.raises(ValueError, match="ttl must be > 0 seconds"):
+        cache.pin([1, 2, 3, 4, 9, 9], ttl=0)  # a bad ttl is named before the budget is looked at
+    assert PrefixCache(8, 2, max_pinned_pages=100).max_pinned_pages == 8  # clamped to the pool
+    assert PrefixCache(8, 2, max_pinned_pages=-1).max_pinned_pages == 0
+    cache.check(idle=True)
+
+
+def test_pins_leave_the_pages_promised_to_running_requests() -> None:
+    cache = PrefixCache(8, 2)  # the pin budget is the whole pool
+    serve(cache, "a", list(range(16)))  # 8 whole pages: the whole pool
+    with pytest.raises(PinBudgetError, match="leaving fewer than the 6 pages a running request was promised"):
+        cache.pin(list(range(6)), keep_unpinned=6)  # 3 pinned would leave 5 of 8
+    assert cache.pinned_pages() == 0
+    assert cache.pin(list(range(6)), keep_unpinned=5) == 6  # leaves exactly 5
+    assert cache.pin(list(range(16))) == 16  # no promise: every page may be pinned
+    cache.check(idle=True)
+
+
+def test_extend_adopts_in_steps_in_its_namespace_and_counts_every_page() -> None:
+    cache = PrefixCache(16, 2)
+    prompt = list(range(8))
+    first = cache.acquire("first", prompt, "t")
+    second = cache.acquire("second", prompt, "t")
+    cache.allocate(first, 4)
+    cache.publish(first, prompt[:2])
+    assert cache.extend(second, prompt[:2]) == 2  # exactly one more whole page: adopted
+    cache.publish(first, prompt[:6])
+    assert cache.extend(second, prompt) == 4 and second.pages == first.pages[:3]
+    assert cache.stats().extended_pages == 3
+    cache.allocate(second, 1)
+    assert cache.publish(second, prompt) == 1  # it goes on from the adopted pages
+    other = cache.acquire("other", prompt)  # namespace "": nothing of t's
+    assert cache.extend(other, prompt) == 0 and other.pages == []
+    for lease in (first, second, other):
+        cache.release(lease)
+    cache.check(idle=True)
+
+
+def test_evict_counts_every_page_it_frees() -> None:
+    cache = PrefixCache(8, 1)
+    serve(cache, "a", [1, 2, 3])
+    assert cache.evict(1) == 1 and cache.evict(1) == 1
+    assert cache.stats().evicted_pages == 2
+
+
+def test_a_lookup_is_counted_once_with_its_copied_tokens() -> None:
+    cache = PrefixCache(8, 2)
+    serve(cache, "a", [1, 2, 3, 4, 5])
+    lease = cache.acquire("b", [1, 2, 3, 9], count=False)
+    assert lease.copy_from is not None
+    cache.count_lookup(lease)
+    cache.count_lookup(lease)
+    s = cache.stats()
+    assert (s.queried_tokens, s.hit_tokens, s.copied_tokens) == (9, 3, 1)
+    cache.release(lease)
+    off = PrefixCache(8, 2, enabled=False)
+    off.release(off.acquire("c", [1, 2, 3]))
+    assert (off.stats().queried_tokens, off.stats().hit_tokens, off.stats().copied_tokens) == (3, 0, 0)
+
+
+def test_a_request_that_recomputes_publishes_through_a_tail_stored_in_the_same_edge() -> None:
+    cache = PrefixCache(16, 4)
+    turn1 = list(range(10))
+    serve(cache, "t1", turn1)  # published at release only: one edge of two whole pages and the tail [8 9]
+    (edge,) = cache.tree._roots[""].children.values()
+    assert edge.tail == 2 and len(edge.pages) == 3
+    cached = edge.pages[:2]
+    turn2 = turn1 + [10, 11, 12]
+    lease = cache.acquire("t2", turn2, max_cached=0)  # reads nothing cached (as acquire never cuts the edge)
+    cache.allocate(lease, 4)
+    assert cache.publish(lease, turn2[:12]) == 1  # its third page replaces the tail while it runs
+    assert lease.pages[:2] == cached  # the two it computed again are swapped for the tree's, freeing its copies
+    assert cache.tree.match(list_key(turn2[:12])).pages == lease.pages[:3] and cache.stats().pages_partial == 0
+    cache.check()
+    cache.release(lease, turn2)
     cache.check(idle=True)

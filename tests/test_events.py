@@ -26,6 +26,8 @@ from radixcache.events import (
     page_hashes,
     tree_page_index,
 )
+from radixcache.keys import encode
+from radixcache.tree import RadixTree
 
 
 def spec_hashes(tokens: list[int], page_size: int, namespace: str) -> list[int]:
@@ -268,3 +270,68 @@ EventedCacheMachine.TestCase.settings = settings(
     max_examples=30, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 TestEventedCacheMachine = EventedCacheMachine.TestCase
+
+
+def test_on_pending_is_called_once_per_drain() -> None:
+    calls: list[int] = []
+    log = EventLog(2, on_pending=lambda: calls.append(log.pending))
+    log.stored("", None, [0], encode([1, 2]))
+    log.stored("", 0, [1], encode([3, 4]))
+    log.removed([1])
+    assert calls == [1]  # the first record schedules a drain; the others join it
+    assert len(log.drain()) == 3
+    log.cleared("")
+    log.removed([0])
+    assert calls == [1, 1]  # a record after the drain schedules the next one
+    log.discard()
+    log.stored("", None, [5], encode([5, 6]))
+    assert calls == [1, 1, 1]  # a discard leaves no drain due
+    log.removed([0])
+    assert log.drain() == []  # and the log out of step: nothing until a snapshot
+
+
+def test_the_pending_bound_is_exact_on_every_kind_of_record() -> None:
+    for extra in (
+        lambda log: log.stored("", 1, [2], encode([5, 6])),
+        lambda log: log.removed([0]),
+        lambda log: log.cleared(""),
+    ):
+        log = EventLog(2, max_pending=2, strict=True)
+        log.stored("", None, [0, 1], encode([1, 2, 3, 4]))
+        log.removed([1])
+        assert log.pending == 2  # at the bound: kept
+        extra(log)
+        assert log.pending == 1 and log.drain() == [LOST]  # past it: all dropped
+
+
+def test_an_event_out_of_step_is_logged_and_the_stream_resumes_at_the_next_snapshot(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    tree = RadixTree(2)
+    tree.insert(encode([1, 2]), [0])
+    log = EventLog(2)  # not strict by default: a worker logs and carries on
+    log.removed([7])  # a page the log never saw stored
+    log.stored("", None, [3], encode([8, 9]))  # ignored: out of step
+    log.snapshot(tree, "resync")
+    with caplog.at_level("ERROR", logger="radixcache.events"):
+        out = log.drain()
+    assert out[0] == LOST and len(out) == 2 and out[1].token == "resync"
+    assert out[1].events == [PagesStored("", None, page_hashes([1, 2], 2), [1, 2])]
+    assert "cache events out of step (page 7 unknown); consumers restart from a snapshot" in caplog.text
+    log.removed([0])
+    assert log.drain() == [PagesRemoved("", page_hashes([1, 2], 2))]  # in step again
+    strict = EventLog(2, strict=True)
+    strict.removed([7])
+    with pytest.raises(KeyError):
+        strict.drain()
+
+
+def test_page_hashes_default_to_the_default_namespace_and_name_a_bad_page_size() -> None:
+    assert page_hashes([1, 2, 3, 4], 2) == page_hashes([1, 2, 3, 4], 2, "")
+    assert page_hashes([1, 2, 3, 4], 2) != page_hashes([1, 2, 3, 4], 2, "t")
+    with pytest.raises(ValueError, match="page_size must be >= 1, got 0"):
+        page_hashes([1], 0)
+    with pytest.raises(ReplayError, match="stored under parent 0x5, which is not held"):
+        PageIndex().apply(PagesStored("", 5, [7], [1]))
+    with pytest.raises(TypeError, match="not a cache event"):
+        PageIndex().apply("stored")

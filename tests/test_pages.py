@@ -86,8 +86,20 @@ def test_allocator_and_pool_bounds() -> None:
         "cpu",
     )
     assert KVPool.from_budget(shape, page_size=4, budget_bytes=per_page, dtype="fp16").num_pages == 1
+    # the device it was asked for (meta: shapes only, so this runs without an accelerator)
+    assert (
+        KVPool.from_budget(shape, page_size=4, budget_bytes=per_page, dtype="fp16", device="meta").kv.device.type
+        == "meta"
+    )
     with pytest.raises(ValueError, match="holds no page"):
         KVPool.from_budget(shape, page_size=4, budget_bytes=per_page - 1, dtype="fp16")
+    assert pool.shape == shape and pool.layer(1).shape == (3, 2, 4, 2, 4)
+    for bad, error in (
+        ({"page_size": 0}, "page_size must be >= 1, got 0"),
+        ({"num_pages": 0}, "num_pages must be >= 1"),
+    ):
+        with pytest.raises(ValueError, match=error):
+            KVPool(shape, **{"page_size": 4, "num_pages": 2, **bad})
     for slots in (0, 5):
         with pytest.raises(ValueError, match="num_slots must be in 1..4"):
             pool.copy_prefix(0, 1, slots)

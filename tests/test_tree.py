@@ -3,7 +3,7 @@ import random
 
 import pytest
 
-from radixcache.keys import decode, encode
+from radixcache.keys import common_prefix, decode, encode
 from radixcache.tree import RadixTree
 
 
@@ -407,3 +407,128 @@ def test_partial_tails_under_eviction_locks_pins_flush_and_namespaces() -> None:
     assert tree.match(seq(5, 5, 5)).tokens == 0 and tree.match(seq(5, 5, 5), "other").tokens == 3
     assert sorted(tree.flush()) == [5, 9] and tree.partial_pages == 0 and tree.cached_pages == 0
     tree.check()
+
+
+class RecordingSink:
+    """An event sink that keeps what the tree reports, in order."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple] = []
+
+    def stored(self, namespace: str, after: int | None, pages: list[int], key: bytes) -> None:
+        self.events.append(("stored", namespace, after, list(pages), key))
+
+    def removed(self, pages: list[int]) -> None:
+        self.events.append(("removed", list(pages)))
+
+    def cleared(self, namespace: str) -> None:
+        self.events.append(("cleared", namespace))
+
+
+def test_a_tail_regrown_inside_its_first_page_stays_a_partial_child_after_its_parent() -> None:
+    tree, sink = RadixTree(4), RecordingSink()
+    tree.set_event_sink(sink)
+    edge = tree.insert(seq(*range(1, 13)), [0, 1, 2]).node  # three whole pages
+    tail = tree.insert(seq(*range(1, 14)), [0, 1, 2, 5], partial=True).node  # tail [13] below them
+    assert tail.parent is edge and edge.partial_children == 1 and tail.tail == 1
+    d = tree.insert(seq(*range(1, 15)), [0, 1, 2, 6], partial=True)  # a longer tail [13 14]: replaces it
+    assert d.replaced == [5] and d.node is tail and tail.pages == [6] and tail.tail == 2
+    assert edge.partial_children == 1 and tree.partial_pages == 1 and tree.cached_pages == 4
+    # what replaces the tail continues the edge's last page: a consumer chains its page hashes from there
+    assert sink.events[-1] == ("stored", "", 2, [6], seq(13, 14))
+    m = tree.match(seq(*range(1, 15), 99))
+    assert m.pages == [0, 1, 2] and (m.partial_page, m.partial_tokens) == (6, 2)
+    tree.check()
+
+
+def test_pins_follow_a_path_of_three_nodes_and_never_cut_a_partial_tail() -> None:
+    tree = RadixTree(2)
+    tree.insert(seq(1, 2, 3, 4, 5, 6), [0, 1, 2])
+    tree.insert(seq(1, 2, 3, 4, 9, 9), [0, 1, 3])
+    tree.insert(seq(1, 2, 8, 8), [0, 4])  # [1 2] -> {[3 4] -> {[5 6], [9 9]}, [8 8]}
+    assert tree.pinned_on_path(seq(1, 2, 3, 4, 5, 6)) == (0, 3)
+    assert tree.pin(seq(1, 2, 3, 4, 5, 6, 7)) == 6 and tree.pinned_pages == 3
+    assert tree.pinned_on_path(seq(1, 2, 3, 4, 9, 9)) == (2, 1)
+    tail = tree.insert(seq(1, 2, 8, 8, 7), [0, 4, 5], partial=True).node  # a tail [7] below [8 8]
+    assert tail.tail == 1
+    assert tree.pin(seq(1, 2, 8, 8, 7)) == 4  # whole pages only: the tail is neither pinned nor split
+    assert tree.pinned_pages == 4 and tail.pages == [5] and tail.pin_until is None
+    assert tree.unpin(seq(1, 2, 8, 8, 7)) == 4  # [1 2] and [8 8]; [3 4] and [5 6] stay pinned
+    assert tree.pinned_pages == 2
+    tree.check()
+
+
+def test_common_prefix_counts_bytes_up_to_the_first_difference() -> None:
+    assert common_prefix(seq(1, 2, 3), seq(1, 2, 3)) == 12
+    assert common_prefix(seq(1, 2, 3), seq(1, 2)) == 8  # one is a prefix of the other
+    assert common_prefix(seq(1, 2, 3), seq(1, 2, 4)) == 11  # differ in the last byte of the third token
+    assert common_prefix(seq(1, 0), seq(1, 128)) == 7  # the highest bit of a byte
+    assert common_prefix(seq(1, 2**24), seq(1, 0)) == 4  # the first byte of the second token
+    assert common_prefix(seq(7), seq(7 + 2**31)) == 0
+    assert common_prefix(b"", seq(1)) == 0
+
+
+def test_the_oldest_leaf_is_evicted_when_only_the_sorted_list_holds_leaves() -> None:
+    tree = RadixTree(1)
+    a = tree.insert(seq(1), [0]).node
+    b = tree.insert(seq(2), [1]).node
+    tree.lock(a)
+    tree.unlock(a)  # evictable again with an access older than b's: listed in the sorted list
+    tree.lock(b)  # the recent list is now empty
+    assert len(tree._lru.recent) == 0 and len(tree._lru.ordered) == 1
+    assert tree.evict(1) == [0]
+    tree.check()
+
+
+def test_a_flush_of_every_namespace_reports_each_cleared_namespace() -> None:
+    tree, sink = RadixTree(1), RecordingSink()
+    tree.insert(seq(1, 2), [0, 1])
+    tree.insert(seq(1, 2), [2, 3], "t")
+    tree.set_event_sink(sink)
+    assert sorted(tree.flush()) == [0, 1, 2, 3]
+    assert sorted(e for e in sink.events if e[0] == "cleared") == [("cleared", ""), ("cleared", "t")]
+
+
+def test_a_match_that_diverges_inside_a_deeper_edge_keeps_the_whole_path() -> None:
+    tree = RadixTree(2)
+    upper = tree.insert(seq(1, 2, 3, 4), [0, 1]).node
+    lower = tree.insert(seq(1, 2, 3, 4, 5, 6, 7, 8), [0, 1, 2, 3]).node
+    assert lower.parent is upper and lower.pages == [2, 3]
+    m = tree.match(seq(1, 2, 3, 4, 5, 6, 9, 9))
+    assert m.pages == [0, 1, 2] and m.node is lower and m.node_pages == 1 and m.tokens == 6
+    m = tree.match(seq(1, 2, 3, 4, 5, 6, 7, 9))  # and a partial page after that
+    assert m.pages == [0, 1, 2] and (m.partial_page, m.partial_tokens) == (3, 1)
+    miss = tree.match(seq(8, 8))
+    assert miss.pages == [] and miss.node is None and miss.tokens == 0
+
+
+def test_insert_takes_whole_pages_unless_told_the_key_ends_in_a_partial_one() -> None:
+    tree = RadixTree(2)
+    with pytest.raises(ValueError, match="^2 pages need 4 tokens, the key has 3$"):
+        tree.insert(seq(1, 2, 3), [0, 1])  # not partial by default
+    assert tree.cached_pages == 0
+    r = tree.insert(seq(1, 2, 3, 4, 5), [0, 1])  # tokens beyond the pages are not stored
+    assert r.new_pages == [0, 1] and tree.match(seq(1, 2, 3, 4, 5)).tokens == 4 and tree.partial_pages == 0
+    tree.check()
+
+
+def test_a_partial_key_covered_by_a_sibling_page_stores_nothing() -> None:
+    tree = RadixTree(4)
+    parent = tree.insert(seq(1, 2, 3, 4), [0]).node
+    tree.insert(seq(1, 2, 3, 4, 5, 6, 7, 8), [0, 1])
+    assert parent.partial_children == 0
+    d = tree.insert(seq(1, 2, 3, 4, 5, 6), [0, 9], partial=True)  # [5 6] is the start of the cached [5 6 7 8]
+    assert d.new_pages == [] and d.duplicates == [9] and tree.partial_pages == 0 and len(parent.children) == 1
+    tree.check()
+
+
+def test_a_partial_key_ending_inside_a_deeper_edge_is_covered_without_a_split() -> None:
+    tree = RadixTree(4)
+    tree.insert(seq(1, 2, 3, 4), [0])
+    lower = tree.insert(seq(*range(1, 13)), [0, 1, 2]).node  # [5 .. 12] below [1 2 3 4]
+    before = snapshot(tree)
+    d = tree.insert(seq(*range(1, 11)), [0, 1, 7], partial=True)  # ends 2 tokens into the edge's second page
+    assert d.new_pages == [] and d.duplicates == [7] and d.node is lower
+    assert snapshot(tree) == before
+    with pytest.raises(ValueError, match="page_size must be >= 1, got 0"):
+        RadixTree(0)

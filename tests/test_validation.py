@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 
 import pytest
@@ -13,15 +14,20 @@ from tokenizers import models, normalizers, pre_tokenizers
 from radixcache.worker.cli import char_tokenizer
 from radixcache.worker.default_model import __file__ as default_model_file
 from radixcache.worker.model.tokenizer import Tokenizer, bytes_per_token_bound
+from radixcache.worker.request import Constraint
 from radixcache.worker.validation import (
+    DEFAULT_MAX_TOKENS,
     InvalidArgument,
     ModelLimits,
     PromptInput,
     SamplingValues,
     check_prompt_input,
+    check_request_id,
     check_ttl,
+    constraint,
     render_prompt,
     sampling_params,
+    tokenize_off_loop,
     tokenize_prompt,
 )
 
@@ -129,3 +135,124 @@ def test_bytes_per_token_bound_by_tokenizer_kind():
     nfkc = HFTokenizer(models.BPE(byte_fallback=True))
     nfkc.normalizer = normalizers.NFKC()  # U+1D400 (4 bytes) -> "A"
     assert bytes_per_token_bound(nfkc) == 16
+
+
+def test_size_bounds_are_exact() -> None:
+    """A prompt exactly at a bound is accepted and one past it refused: text bytes, chat content, message count."""
+    limits = ModelLimits(vocab_size=100, context_length=11, max_bytes_per_token=2)  # 10 prompt tokens, 20 bytes
+    tok = DEFAULT_TOKENIZER
+    assert check_prompt_input(PromptInput(text="a" * 19), tok, limits) == 10  # ceil(19 / 2) tokens at least
+    assert check_prompt_input(PromptInput(text="é" * 10), tok, limits) == 10  # 20 bytes
+    with invalid("text has at least 21 bytes, so at least 11 tokens"):
+        check_prompt_input(PromptInput(text="a" * 21), tok, limits)
+    chat = [{"role": "user", "content": "a" * 10}, {"role": "assistant", "content": "b" * 10}]
+    assert check_prompt_input(PromptInput(messages=chat), tok, limits) == 1  # 20 bytes of content in all
+    with invalid("messages hold at least 21 bytes of content"):
+        check_prompt_input(PromptInput(messages=chat + [{"role": "user", "content": "c"}]), tok, limits)
+    many = [{"role": "user", "content": ""}] * 10  # at most one message per prompt token
+    assert check_prompt_input(PromptInput(messages=many), tok, limits) == 1
+    with invalid("messages must hold at most 10 messages, got 11"):
+        check_prompt_input(PromptInput(messages=many + many[:1]), tok, limits)
+    unbounded = ModelLimits.of(object(), vocab_size=100, context_length=11)  # a tokenizer with no bytes bound
+    assert unbounded.max_bytes_per_token is None and unbounded.max_prompt_bytes is None
+    assert check_prompt_input(PromptInput(text="a" * 1000), tok, unbounded) == 1  # checked after tokenizing
+
+
+def test_a_pin_ttl_of_zero_and_a_request_id_that_is_not_unicode_are_named() -> None:
+    with invalid("ttl_seconds must be > 0 and finite"):
+        check_ttl(0)
+    check_ttl(0.001)
+    with invalid("request_id is not valid Unicode"):
+        check_request_id("abc\ud800")
+
+
+def test_a_constraint_is_passed_on_as_given_and_a_bad_one_is_named() -> None:
+    assert constraint(None) is None
+    assert constraint("json_object") == Constraint("json_object", "")
+    assert constraint("regex", "[a-z]+") == Constraint("regex", "[a-z]+")
+    assert constraint("json_schema", '{"type": "object"}') == Constraint("json_schema", '{"type": "object"}')
+    with invalid("regex must not be empty"):
+        constraint("regex")
+    with invalid("json_schema is not valid JSON"):
+        constraint("json_schema", "{")
+    with invalid("json_schema must be a JSON object, got a JSON list"):
+        constraint("json_schema", "[1]")
+
+
+class RecordingTokenizer:
+    """One token per character; records how it was called (what the chat template got). Like Hugging Face's, its
+    template adds no generation prompt unless asked."""
+
+    def __init__(self, template_error: Exception | None = None) -> None:
+        self.calls: list[tuple] = []
+        self.template_error = template_error
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        self.calls.append(("encode", text, add_special_tokens))
+        return [ord(c) % 50 for c in text]
+
+    def apply_chat_template(self, messages: list, add_generation_prompt: bool = False, **variables: object) -> str:
+        self.calls.append(("template", add_generation_prompt, variables))
+        if self.template_error is not None:
+            raise self.template_error
+        return "|".join(m["content"] for m in messages) + ("<g>" if add_generation_prompt else "")
+
+
+class EncodesToNothing(RecordingTokenizer):
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return []
+
+
+SMALL = ModelLimits(vocab_size=100, context_length=11)  # 10 prompt tokens at most; no bytes-per-token bound
+
+
+def test_chat_is_rendered_with_its_tools_and_the_generation_prompt() -> None:
+    tok = RecordingTokenizer()
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
+    chat = [{"role": "user", "content": "hi"}]
+    ids, text = render_prompt(PromptInput(messages=chat, tools=tools), tok, SMALL)
+    assert text == "hi<g>" and ids == [ord(c) % 50 for c in text]
+    assert tok.calls == [("template", True, {"tools": tools}), ("encode", "hi<g>", False)]  # no second BOS
+    tok.calls.clear()
+    render_prompt(PromptInput(messages=chat), tok, SMALL)
+    assert tok.calls[0] == ("template", True, {})
+    assert render_prompt(PromptInput(token_ids=[1, 2]), None, SMALL) == ([1, 2], "")
+    with invalid("messages: the model's chat template cannot render them: no chat template"):
+        render_prompt(PromptInput(messages=chat), RecordingTokenizer(ValueError("no chat template")), SMALL)
+
+
+def test_the_prompt_length_and_max_tokens_bounds_are_exact() -> None:
+    tok = RecordingTokenizer()
+    assert tokenize_prompt(PromptInput(text="a"), tok, SMALL)[0] == [ord("a") % 50]  # one token is a prompt
+    assert len(tokenize_prompt(PromptInput(text="a" * 10), tok, SMALL)[0]) == 10  # the longest that fits
+    with invalid(r"the prompt has 11 tokens; the context allows at most 10 \(context length 11"):
+        tokenize_prompt(PromptInput(text="a" * 11), tok, SMALL)
+    with invalid("^the prompt encodes to no tokens$"):
+        tokenize_prompt(PromptInput(text="a"), EncodesToNothing(), SMALL)
+    assert sampling_params(SamplingValues(max_tokens=9), prompt_tokens=2, limits=SMALL).max_tokens == 9  # all the room
+    with invalid(r"max_tokens must be in \[1, 9\]"):
+        sampling_params(SamplingValues(max_tokens=10), prompt_tokens=2, limits=SMALL)
+    # before tokenizing, an unset max_tokens assumes the shortest prompt (one token)
+    assert sampling_params(SamplingValues(), prompt_tokens=None, limits=SMALL).max_tokens == min(10, DEFAULT_MAX_TOKENS)
+
+
+def test_tokenizing_off_the_loop_checks_the_fit_unless_asked_not_to() -> None:
+    tok, long = RecordingTokenizer(), PromptInput(text="a" * 11)
+    with invalid("the prompt has 11 tokens"):
+        asyncio.run(tokenize_off_loop(long, tok, SMALL))
+    assert len(asyncio.run(tokenize_off_loop(long, tok, SMALL, fit=False))[0]) == 11  # Tokenize reports any length
+    with invalid("the prompt has 11 tokens"):
+        asyncio.run(tokenize_off_loop(PromptInput(token_ids=[1] * 11), None, SMALL))
+
+
+def test_a_schema_nested_too_deeply_is_named() -> None:
+    with invalid("^json_schema is nested too deeply$"):
+        constraint("json_schema", "[" * 50000)
+
+
+def test_token_ids_span_the_whole_vocabulary_and_the_first_one_outside_is_named() -> None:
+    assert check_prompt_input(PromptInput(token_ids=[0, 99]), None, SMALL) == 2  # 0 and vocab_size - 1 are tokens
+    with invalid(r"^token_ids.ids\[1\] = 100 is outside the vocabulary \[0, 100\)$"):
+        check_prompt_input(PromptInput(token_ids=[0, 100]), None, SMALL)
+    with invalid(r"^token_ids.ids\[2\] = -1 is outside"):
+        check_prompt_input(PromptInput(token_ids=[0, 5, -1]), None, SMALL)
