@@ -49,7 +49,8 @@ TARGETS: dict[str, tuple[list[str], list[str]]] = {
     "validation": (["worker/validation.py"], ["test_validation.py", "test_server_fake.py"]),
     "sequence": (["worker/sequence.py"], ["test_sampling.py", "test_engine.py"]),
     "scheduler": (["worker/scheduler.py"], ["test_engine.py", "test_engine_capacity.py", "test_engine_soak.py"]),
-    "servicer": (["worker/servicer.py"], ["test_server_fake.py"]),
+    # SubscribeCacheEvents is reached only by test_events_worker (its subprocess tests never see a mutant).
+    "servicer": (["worker/servicer.py"], ["test_server_fake.py", "test_events_worker.py"]),
 }
 WORKER_TARGETS = {"validation", "sequence", "scheduler", "servicer"}
 NOT_MUTATED = ["radixcache/v1/*", "radixcache/cli.py", "radixcache/__main__.py"]  # stubs and the dispatcher
