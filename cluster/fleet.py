@@ -60,10 +60,19 @@ class FleetEngine:
             return False
         # The replica running it ends it with FINISH_REASON_ABORTED, as one worker would; the others answer False.
         # (A broadcast is only sent once its results are awaited.)
-        task = self.loop.create_task(self._broadcast_async("abort", request_id))
+        task = self.loop.create_task(self._abort_async(request_id))
         self._aborts.add(task)
         task.add_done_callback(self._aborts.discard)
         return True
+
+    async def _abort_async(self, request_id: str) -> None:
+        answers = await self._broadcast_async("abort", request_id)
+        relay = self._relays.get(request_id)
+        if relay is not None and not any(answers):
+            # No replica ended it (one did not answer, or none had it yet) but it still streams: cancelling the relay
+            # cancels its Serve stream, and the replica's generate() aborts the request when its stream closes.
+            log.warning("abort of %s: no replica ended it; cancelling its stream", request_id)
+            relay.cancel()
 
     async def _relay(self, request: Request, on_output: Callable[[RequestOutput], None]) -> None:
         unfinished = set(range(request.sampling.n))  # samples whose last output has not come yet
