@@ -36,16 +36,23 @@ class _Plan:
     prefill_head_rows: list[torch.Tensor] | None = None
 
 
-def _flat_slots(layout: BatchLayout, seqs: list[int], width: int, device: torch.device) -> torch.Tensor:
-    """[len(seqs), width] K row of positions 0..width-1 of each sequence (V is page_size rows later)."""
+def _page_table(layout: BatchLayout, seqs: list[int], lens: list[int], device: torch.device) -> torch.Tensor:
+    """[len(seqs), P] the pages holding each sequence's first lens[i] tokens, P = the most any needs; a shorter
+    sequence's row repeats its last page (callers mask those positions)."""
     ps = layout.page_size
     sel = torch.tensor(seqs, dtype=torch.int64, device=device)
     start = layout.kv_indptr[:-1].to(torch.int64)[sel]
-    last = layout.kv_indptr[1:].to(torch.int64)[sel] - 1
-    pos = torch.arange(width, device=device)
-    page_idx = torch.minimum(start[:, None] + pos // ps, last[:, None])
-    pages = layout.kv_indices.to(torch.int64)[page_idx]
-    return pages * (2 * ps) + pos % ps
+    last = start + torch.tensor([-(-n // ps) - 1 for n in lens], dtype=torch.int64, device=device)
+    page_idx = torch.minimum(start[:, None] + torch.arange(-(-max(lens) // ps), device=device), last[:, None])
+    return layout.kv_indices.to(torch.int64)[page_idx]
+
+
+def _flat_slots(layout: BatchLayout, seq: int, device: torch.device) -> torch.Tensor:
+    """[L] K row of positions 0..L-1 of sequence `seq` (L its length after this step; V is page_size rows later)."""
+    ps, total = layout.page_size, layout.seq_lens[seq]
+    pages = _page_table(layout, [seq], [total], device)[0]
+    pos = torch.arange(total, device=device)
+    return pages[pos // ps] * (2 * ps) + pos % ps
 
 
 def _head_rows(slots: torch.Tensor, kvh: int) -> torch.Tensor:
@@ -80,7 +87,7 @@ class TorchAttentionBackend(AttentionBackend):
             if n == 1:
                 continue
             total = layout.seq_lens[b]
-            slots = _flat_slots(layout, [b], total, device)[0]
+            slots = _flat_slots(layout, b, device)
             visible = None  # no cached prefix: plain causal attention
             if n < total:
                 q_pos = torch.arange(total - n, total, device=device)
@@ -158,15 +165,11 @@ def _decode_blocks(
     """(blocks, visible) of _Plan for the decode sequences `seqs`."""
     ps = layout.page_size
     lens = [layout.seq_lens[b] for b in seqs]
-    width = -(-max(lens) // ps)  # pages of the longest sequence
-    sel = torch.tensor(seqs, dtype=torch.int64, device=device)
-    start = layout.kv_indptr[:-1].to(torch.int64)[sel]
-    last = start + torch.tensor([-(-n // ps) - 1 for n in lens], dtype=torch.int64, device=device)
-    page_idx = torch.minimum(start[:, None] + torch.arange(width, device=device), last[:, None])
-    pages = layout.kv_indices.to(torch.int64)[page_idx].flatten()
-    blocks = torch.cat((2 * pages, 2 * pages + 1))
+    pages = _page_table(layout, seqs, lens, device)
+    blocks = torch.cat((2 * pages.flatten(), 2 * pages.flatten() + 1))
+    width = pages.shape[1] * ps
     visible = None
-    if any(n != width * ps for n in lens):
-        tokens = torch.arange(width * ps, device=device)[None, :]
+    if any(n != width for n in lens):
+        tokens = torch.arange(width, device=device)[None, :]
         visible = (tokens < torch.tensor(lens, device=device)[:, None])[:, None, None, :]
     return blocks, visible
