@@ -9,7 +9,7 @@ two fused projections: qkv_proj = [q_proj; k_proj; v_proj] and gate_up_proj = [g
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -76,6 +76,27 @@ def bucket_rows(rows: int) -> int:
     return -(-rows // step) * step
 
 
+def zero_padded(x: torch.Tensor, rows: int) -> torch.Tensor:
+    """2-D x with zero rows appended up to `rows` (a GEMM row's result never depends on the other rows)."""
+    padded = x.new_zeros(rows, x.shape[1])
+    padded[: x.shape[0]] = x
+    return padded
+
+
+@torch.no_grad()
+def replace_linears(model: nn.Module, make: Callable[[nn.Linear], nn.Module], skip: nn.Module | None = None) -> int:
+    """Replace every nn.Linear of `model` (but `skip`) by make(linear), in place. Returns how many."""
+    swaps = [
+        (parent, name, child)
+        for parent in model.modules()
+        for name, child in parent.named_children()
+        if isinstance(child, nn.Linear) and child is not skip
+    ]
+    for parent, name, child in swaps:
+        setattr(parent, name, make(child))
+    return len(swaps)
+
+
 class Linear(nn.Linear):
     """nn.Linear (same parameters and names) that rounds the row count of bf16/fp16 inputs on the CPU up to a few sizes.
 
@@ -93,9 +114,7 @@ class Linear(nn.Linear):
         padded_rows = bucket_rows(rows)
         if padded_rows == rows:
             return super().forward(x)
-        padded = x.new_zeros(padded_rows, x.shape[1])
-        padded[:rows] = x
-        return super().forward(padded)[:rows]
+        return super().forward(zero_padded(x, padded_rows))[:rows]
 
 
 class Attention(nn.Module):

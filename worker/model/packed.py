@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from radixcache.worker.model.llama import bucket_rows
+from radixcache.worker.model.llama import bucket_rows, replace_linears, zero_padded
 
 MIN_ROWS = 4  # rows handed to the kernel at least (see the module docstring)
 PACK_ROWS_HINT = 16  # the row count the layout is chosen for: any of 2-64 gives the same blocked layout
@@ -45,9 +45,7 @@ class PackedLinear(nn.Module):
         rows = x.shape[0]
         padded_rows = max(MIN_ROWS, bucket_rows(rows))
         if padded_rows != rows:
-            padded = x.new_zeros(padded_rows, x.shape[1])
-            padded[:rows] = x
-            x = padded
+            x = zero_padded(x, padded_rows)
         y = torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
         return y if padded_rows == rows else y[:rows]
 
@@ -62,16 +60,7 @@ class PackedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, oneDNN blocked float32"
 
 
-@torch.no_grad()
 def pack_linears(model: nn.Module, skip: nn.Module | None = None) -> int:
     """Replace every nn.Linear of `model` (except `skip`) by a PackedLinear of its weights, in place; the dense
     weights are freed. Returns how many."""
-    swaps = [
-        (parent, name, child)
-        for parent in model.modules()
-        for name, child in parent.named_children()
-        if isinstance(child, nn.Linear) and child is not skip
-    ]
-    for parent, name, child in swaps:
-        setattr(parent, name, PackedLinear(child.weight, child.bias))
-    return len(swaps)
+    return replace_linears(model, lambda linear: PackedLinear(linear.weight, linear.bias), skip)

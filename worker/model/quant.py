@@ -25,6 +25,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from radixcache.worker.model.llama import replace_linears
+
 WEIGHT_FORMATS = ("full", "int8")
 INT8_KERNELS = ("fbgemm", "weight-only")
 
@@ -127,17 +129,8 @@ class Int8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 per-channel, {self.kernel}"
 
 
-@torch.no_grad()
 def quantize_int8(model: nn.Module, kernel: str | None = None) -> int:
     """Replace every nn.Linear of `model` by an Int8Linear built from its weights (in place). Returns how many.
 
     A tied LM head gets its own int8 copy; the embedding table it shares stays in full precision."""
-    swaps = [
-        (parent, name, child)
-        for parent in model.modules()
-        for name, child in parent.named_children()
-        if isinstance(child, nn.Linear)
-    ]
-    for parent, name, child in swaps:
-        setattr(parent, name, Int8Linear(child.weight, child.bias, kernel))
-    return len(swaps)
+    return replace_linears(model, lambda linear: Int8Linear(linear.weight, linear.bias, kernel))
