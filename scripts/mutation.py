@@ -47,7 +47,7 @@ TARGETS: dict[str, tuple[list[str], list[str]]] = {
     # its cancel/deadline bounds) is left out: on one core it made each worker target a run of hours. The scores of
     # these targets are therefore lower bounds; the wire tests still run in `make test`.
     "validation": (["worker/validation.py"], ["test_validation.py", "test_server_fake.py"]),
-    "sequence": (["worker/sequence.py"], ["test_sampling.py", "test_engine.py"]),
+    "sequence": (["worker/sequence.py"], ["test_sequence.py", "test_sampling.py", "test_engine.py"]),
     "scheduler": (["worker/scheduler.py"], ["test_engine.py", "test_engine_capacity.py", "test_engine_soak.py"]),
     # SubscribeCacheEvents is reached only by test_events_worker (its subprocess tests never see a mutant).
     "servicer": (["worker/servicer.py"], ["test_server_fake.py", "test_events_worker.py"]),
