@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from radixcache.worker.request import FinishReason, Request, SamplingParams, TokenLogprob
+from radixcache.worker.request import ErrorKind, FinishReason, Request, SamplingParams, TokenLogprob
 from radixcache.worker.sequence import Sequence, stop_prefix_at_end
 
 PARTIAL = 50  # a token whose bytes are half of a character: no text until the next token or a flush
@@ -85,17 +85,46 @@ def test_time_to_first_token_on_the_first_output_only_and_per_token_time_at_the_
     seq.arrival = time.monotonic() - 5.0  # it waited five seconds in the queue
     seq.append_token(1, None)
     out = seq.take_output()
-    assert out.time_to_first_token is not None and 5.0 <= out.time_to_first_token < 60.0
+    assert out.time_to_first_token is not None and 5.0 <= out.time_to_first_token < 6.0
     assert out.time_per_output_token is None
+    seq.first_token_at -= 10.0  # as if the next two tokens took ten seconds
+    first_token_at = seq.first_token_at
     seq.append_token(2, None)
     out = seq.take_output()
-    assert out.time_to_first_token is None
-    first_token_at = seq.first_token_at
+    assert out.time_to_first_token is None and out.time_per_output_token is None  # only on the first / last output
     seq.append_token(1, None)
     assert seq.first_token_at == first_token_at  # the first token's time is kept, not moved
     out = seq.take_output()
     assert out.finish_reason is FinishReason.LENGTH
-    assert out.time_per_output_token is not None and 0.0 <= out.time_per_output_token < 60.0
+    assert 5.0 <= out.time_per_output_token < 5.5  # ten seconds over the two tokens after the first
+
+
+def test_per_token_time_needs_two_tokens():
+    for max_tokens in (1, 2):
+        seq = make(max_tokens=max_tokens)
+        for _ in range(max_tokens):
+            seq.append_token(1, None)
+        seq.first_token_at -= 4.0
+        out = seq.take_output()
+        assert out.finished
+        if max_tokens == 1:
+            assert out.time_per_output_token is None  # no time between tokens to speak of
+        else:
+            assert 4.0 <= out.time_per_output_token < 4.5
+
+
+def test_an_error_and_the_sample_index_reach_the_output():
+    seq = make(index=2)
+    seq.append_token(1, None)
+    seq.finish_reason, seq.error, seq.error_kind = FinishReason.ERROR, "boom", ErrorKind.INTERNAL
+    out = seq.take_output()
+    assert (out.index, out.finish_reason, out.error, out.error_kind) == (
+        2,
+        FinishReason.ERROR,
+        "boom",
+        ErrorKind.INTERNAL,
+    )
+    assert out.text == "ab"
 
 
 def test_held_back_bytes_wait_mid_stream_and_are_flushed_when_the_request_ends_by_length_or_stop_token():
