@@ -48,7 +48,16 @@ TARGETS: dict[str, tuple[list[str], list[str]]] = {
     # these targets are therefore lower bounds; the wire tests still run in `make test`.
     "validation": (["worker/validation.py"], ["test_validation.py", "test_server_fake.py"]),
     "sequence": (["worker/sequence.py"], ["test_sequence.py", "test_sampling.py", "test_engine.py"]),
-    "scheduler": (["worker/scheduler.py"], ["test_engine.py", "test_engine_capacity.py", "test_engine_soak.py"]),
+    "scheduler": (
+        ["worker/scheduler.py"],
+        [
+            "test_scheduler.py",
+            "test_engine.py",
+            "test_engine_capacity.py",
+            "test_engine_soak.py",
+            "test_engine_samples.py",
+        ],
+    ),
     # SubscribeCacheEvents is reached only by test_events_worker (its subprocess tests never see a mutant).
     "servicer": (["worker/servicer.py"], ["test_server_fake.py", "test_events_worker.py"]),
 }

@@ -26,9 +26,9 @@ def make_scheduler(num_pages: int = 64, *, step_tokens: int = 64, max_running: i
     return Scheduler(cache, pool, max_step_tokens=step_tokens, max_running=max_running, aging_steps=aging)
 
 
-def make_seq(name: str, prompt, max_tokens: int = 8) -> Sequence:
+def make_seq(name: str, prompt, max_tokens: int = 8, namespace: str = "") -> Sequence:
     return Sequence(
-        Request(name, list(prompt), SamplingParams(max_tokens=max_tokens)),
+        Request(name, list(prompt), SamplingParams(max_tokens=max_tokens), namespace=namespace),
         on_output=lambda out: None,
         detokenizer=SilentDetokenizer(),
         stop_token_ids=frozenset(),
@@ -127,26 +127,25 @@ def test_the_newest_request_is_preempted_and_counted_each_time():
 
 
 def test_a_request_that_waits_too_long_goes_before_better_cache_hits():
-    sched = make_scheduler(max_running=2, aging=3)
+    sched = make_scheduler(max_running=3, aging=3)
     system = list(range(500, 516))  # a shared prefix the cache holds: every hit request starts with it
-    warm = make_seq("warm", system + [1], max_tokens=1)
-    sched.add(warm)
-    while sched.has_work():
-        advance(sched)
-    long_runner = make_seq("long", [9], max_tokens=50)
-    sched.add(long_runner)
-    advance(sched)  # one slot of two is now taken for good
-    cold = make_seq("cold", range(900, 905), max_tokens=1)  # nothing cached: last in cache order
+    run_to_end(sched, make_seq("warm", system + [1], max_tokens=1))
+    sched.add(make_seq("long", [9], max_tokens=4))  # holds one of the three slots through step 3
+    advance(sched)
+    cold = make_seq("cold", range(900, 903), max_tokens=1)  # nothing cached: last in cache order
     sched.add(cold)
-    admitted_at = None
-    for step in range(1, 8):
-        sched.add(make_seq(f"hit{step}", system + [step], max_tokens=1))  # a better hit arrives every step
-        chunks = advance(sched)
-        if "cold" in planned(chunks):
-            admitted_at = step
-            break
-    # waited steps 1, 2, 3 -> it ages at its fourth schedule and then nothing overtakes it
-    assert admitted_at == 4
+    for step in range(1, 4):
+        hits = [make_seq(f"hit{step}{k}", system + [step, k], max_tokens=1) for k in range(2)]  # better hits
+        for hit in hits:
+            sched.add(hit)
+        started = planned(advance(sched))
+        assert set(started) == {"long", hits[0].name, hits[1].name}, step  # they take both free slots
+    last_hit = make_seq("last_hit", system + [4], max_tokens=1)
+    sched.add(last_hit)
+    started = planned(advance(sched))
+    # waited steps 1, 2, 3 -> it ages at its fourth schedule and goes first, once; a better hit still fits beside it
+    assert set(started) == {"cold", "last_hit"} and cold.admit_order < last_hit.admit_order
+    assert not sched.waiting
 
 
 def test_no_live_request_promises_no_pages():
@@ -154,3 +153,94 @@ def test_no_live_request_promises_no_pages():
     assert sched.promised_pages() == 0
     sched.add(make_seq("s", range(1, 10), max_tokens=7))  # 16 tokens at most: 4 pages
     assert sched.promised_pages() == 4
+
+
+def run_to_end(sched: Scheduler, *seqs: Sequence) -> None:
+    for seq in seqs:
+        sched.add(seq)
+    while sched.has_work():
+        advance(sched)
+
+
+def test_pins_a_request_does_not_read_must_leave_room_for_all_it_may_need():
+    sched = make_scheduler(num_pages=8)
+    shared, other = list(range(100, 108)), list(range(200, 208))  # two pages each
+    run_to_end(
+        sched, make_seq("w1", shared + [1], max_tokens=1, namespace="t1"), make_seq("w2", other + [1], max_tokens=1)
+    )
+    assert sched.cache.pin(shared, "t1") == 8 and sched.cache.pin(other) == 8  # 4 of 8 pages pinned
+    # 24 tokens = 6 pages; it reads t1's two pinned pages, so only the other two pinned pages are out of its reach
+    reader = make_seq("reader", shared + list(range(300, 309)), max_tokens=7, namespace="t1")
+    too_big = make_seq("too_big", shared + list(range(300, 309)), max_tokens=11, namespace="t1")  # 7 pages
+    stranger = make_seq("stranger", shared + list(range(300, 309)), max_tokens=7)  # same tokens, no pins to read
+    for seq in (reader, too_big, stranger):
+        sched.add(seq)
+    chunks, failed = sched.schedule()
+    refused = {seq.name: why for seq, why in failed}
+    assert set(refused) == {"too_big", "stranger"}
+    assert "need 7 pages and 2 of the 8 pages are pinned" in refused["too_big"]
+    assert "need 6 pages and 4 of the 8 pages are pinned" in refused["stranger"]
+    assert [c.seq.name for c in chunks] == ["reader"] and reader.cached_tokens == 8
+
+
+def test_waiting_requests_go_longest_cache_hit_first_within_their_own_namespace():
+    sched = make_scheduler(max_running=1)
+    prefix = list(range(100, 108))
+    run_to_end(sched, make_seq("warm", prefix + [1], max_tokens=1))
+    # arrival order: short_hit, other_tenant, long_hit; one is admitted per step (max_running=1)
+    short_hit = make_seq("short_hit", prefix[:7] + [50, 51], max_tokens=1)  # its lookup (all but the last token): 7
+    other_tenant = make_seq("other_tenant", prefix + [60], max_tokens=1, namespace="t1")  # 8 cached, not for t1
+    long_hit = make_seq("long_hit", prefix + [70], max_tokens=1)  # 8
+    order = []
+    for seq in (short_hit, other_tenant, long_hit):
+        sched.add(seq)
+    while sched.has_work():
+        order += [name for name in planned(advance(sched)) if name not in order]
+    assert order == ["long_hit", "short_hit", "other_tenant"]
+
+
+def test_a_long_queue_is_served_in_arrival_order():
+    for queued, expected_first in ((128, "hit"), (129, "first")):
+        sched = make_scheduler(num_pages=1024, max_running=1)
+        prefix = list(range(100, 108))
+        run_to_end(sched, make_seq("warm", prefix + [1], max_tokens=1))
+        seqs = [make_seq(f"cold{i}", [1000 + i, 1], max_tokens=1) for i in range(queued - 2)]
+        seqs = [make_seq("first", [999, 1], max_tokens=1)] + seqs + [make_seq("hit", prefix + [2], max_tokens=1)]
+        for i, seq in enumerate(seqs):
+            seq.arrival = 1000.0 + i
+        for seq in reversed(seqs):  # the queue's list order is not its arrival order (preempted ones go in front)
+            sched.add(seq)
+        assert list(planned(advance(sched))) == [expected_first], queued  # past 128, sorting costs more than it saves
+
+
+def test_a_request_waits_for_the_pages_another_is_computing_instead_of_computing_them_twice():
+    prompt = list(range(100, 113))  # 13 tokens: three whole pages and one token
+    sched = make_scheduler()
+    unrelated = make_seq("unrelated", [5, 6, 7], namespace="t2")  # running before the others, in another tenant
+    first = make_seq("first", prompt)
+    two_pages = make_seq("two_pages", prompt[:8] + [900, 901])
+    one_page = make_seq("one_page", prompt[:4] + [900, 901])
+    less_than_a_page = make_seq("less_than_a_page", prompt[:3] + [900, 901])
+    other_tenant = make_seq("other_tenant", prompt[:8] + [900, 901], namespace="t1")
+    # a prompt inside first's: its last token is never served from the cache, whoever computes it
+    inside_five, inside_four = make_seq("inside_five", prompt[:5]), make_seq("inside_four", prompt[:4])
+    for seq in (unrelated, first, two_pages, one_page, less_than_a_page, other_tenant, inside_five, inside_four):
+        sched.add(seq)
+    started = planned(advance(sched))
+    assert set(started) == {"unrelated", "first", "less_than_a_page", "other_tenant", "inside_four"}
+    started = planned(advance(sched))  # first's pages are in the tree now: the waiting ones hit them
+    assert {"two_pages", "one_page", "inside_five"} <= set(started)
+    assert (two_pages.cached_tokens, one_page.cached_tokens, inside_five.cached_tokens) == (8, 4, 4)
+    assert other_tenant.cached_tokens == 0
+
+
+def test_a_request_is_admitted_as_soon_as_the_shared_pages_are_computed():
+    prompt = list(range(100, 113))
+    sched = make_scheduler(step_tokens=8)
+    first = make_seq("first", prompt)
+    sched.add(first)
+    assert planned(advance(sched)) == {"first": 8}  # two pages computed and published, five tokens to go
+    second = make_seq("second", prompt[:8] + [900, 901])
+    sched.add(second)
+    assert planned(advance(sched)) == {"first": 5, "second": 2}  # nothing left to wait for: it starts now
+    assert second.cached_tokens == 8
