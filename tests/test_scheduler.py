@@ -244,3 +244,64 @@ def test_a_request_is_admitted_as_soon_as_the_shared_pages_are_computed():
     sched.add(second)
     assert planned(advance(sched)) == {"first": 5, "second": 2}  # nothing left to wait for: it starts now
     assert second.cached_tokens == 8
+
+
+def test_a_newcomer_needs_its_prompt_pages_plus_a_reserve_page_per_running_request():
+    for prompt_len, admitted in ((24, True), (25, False)):  # 6 pages fit beside the running request, 7 do not
+        sched = make_scheduler(num_pages=10)
+        running = make_seq("running", range(100, 108), max_tokens=20)
+        sched.add(running)
+        advance(sched)  # 8 prompt tokens + 1 sampled: it reserves 3 pages next step, 7 are left
+        newcomer = make_seq("newcomer", range(200, 200 + prompt_len), max_tokens=1)
+        sched.add(newcomer)
+        chunks, failed = sched.schedule()
+        assert not failed and ("newcomer" in planned(chunks)) is admitted, prompt_len
+
+
+def test_a_request_too_big_for_the_whole_pool_fails_with_its_page_count():
+    sched = make_scheduler(num_pages=4)
+    sched.add(make_seq("huge", range(100, 120), max_tokens=1))  # 20 tokens: 5 pages of 4
+    sched.add(make_seq("small", range(200, 203), max_tokens=1))
+    chunks, failed = sched.schedule()
+    assert [(seq.name, why) for seq, why in failed] == [
+        (
+            "huge",
+            "the KV cache cannot hold this request: prompt + max_tokens need 6 pages and 0 of the 4 pages are pinned (PinPrefix; at most 4 by --max-pinned)",
+        )
+    ]
+    assert planned(chunks) == {"small": 3}  # the next one is still served in the same step
+
+
+def test_a_starving_request_that_does_not_fit_blocks_the_queue_behind_it():
+    sched = make_scheduler(num_pages=10, aging=2)
+    sched.add(make_seq("running", range(100, 108), max_tokens=20))
+    advance(sched)
+    big, small = make_seq("big", range(200, 225), max_tokens=1), make_seq("small", range(300, 303), max_tokens=1)
+    sched.add(big)
+    sched.add(small)
+    assert set(planned(advance(sched))) == {"running", "small"}  # big does not fit yet; small overtakes it
+    assert set(planned(advance(sched))) == {"running"}  # big has waited 2 steps: it starves now
+    late = make_seq("late", range(400, 403), max_tokens=1)
+    sched.add(late)
+    for _ in range(3):
+        assert "late" not in planned(advance(sched))  # nothing overtakes a starving request
+    assert big in sched.waiting and late in sched.waiting
+
+
+def test_statistics_count_first_admissions_cache_hits_and_hits_on_running_requests():
+    sched = make_scheduler(num_pages=6)
+    assert (sched.prompt_tokens, sched.cached_tokens, sched.inflight_shared_tokens, sched.preemptions) == (0, 0, 0, 0)
+    seqs = [make_seq(name, range(base, base + 3), max_tokens=12) for name, base in (("a", 100), ("b", 200), ("c", 300))]
+    run_to_end(sched, *seqs)
+    assert sched.preemptions >= 1
+    assert sched.prompt_tokens == 9  # a preempted request's recompute is not a new prompt
+    assert sched.cached_tokens == 0  # nor are the pages it finds again a hit: it was counted at its first admission
+    prefix = list(range(500, 508))
+    long_runner = make_seq("long_runner", prefix + [1], max_tokens=10)
+    sched.add(long_runner)
+    advance(sched)
+    reader = make_seq("reader", prefix + [2], max_tokens=1)  # hits the two pages long_runner computed, still running
+    other_tenant = make_seq("other_tenant", range(600, 609), max_tokens=1, namespace="t1")
+    run_to_end(sched, reader, other_tenant)
+    assert reader.cached_tokens == 8 and other_tenant.cached_tokens == 0
+    assert (sched.prompt_tokens, sched.cached_tokens, sched.inflight_shared_tokens) == (9 + 9 + 9 + 9, 8, 8)
