@@ -247,15 +247,24 @@ def test_a_request_is_admitted_as_soon_as_the_shared_pages_are_computed():
 
 
 def test_a_newcomer_needs_its_prompt_pages_plus_a_reserve_page_per_running_request():
-    for prompt_len, admitted in ((24, True), (25, False)):  # 6 pages fit beside the running request, 7 do not
+    prefix = list(range(500, 507)) + [7]  # what "warm" leaves in the cache: two pages, evictable
+    cases = [  # (prompt, admitted): 6 pages fit beside the running request, 7 do not
+        (list(range(200, 224)), True),
+        (list(range(200, 225)), False),
+        # pages it finds in the cache count once: locking them takes them out of what can be evicted
+        (prefix + list(range(200, 216)), True),
+        (prefix + list(range(200, 217)), False),
+    ]
+    for prompt, admitted in cases:
         sched = make_scheduler(num_pages=10)
+        run_to_end(sched, make_seq("warm", prefix[:7], max_tokens=1))
         running = make_seq("running", range(100, 108), max_tokens=20)
         sched.add(running)
-        advance(sched)  # 8 prompt tokens + 1 sampled: it reserves 3 pages next step, 7 are left
-        newcomer = make_seq("newcomer", range(200, 200 + prompt_len), max_tokens=1)
+        advance(sched)  # 8 prompt tokens + 1 sampled: it reserves 3 pages next step, 7 are left (2 cached)
+        newcomer = make_seq("newcomer", prompt, max_tokens=1)
         sched.add(newcomer)
         chunks, failed = sched.schedule()
-        assert not failed and ("newcomer" in planned(chunks)) is admitted, prompt_len
+        assert not failed and ("newcomer" in planned(chunks)) is admitted, (len(prompt), prompt[0])
 
 
 def test_a_request_too_big_for_the_whole_pool_fails_with_its_page_count():
@@ -305,3 +314,21 @@ def test_statistics_count_first_admissions_cache_hits_and_hits_on_running_reques
     run_to_end(sched, reader, other_tenant)
     assert reader.cached_tokens == 8 and other_tenant.cached_tokens == 0
     assert (sched.prompt_tokens, sched.cached_tokens, sched.inflight_shared_tokens) == (9 + 9 + 9 + 9, 8, 8)
+    while sched.has_work():
+        advance(sched)
+    # a hit on a finished request's pages is not a hit on a running one, whoever else of the tenant runs
+    unrelated = make_seq("unrelated", range(700, 703), max_tokens=5)
+    sched.add(unrelated)
+    advance(sched)
+    run_to_end(sched, make_seq("late_reader", prefix + [3], max_tokens=1))
+    assert (sched.cached_tokens, sched.inflight_shared_tokens) == (16, 8)
+
+
+def test_requests_admitted_together_each_leave_a_page_to_grow_into():
+    sched = make_scheduler(num_pages=5)
+    first, second = make_seq("first", range(100, 108)), make_seq("second", range(200, 208))  # two full pages each
+    sched.add(first)
+    sched.add(second)
+    # both prompts fit (4 of 5 pages), but then two decodes would need a new page each with one left
+    assert planned(advance(sched)) == {"first": 8}
+    assert sched.preemptions == 0
