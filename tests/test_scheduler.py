@@ -332,3 +332,12 @@ def test_requests_admitted_together_each_leave_a_page_to_grow_into():
     # both prompts fit (4 of 5 pages), but then two decodes would need a new page each with one left
     assert planned(advance(sched)) == {"first": 8}
     assert sched.preemptions == 0
+
+
+def test_the_newest_request_steps_back_itself_when_it_cannot_grow():
+    for num_pages, prompt_len in ((4, 2), (4, 3)):  # two requests; they cannot both grow to the end
+        sched = make_scheduler(num_pages=num_pages)
+        seqs = [make_seq(name, range(base, base + prompt_len), max_tokens=8) for name, base in (("a", 100), ("b", 200))]
+        run_to_end(sched, *seqs)  # advance() asserts that nothing fails: the newest waits, it is not refused
+        assert sched.preemptions >= 1, num_pages
+        assert all(s.finish_reason is FinishReason.LENGTH and s.num_generated == 8 for s in seqs)
