@@ -335,7 +335,7 @@ def test_requests_admitted_together_each_leave_a_page_to_grow_into():
 
 
 def test_the_newest_request_steps_back_itself_when_it_cannot_grow():
-    for num_pages, prompt_len in ((4, 2), (4, 3)):  # two requests; they cannot both grow to the end
+    for num_pages, prompt_len in ((5, 2), (5, 5)):  # two requests; they cannot both grow to the end
         sched = make_scheduler(num_pages=num_pages)
         seqs = [make_seq(name, range(base, base + prompt_len), max_tokens=8) for name, base in (("a", 100), ("b", 200))]
         run_to_end(sched, *seqs)  # advance() asserts that nothing fails: the newest waits, it is not refused
