@@ -310,10 +310,11 @@ def test_statistics_count_first_admissions_cache_hits_and_hits_on_running_reques
     sched.add(long_runner)
     advance(sched)
     reader = make_seq("reader", prefix + [2], max_tokens=1)  # hits the two pages long_runner computed, still running
+    one_token = make_seq("one_token", prefix[:1] + [2, 3], max_tokens=1)  # and one token of them
     other_tenant = make_seq("other_tenant", range(600, 609), max_tokens=1, namespace="t1")
-    run_to_end(sched, reader, other_tenant)
-    assert reader.cached_tokens == 8 and other_tenant.cached_tokens == 0
-    assert (sched.prompt_tokens, sched.cached_tokens, sched.inflight_shared_tokens) == (9 + 9 + 9 + 9, 8, 8)
+    run_to_end(sched, reader, one_token, other_tenant)
+    assert (reader.cached_tokens, one_token.cached_tokens, other_tenant.cached_tokens) == (8, 1, 0)
+    assert (sched.prompt_tokens, sched.cached_tokens, sched.inflight_shared_tokens) == (9 * 4 + 3, 9, 9)
     while sched.has_work():
         advance(sched)
     # a hit on a finished request's pages is not a hit on a running one, whoever else of the tenant runs
@@ -321,7 +322,7 @@ def test_statistics_count_first_admissions_cache_hits_and_hits_on_running_reques
     sched.add(unrelated)
     advance(sched)
     run_to_end(sched, make_seq("late_reader", prefix + [3], max_tokens=1))
-    assert (sched.cached_tokens, sched.inflight_shared_tokens) == (16, 8)
+    assert (sched.cached_tokens, sched.inflight_shared_tokens) == (17, 9)
 
 
 def test_requests_admitted_together_each_leave_a_page_to_grow_into():
@@ -341,3 +342,56 @@ def test_the_newest_request_steps_back_itself_when_it_cannot_grow():
         run_to_end(sched, *seqs)  # advance() asserts that nothing fails: the newest waits, it is not refused
         assert sched.preemptions >= 1, num_pages
         assert all(s.finish_reason is FinishReason.LENGTH and s.num_generated == 8 for s in seqs)
+
+
+def prefilled(sched: Scheduler, parent: Sequence) -> None:
+    """Compute parent's prompt in one step and give each of its pages distinct K/V, as the engine does before fork."""
+    sched.add(parent)
+    chunks, failed = sched.schedule()
+    assert planned(chunks) == {parent.name: parent.num_prompt} and not failed
+    parent.num_computed += parent.num_prompt
+    sched.published(parent)
+    for j, page in enumerate(parent.lease.pages):
+        sched.pool.kv[:, page] = float(j + 1)
+    parent.append_token(7, None)
+
+
+def sample(parent: Sequence, index: int) -> Sequence:
+    return Sequence(parent.request, lambda out: None, SilentDetokenizer(), frozenset(), index=index)
+
+
+def test_a_fork_shares_the_prompts_whole_pages_and_copies_only_its_partial_page():
+    sched = make_scheduler()
+    parent = make_seq("p", range(100, 110), max_tokens=3, namespace="t1")  # 10 tokens: two whole pages and two
+    prefilled(sched, parent)
+    parent.cached_tokens = 4  # what sample 0 was told; every sample of the request reports the same
+    queried = sched.cache.stats().queried_tokens
+    child = sample(parent, 1)
+    assert sched.fork(parent, child)
+    assert child in sched.running and child.num_computed == 10 and child.cached_tokens == 4
+    assert child.lease.pages[:2] == parent.lease.pages[:2]  # the tree's pages, read by both
+    assert len(child.lease.pages) == 3 and child.lease.pages[2] != parent.lease.pages[2]  # its own last page
+    assert bool((sched.pool.kv[:, child.lease.pages[2], :, :2] == 3.0).all())  # holding the two prompt slots
+    assert child.published_tokens == 8  # the two whole pages are in the tree already
+    assert sched.cache.stats().queried_tokens == queried  # not a lookup of its own: the request's was counted
+    child.append_token(7, None)
+    while sched.has_work():
+        advance(sched)
+    assert parent.num_generated == child.num_generated == 3
+    assert sched.prompt_tokens == 10
+    sched.cache.check(idle=True)
+
+
+def test_a_fork_without_a_free_page_waits_first_in_line_and_computes_its_prompt_later():
+    sched = make_scheduler(num_pages=3)
+    parent = make_seq("p", range(100, 110), max_tokens=2)  # its three pages are the whole pool
+    prefilled(sched, parent)
+    child = sample(parent, 1)
+    assert not sched.fork(parent, child)
+    assert child.lease is None and sched.waiting == [child] and child.waited_steps == sched.aging_steps
+    sched.cache.check()
+    while sched.has_work():
+        advance(sched)
+    assert child.finish_reason is FinishReason.LENGTH and child.num_generated == 2
+    assert sched.prompt_tokens == 10  # the request's prompt, counted once for both samples
+    sched.cache.check(idle=True)
