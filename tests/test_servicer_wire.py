@@ -16,7 +16,7 @@ import threading
 import grpc
 import pytest
 from fake_engine import BOS, OFFSET, FakeEngine
-from worker_harness import ThreadedWorker, wait_until
+from worker_harness import RPC_CALLS, ThreadedWorker, wait_until
 
 from radixcache.cache import PinBudgetError, PrefixCache
 from radixcache.events import page_hashes
@@ -364,14 +364,7 @@ def test_cache_stats_hit_rate_is_the_fraction_of_queried_tokens(worker):
 
 # ---- authentication, loading and shutdown: every RPC ----------------------------------------------------------------
 RPCS = {
-    "Generate": lambda s, md: list(s.Generate(pb.GenerateRequest(text="x", max_tokens=1), metadata=md, timeout=10)),
-    "Tokenize": lambda s, md: s.Tokenize(pb.TokenizeRequest(text="x"), metadata=md, timeout=10),
-    "GetModelInfo": lambda s, md: s.GetModelInfo(pb.GetModelInfoRequest(), metadata=md, timeout=10),
-    "GetCacheStats": lambda s, md: s.GetCacheStats(pb.GetCacheStatsRequest(), metadata=md, timeout=10),
-    "FlushCache": lambda s, md: s.FlushCache(pb.FlushCacheRequest(), metadata=md, timeout=10),
-    "PinPrefix": lambda s, md: s.PinPrefix(pb.PinPrefixRequest(text="x"), metadata=md, timeout=10),
-    "UnpinPrefix": lambda s, md: s.UnpinPrefix(pb.UnpinPrefixRequest(text="x"), metadata=md, timeout=10),
-    "Abort": lambda s, md: s.Abort(pb.AbortRequest(request_id="x"), metadata=md, timeout=10),
+    **RPC_CALLS,
     "SubscribeCacheEvents": lambda s, md: next(
         iter(s.SubscribeCacheEvents(pb.SubscribeCacheEventsRequest(), metadata=md, timeout=10))
     ),
