@@ -20,7 +20,7 @@ from typing import Any
 
 import grpc
 import pytest
-from worker_harness import ThreadedWorker, wait_until
+from worker_harness import RPC_CALLS, ThreadedWorker, wait_until
 
 from radixcache.client import Client
 from radixcache.v1 import radixcache_pb2 as pb
@@ -132,16 +132,7 @@ def in_engine(engine: Engine, prompt: list[int], **sampling: Any) -> list[Reques
 
 # --- authentication ------------------------------------------------------------------------------------------------
 
-RPCS = {
-    "Generate": lambda s, md: list(s.Generate(pb.GenerateRequest(text="hi", max_tokens=1), metadata=md, timeout=30)),
-    "Tokenize": lambda s, md: s.Tokenize(pb.TokenizeRequest(text="hi"), metadata=md, timeout=30),
-    "GetModelInfo": lambda s, md: s.GetModelInfo(pb.GetModelInfoRequest(), metadata=md, timeout=30),
-    "GetCacheStats": lambda s, md: s.GetCacheStats(pb.GetCacheStatsRequest(), metadata=md, timeout=30),
-    "FlushCache": lambda s, md: s.FlushCache(pb.FlushCacheRequest(), metadata=md, timeout=30),
-    "PinPrefix": lambda s, md: s.PinPrefix(pb.PinPrefixRequest(text="hi"), metadata=md, timeout=30),
-    "UnpinPrefix": lambda s, md: s.UnpinPrefix(pb.UnpinPrefixRequest(text="hi"), metadata=md, timeout=30),
-    "Abort": lambda s, md: s.Abort(pb.AbortRequest(request_id="nothing"), metadata=md, timeout=30),
-}
+RPCS = RPC_CALLS
 
 
 @pytest.mark.parametrize("rpc", list(RPCS))

@@ -8,7 +8,20 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from radixcache.v1 import radixcache_pb2 as pb
 from radixcache.worker.server import ServerOptions, WorkerServer, describe
+
+# One small call of each RadixCache RPC but SubscribeCacheEvents: (stub, metadata) -> the answer (raises RpcError).
+RPC_CALLS: dict[str, Callable[[Any, Any], Any]] = {
+    "Generate": lambda s, md: list(s.Generate(pb.GenerateRequest(text="hi", max_tokens=1), metadata=md, timeout=30)),
+    "Tokenize": lambda s, md: s.Tokenize(pb.TokenizeRequest(text="hi"), metadata=md, timeout=30),
+    "GetModelInfo": lambda s, md: s.GetModelInfo(pb.GetModelInfoRequest(), metadata=md, timeout=30),
+    "GetCacheStats": lambda s, md: s.GetCacheStats(pb.GetCacheStatsRequest(), metadata=md, timeout=30),
+    "FlushCache": lambda s, md: s.FlushCache(pb.FlushCacheRequest(), metadata=md, timeout=30),
+    "PinPrefix": lambda s, md: s.PinPrefix(pb.PinPrefixRequest(text="hi"), metadata=md, timeout=30),
+    "UnpinPrefix": lambda s, md: s.UnpinPrefix(pb.UnpinPrefixRequest(text="hi"), metadata=md, timeout=30),
+    "Abort": lambda s, md: s.Abort(pb.AbortRequest(request_id="nothing"), metadata=md, timeout=30),
+}
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float = 5.0) -> bool:

@@ -70,9 +70,9 @@ class WorkerServer:
 
     def __init__(self, options: ServerOptions) -> None:
         self.options = options
-        self.servicer = RadixCacheServicer(Authenticator(options.auth_tokens, options.admin_tokens or ()))
+        # The metrics read the servicer's engine lazily (once attached), so they can be made first and handed to it.
         self.metrics = WorkerMetrics(lambda: self.servicer.engine.stats() if self.servicer.engine else None)
-        self.servicer.metrics = self.metrics
+        self.servicer = RadixCacheServicer(Authenticator(options.auth_tokens, options.admin_tokens or ()), self.metrics)
         self.health = health.aio.HealthServicer()
         self.port = 0
         self.metrics_port: int | None = None
