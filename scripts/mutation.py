@@ -59,7 +59,7 @@ TARGETS: dict[str, tuple[list[str], list[str]]] = {
         ],
     ),
     # SubscribeCacheEvents is reached only by test_events_worker (its subprocess tests never see a mutant).
-    "servicer": (["worker/servicer.py"], ["test_server_fake.py", "test_events_worker.py"]),
+    "servicer": (["worker/servicer.py"], ["test_servicer_wire.py", "test_server_fake.py", "test_events_worker.py"]),
 }
 WORKER_TARGETS = {"validation", "sequence", "scheduler", "servicer"}
 NOT_MUTATED = ["radixcache/v1/*", "radixcache/cli.py", "radixcache/__main__.py"]  # stubs and the dispatcher
