@@ -360,6 +360,20 @@ def sample(parent: Sequence, index: int) -> Sequence:
     return Sequence(parent.request, lambda out: None, SilentDetokenizer(), frozenset(), index=index)
 
 
+def test_a_fork_of_a_prompt_shorter_than_a_page_copies_its_slots():
+    sched = make_scheduler()
+    parent = make_seq("p", [100, 101], max_tokens=2)
+    prefilled(sched, parent)
+    child = sample(parent, 1)
+    assert sched.fork(parent, child)
+    assert child.lease.pages != parent.lease.pages and child.published_tokens == 0
+    assert bool((sched.pool.kv[:, child.lease.pages[0], :, :2] == 1.0).all())
+    child.append_token(7, None)
+    while sched.has_work():
+        advance(sched)
+    sched.cache.check(idle=True)
+
+
 def test_a_fork_shares_the_prompts_whole_pages_and_copies_only_its_partial_page():
     sched = make_scheduler()
     parent = make_seq("p", range(100, 110), max_tokens=3, namespace="t1")  # 10 tokens: two whole pages and two
@@ -395,3 +409,18 @@ def test_a_fork_without_a_free_page_waits_first_in_line_and_computes_its_prompt_
     assert child.finish_reason is FinishReason.LENGTH and child.num_generated == 2
     assert sched.prompt_tokens == 10  # the request's prompt, counted once for both samples
     sched.cache.check(idle=True)
+
+
+def test_a_preempted_request_can_be_ended_while_it_waits():
+    sched = make_scheduler(num_pages=5)
+    seqs = [make_seq(name, range(base, base + 2), max_tokens=8) for name, base in (("a", 100), ("b", 200))]
+    for seq in seqs:
+        sched.add(seq)
+    while sched.preemptions == 0:
+        advance(sched)
+    victim = sched.waiting[0]
+    sched.finish(victim, FinishReason.ABORTED)  # the client went away while it waited to be recomputed
+    assert victim.finish_reason is FinishReason.ABORTED and victim not in sched.waiting
+    while sched.has_work():
+        advance(sched)
+    sched.cache.check(idle=True)  # no lease left behind, no page held
