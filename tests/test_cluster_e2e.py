@@ -144,7 +144,7 @@ def test_abort_and_cancel_stop_the_request_on_its_replica(cluster):
         chunks = [first, *stream]
         assert chunks[-1].finish_reason == "aborted" and chunks[-1].completion_tokens < 900
         # The client goes away: the ingress's generator is cancelled, and the servicer's abort reaches the replica.
-        # Ray Serve 2.60's gRPC proxy loses some disconnects (about 1 in 3 here: the ingress's generator is never
+        # Ray Serve 2.60's gRPC proxy loses some disconnects (about 1 in 4 here: the ingress's generator is never
         # cancelled and streams to its end; our code never hears of it). Up to three tries: one that stops early
         # shows our path works, and a path that never aborts fails all three.
         ran = []

@@ -50,6 +50,13 @@ def advance(sched: Scheduler) -> list[Chunk]:
     return chunks
 
 
+def run_to_end(sched: Scheduler, *seqs: Sequence) -> None:
+    for seq in seqs:
+        sched.add(seq)
+    while sched.has_work():
+        advance(sched)
+
+
 def planned(chunks: list[Chunk]) -> dict[str, int]:
     return {c.seq.name: c.num_new for c in chunks}
 
@@ -153,13 +160,6 @@ def test_no_live_request_promises_no_pages():
     assert sched.promised_pages() == 0
     sched.add(make_seq("s", range(1, 10), max_tokens=7))  # 16 tokens at most: 4 pages
     assert sched.promised_pages() == 4
-
-
-def run_to_end(sched: Scheduler, *seqs: Sequence) -> None:
-    for seq in seqs:
-        sched.add(seq)
-    while sched.has_work():
-        advance(sched)
 
 
 def test_pins_a_request_does_not_read_must_leave_room_for_all_it_may_need():
