@@ -58,7 +58,7 @@ TARGETS: dict[str, tuple[list[str], list[str]]] = {
             "test_engine_samples.py",
         ],
     ),
-    # SubscribeCacheEvents is reached only by test_events_worker (its subprocess tests never see a mutant).
+    # SubscribeCacheEvents: test_servicer_wire and test_events_worker (whose subprocess tests never see a mutant).
     "servicer": (["worker/servicer.py"], ["test_servicer_wire.py", "test_server_fake.py", "test_events_worker.py"]),
 }
 WORKER_TARGETS = {"validation", "sequence", "scheduler", "servicer"}
