@@ -97,18 +97,22 @@ class FakeEngine:
                 raise ValueError(f"prompt + max_tokens = {total} exceeds the context length {self.context_length}")
             if -(-total // self.page_size) > self.num_pages:
                 raise RequestTooLargeError(f"{total} tokens can never fit in {self.num_pages} pages")
-            cached = 0
-            for seq in self._seen.get(request.namespace, []):
-                n = 0
-                for a, b in zip(seq, request.prompt_ids, strict=False):
-                    if a != b:
-                        break
-                    n += 1
-                cached = max(cached, n)
-            cached = min(cached, len(request.prompt_ids) - 1)
+            cached = min(self._cached_length(request.prompt_ids, request.namespace), len(request.prompt_ids) - 1)
             self.submitted.append(request)
             self._seqs[request.request_id] = _Seq(request, on_output, cached)
             self._lock.notify_all()
+
+    def _cached_length(self, token_ids: list[int], namespace: str) -> int:
+        """The longest prefix of token_ids that a finished sequence of `namespace` shares (call with the lock held)."""
+        longest = 0
+        for seq in self._seen.get(namespace, []):
+            n = 0
+            for a, b in zip(seq, token_ids, strict=False):
+                if a != b:
+                    break
+                n += 1
+            longest = max(longest, n)
+        return longest
 
     def abort(self, request_id: str) -> bool:
         with self._lock:

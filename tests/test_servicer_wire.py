@@ -88,15 +88,7 @@ class ScriptedEngine(FakeEngine):
         if text in self.over_budget:
             raise PinBudgetError(self.over_budget[text])
         with self._lock:
-            cached = 0
-            for seq in self._seen.get(namespace, []):
-                n = 0
-                for a, b in zip(seq, token_ids, strict=False):
-                    if a != b:
-                        break
-                    n += 1
-                cached = max(cached, n)
-            pinned = cached // self.page_size * self.page_size
+            pinned = self._cached_length(token_ids, namespace) // self.page_size * self.page_size
             if pinned:
                 self.pins[(namespace, tuple(token_ids))] = ttl_s
             return pinned
