@@ -101,6 +101,18 @@ class EngineStats:
         return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
 
+@dataclass(frozen=True)
+class EngineLoad:
+    """How busy the engine is, for a router (cheap: O(requests), no tree walk). `Engine.load()`."""
+
+    running: int
+    waiting: int
+    queued_prefill_tokens: int  # tokens live requests still have to prefill (a waiting one's cache hits included)
+    pages_busy: int  # KV pages neither free nor evictable: held by running requests, or pinned
+    pages_total: int
+    steps: int  # engine steps so far (a health check sees it advance while there is work)
+
+
 def validate_request(request: Request, vocab_size: int, context_length: int, page_size: int, num_pages: int) -> None:
     """What an engine of this geometry refuses before anything is allocated (also checked by the cluster's ingress,
     which routes a request only if any replica would take it): ValueError, or RequestTooLargeError for a request
@@ -314,6 +326,15 @@ class Engine:
     def stats(self) -> EngineStats:
         return self.call(self._stats)
 
+    def load(self) -> EngineLoad:
+        return self.call(self._load)
+
+    @property
+    def alive(self) -> bool:
+        """The engine thread runs (False before start(), after shutdown(), or if the loop died)."""
+        thread = self._thread
+        return thread is not None and thread.is_alive()
+
     def flush_cache(self, namespace: str | None = None) -> int:
         """Drop what no running request reads: one tenant's namespace, or (None) every namespace."""
         return self.call(lambda: self.cache.flush(namespace))
@@ -449,6 +470,18 @@ class Engine:
             generated_tokens=self._generated,
             inflight_shared_tokens=self.scheduler.inflight_shared_tokens,
             cache=self.cache.stats(),
+        )
+
+    def _load(self) -> EngineLoad:
+        sched = self.scheduler
+        live = (*sched.running, *sched.waiting)
+        return EngineLoad(
+            running=len(sched.running),
+            waiting=len(sched.waiting),
+            queued_prefill_tokens=sum(max(0, len(s.tokens) - 1 - s.num_computed) for s in live),
+            pages_busy=self.pool.num_pages - self.cache.available_pages(),
+            pages_total=self.pool.num_pages,
+            steps=self._steps,
         )
 
     # --- one step ----------------------------------------------------------------------------------------------
