@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from radixcache.cluster.policy import RoutingThresholds
+from radixcache.cluster.policy import LoadWeights, RoutingThresholds
 
 SERVICER_FUNCTION = "radixcache.v1.radixcache_pb2_grpc.add_RadixCacheServicer_to_server"
 ROUTER_CLASS = "radixcache.cluster.router:CacheAwareRouter"
@@ -18,6 +18,8 @@ class ClusterOptions:
     replicas: int = 2
     replica_cpus: float = 1.0  # Ray CPUs per replica; also its torch threads (at least 1)
     thresholds: RoutingThresholds = field(default_factory=RoutingThresholds)
+    weights: LoadWeights = field(default_factory=LoadWeights)
+    inflight_ttl_s: float = 30.0  # how long a routed prompt counts as cached there without a stored event
     auth_tokens: dict[str, str] | None = None
     router_class: str = ROUTER_CLASS  # the benchmark swaps in Ray Serve's own routers
     max_ongoing_requests: int = 64  # per replica; beyond it Serve queues at the router
@@ -52,6 +54,11 @@ def build_app(options: ClusterOptions) -> Any:
             balance_abs=t.balance_abs,
             balance_rel=t.balance_rel,
             min_match_pages=t.min_match_pages,
+            inflight_ttl_s=options.inflight_ttl_s,
+            queued_weight=options.weights.queued,
+            requests_weight=options.weights.requests,
+            kv_weight=options.weights.kv,
+            evict_weight=options.weights.evict,
         )
     replica = serve.deployment(EngineReplica).options(
         name="EngineReplica",

@@ -34,24 +34,28 @@ class EngineReplica:
         self.engine, info = await asyncio.to_thread(build_engine, args)
         self.model_info_bytes = info.SerializeToString()
         self.replica_id = _own_replica_id()
-        self.events = None
+        self.events = self.link = None
         if hub_name is not None:
             await self._publish_events(hub_name, hub_namespace or "")
 
     async def _publish_events(self, hub_name: str, hub_namespace: str) -> None:
-        """Register with the cluster's EventHub, then feed it this replica's cache events (snapshot first)."""
-        from radixcache.cluster.events_feed import RayHubPublisher
+        """Register with the cluster's EventHub, then feed it this replica's cache events (snapshot first) and load,
+        registering again whenever the hub is new (events_feed.HubLink)."""
+        from radixcache.cluster.events_feed import HubLink, RayHubPublisher
         from radixcache.cluster.hub import get_or_create_hub
         from radixcache.worker.cache_events import CacheEventHub
 
-        hub = get_or_create_hub(hub_name, hub_namespace)
-        await hub.register.remote(self.replica_id)
         self.events = CacheEventHub(self.engine)
+        self.link = HubLink(
+            self.replica_id,
+            connect=lambda: get_or_create_hub(hub_name, hub_namespace),
+            load=lambda: asyncio.to_thread(self.engine.load),
+            resync=self.events.resync_publishers,
+        )
+        await self.link.register()
         await self.events.start()
-        self.events.add_publisher(RayHubPublisher(hub, self.replica_id))
-
-    def __del__(self) -> None:
-        self.engine.shutdown(drain=False)
+        self.events.add_publisher(RayHubPublisher(self.link))
+        self.link.start()
 
     # -- serving -----------------------------------------------------------------------------------------------
     async def generate(self, request: Request) -> AsyncIterator[tuple[str, RequestOutput]]:

@@ -24,6 +24,7 @@ from radixcache.events import page_hashes
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(300)]
 
 PAGE, PAGES = 16, 64
+INFLIGHT_TTL_S = 1.0  # short, so a test can wait until only cache events (not prompts in flight) guide routing
 HOGS = 4  # long streams sharing one prefix: all stick to its replica, whose load is then imbalanced
 TOKENS = {"tok-alice": "alice", "tok-bob": "bob"}
 
@@ -43,6 +44,7 @@ def cluster():
         thresholds=RoutingThresholds(balance_abs=3, balance_rel=1.5),  # 4 streams on one replica: imbalanced
         auth_tokens=TOKENS,
         app_name="rc-test",
+        inflight_ttl_s=INFLIGHT_TTL_S,
     )
     ray.init(num_cpus=3, include_dashboard=False, namespace=options.hub_namespace, log_to_driver=False)
     try:
@@ -229,6 +231,67 @@ def test_a_killed_replica_ends_its_streams_and_the_fleet_serves_on(cluster):
             time.sleep(0.5)
         assert victim not in live and len(live) == 2, live
         wait_idle(c, timeout=60)
+
+
+def routed_by_events(client: Client, salts: range) -> int:
+    """How many of these new prefixes' second requests hit the replica that computed the first, sent once the
+    prompts in flight expired (so only the cache events can say where each prefix is)."""
+    prefixes = [ids(64, salt=s) for s in salts]
+    for p in prefixes:
+        generate(client, p + [5])
+    time.sleep(INFLIGHT_TTL_S + 0.3)
+    return sum(generate(client, p + [6])["cached"] >= 64 for p in prefixes)
+
+
+def background_streams(target: str, n: int, salt: int) -> tuple[list[threading.Thread], list[Exception]]:
+    """n streams of 150 tokens, running once this returns; what they raise lands in the list."""
+    errors: list[Exception] = []
+    started = threading.Event()
+
+    def stream(i: int) -> None:
+        try:
+            with Client(target, token="tok-alice") as s:
+                for _ in s.generate(token_ids=ids(40, salt=salt + i), max_tokens=150, ignore_eos=True):
+                    started.set()
+        except Exception as e:  # noqa: BLE001 - the caller asserts there is none
+            errors.append(e)
+
+    threads = [threading.Thread(target=stream, args=(i,), daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    assert started.wait(60)
+    return threads, errors
+
+
+def test_a_killed_event_hub_comes_back_fed_and_routing_recovers(cluster):
+    target, options = cluster
+    with Client(target, token="tok-alice") as c:
+        assert routed_by_events(c, range(800, 804)) == 4  # the events route, before any kill
+        timeline = {}
+        for kill, no_restart in (("restarted", False), ("recreated", True)):
+            threads, errors = background_streams(target, 3, salt=900 + 10 * no_restart)
+            hub = ray.get_actor(options.hub_name, namespace=options.hub_namespace)
+            killed = time.monotonic()
+            ray.kill(hub, no_restart=no_restart)  # under load: three streams running
+            deadline = killed + 60
+            while True:  # Ray restarts it (or the first replica to look creates another); the replicas register
+                try:
+                    hub = ray.get_actor(options.hub_name, namespace=options.hub_namespace)
+                    if len(ray.get(hub.replicas.remote(), timeout=5)) == 2:
+                        break
+                except Exception:  # noqa: BLE001 - not back yet
+                    pass
+                assert time.monotonic() < deadline, "the replicas did not register with the new hub"
+                time.sleep(0.05)
+            registered = time.monotonic() - killed
+            hits = routed_by_events(c, range(810 + 10 * no_restart, 818 + 10 * no_restart))
+            timeline[kill] = {"registered_s": round(registered, 2), "hits_of_8": hits}
+            for t in threads:
+                t.join(120)
+            assert not errors, errors  # the streams under way never noticed
+            assert hits >= 7, timeline  # new prefixes land where the events (through the new hub) say they are
+        print("hub kill timeline:", timeline)
+        wait_idle(c)
 
 
 def test_the_openai_api_is_served_for_the_fleet(cluster):
