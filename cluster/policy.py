@@ -8,11 +8,15 @@ token there:
          + weights.requests x requests             requests running or waiting there (each slows every step)
          + weights.kv       x uncached x kv_busy   kv_busy: the share of its KV pool held by running requests or
                                                    pins; the fuller, the likelier the new pages wait for room
-         + weights.evict    x evicted              cached tokens its new pages would push out of a full pool: its
-                                                   pages less what it caches (by the index) and runs, when known
+         + weights.evict    x evicted x uses       cached tokens its new pages would push out of a full pool (its
+                                                   pages less what it caches and was sent, when known), each
+                                                   counted as often as routed prompts used its page (at least
+                                                   once): where pools are full everywhere, a new prefix displaces
+                                                   the least asked-for cache (cluster.reuse)
 
-and the cheapest wins; costs within TIE_TOKENS of the cheapest tie, and ties go at random, so prompts that share
-nothing spread evenly over an idle fleet. With the default weights a cached prefix keeps its requests until the
+and the cheapest wins (`cheapest` lists those within TIE_TOKENS of it). `Policy.pick`, the router's, takes tied
+ones in turn, so prompts that share nothing alternate over an idle fleet instead of drifting by chance; `choose`
+picks one at random. With the default weights a cached prefix keeps its requests until the
 queue there is longer than recomputing it elsewhere: 1,024 cached tokens outweigh 1,024 queued ones, or 256 running
 requests (the imbalance rule below steps in long before).
 
@@ -71,6 +75,7 @@ class Candidate:
     queued_tokens: int = 0  # prefill tokens queued there
     kv_busy: float = 0.0  # share of its KV pool held by running requests or pins, in [0, 1]
     free_tokens: int | None = None  # room in its pool before anything cached is evicted (None: not known yet)
+    victim_uses: tuple[int, ...] = ()  # request counts of the pages it would evict next, in eviction order
 
 
 def imbalanced(requests: Sequence[int], t: RoutingThresholds) -> bool:
@@ -78,13 +83,44 @@ def imbalanced(requests: Sequence[int], t: RoutingThresholds) -> bool:
     return hi - lo > t.balance_abs and hi > t.balance_rel * lo
 
 
-def cost(c: Candidate, prompt_tokens: int, cached_tokens: int, w: LoadWeights) -> float:
+def cost(c: Candidate, prompt_tokens: int, cached_tokens: int, w: LoadWeights, page_size: int = 1) -> float:
     """Estimated tokens of prefill work before this request's first token on `c` (see the module docstring)."""
     uncached = max(0, prompt_tokens - cached_tokens)
-    evicted = max(0, uncached - c.free_tokens) if c.free_tokens is not None else 0
-    return (
-        uncached * (1.0 + w.kv * c.kv_busy) + w.queued * c.queued_tokens + w.requests * c.requests + w.evict * evicted
-    )
+    load = uncached * (1.0 + w.kv * c.kv_busy) + w.queued * c.queued_tokens + w.requests * c.requests
+    return load + w.evict * eviction_tokens(c, uncached, page_size)
+
+
+def eviction_tokens(c: Candidate, uncached: int, page_size: int) -> int:
+    """Cached tokens `uncached` new tokens would push out of `c`'s pool, each weighted by its page's uses."""
+    if c.free_tokens is None or uncached <= c.free_tokens:
+        return 0
+    pages = -(-(uncached - c.free_tokens) // page_size)
+    named = c.victim_uses[:pages]
+    return page_size * (sum(max(1, n) for n in named) + pages - len(named))
+
+
+def cheapest(
+    candidates: Sequence[Candidate],
+    prompt_tokens: int,
+    page_size: int,
+    t: RoutingThresholds | None = None,
+    w: LoadWeights | None = None,
+) -> list[Candidate]:
+    """The candidates a request of `prompt_tokens` tokens may go to: those within TIE_TOKENS of the lowest cost (in
+    the order given; candidates must not be empty)."""
+    if not candidates:
+        raise ValueError("no candidate replicas")
+    t, w = t or RoutingThresholds(), w or LoadWeights()
+    use_cache = not imbalanced([c.requests for c in candidates], t)
+
+    def cached(c: Candidate) -> int:
+        if not use_cache or c.matched_pages < t.min_match_pages:
+            return 0
+        return min(c.matched_pages * page_size, prompt_tokens - 1)  # one token is always computed
+
+    costs = [cost(c, prompt_tokens, cached(c), w, page_size) for c in candidates]
+    best = min(costs)
+    return [c for c, x in zip(candidates, costs, strict=True) if x <= best + TIE_TOKENS]
 
 
 def choose(
@@ -95,17 +131,22 @@ def choose(
     w: LoadWeights | None = None,
     rng: random.Random | None = None,
 ) -> Candidate:
-    """The replica a request of `prompt_tokens` tokens goes to (candidates must not be empty)."""
-    if not candidates:
-        raise ValueError("no candidate replicas")
-    t, w, rng = t or RoutingThresholds(), w or LoadWeights(), rng or random
-    use_cache = not imbalanced([c.requests for c in candidates], t)
+    """One of the cheapest, at random."""
+    return (rng or random).choice(cheapest(candidates, prompt_tokens, page_size, t, w))
 
-    def cached(c: Candidate) -> int:
-        if not use_cache or c.matched_pages < t.min_match_pages:
-            return 0
-        return min(c.matched_pages * page_size, prompt_tokens - 1)  # one token is always computed
 
-    costs = [cost(c, prompt_tokens, cached(c), w) for c in candidates]
-    best = min(costs)
-    return rng.choice([c for c, x in zip(candidates, costs, strict=True) if x <= best + TIE_TOKENS])
+class Policy:
+    """The router's decision: thresholds, weights, and whose turn it is among tied candidates. Not thread-safe."""
+
+    def __init__(self, thresholds: RoutingThresholds | None = None, weights: LoadWeights | None = None) -> None:
+        self.thresholds = thresholds or RoutingThresholds()
+        self.weights = weights or LoadWeights()
+        self.ties = 0  # decisions that had several cheapest candidates
+
+    def pick(self, candidates: Sequence[Candidate], prompt_tokens: int, page_size: int) -> Candidate:
+        tied = cheapest(candidates, prompt_tokens, page_size, self.thresholds, self.weights)
+        if len(tied) == 1:
+            return tied[0]
+        tied.sort(key=lambda c: str(c.replica))
+        self.ties += 1
+        return tied[self.ties % len(tied)]

@@ -22,7 +22,7 @@ import time
 
 from ray.serve.request_router import PendingRequest, ReplicaID, ReplicaResult, RequestRouter, RunningReplica
 
-from radixcache.cluster.policy import Candidate, LoadWeights, RoutingThresholds, choose
+from radixcache.cluster.policy import Candidate, LoadWeights, Policy, RoutingThresholds
 from radixcache.cluster.view import FleetView
 from radixcache.events import page_hashes
 from radixcache.worker.request import Request
@@ -56,9 +56,10 @@ class CacheAwareRouter(RequestRouter):
             defaults.evict if evict_weight is None else evict_weight,
         )
         self.view = FleetView(inflight_ttl_s=inflight_ttl_s)
-        self.index, self.loads = self.view.index, self.view.loads
+        self.index, self.loads, self.reuse = self.view.index, self.view.loads, self.view.reuse
         self.hub_name, self.hub_namespace = hub_name, hub_namespace
         self._sync_task: asyncio.Task | None = None
+        self.policy = Policy(self.thresholds, self.weights)
         self._rng = random.Random()
         self.decision_seconds: list[float] = []  # bounded sample, for the benchmark
 
@@ -92,6 +93,7 @@ class CacheAwareRouter(RequestRouter):
             cached = self.index.match(key, request.namespace, hashes) * self.page_size
             uncached = max(0, len(request.prompt_ids) - cached)
             self.index.routed(key, request.namespace, hashes)
+            self.reuse.routed(key, request.namespace, hashes)
         sent = self.loads.routed(key, uncached)
         result.add_done_callback(lambda _: self.loads.finished(key, sent))
 
@@ -109,24 +111,25 @@ class CacheAwareRouter(RequestRouter):
     def route(self, request: Request, candidates: list[RunningReplica]) -> RunningReplica:
         hashes = page_hashes(request.prompt_ids, self.page_size, request.namespace)
         by_key = {r.replica_id.to_full_id_str(): r for r in candidates}
-        scored = [
-            Candidate(
-                key,
-                requests=self.loads.requests(key),
-                matched_pages=self.index.match(key, request.namespace, hashes),
-                queued_tokens=self.loads.queued_tokens(key),
-                kv_busy=self.loads.kv_busy(key),
-                free_tokens=self._free_tokens(key),
-            )
-            for key in by_key
-        ]
-        chosen = choose(scored, len(request.prompt_ids), self.page_size, self.thresholds, self.weights, self._rng)
-        return by_key[chosen.replica]
+        prompt = len(request.prompt_ids)
+        scored = [self._candidate(key, request.namespace, hashes, prompt) for key in by_key]
+        return by_key[self.policy.pick(scored, prompt, self.page_size).replica]
 
-    def _free_tokens(self, key: str) -> int | None:
-        """Room in its pool before it must evict: its pages less those the index says it caches or will."""
+    def _candidate(self, key: str, namespace: str, hashes: list[int], prompt: int) -> Candidate:
         total = self.loads.pages_total(key)
-        return None if total is None else max(0, total - self.index.held_pages(key)) * self.page_size
+        free = None if total is None else max(0, total - self.index.held_pages(key)) * self.page_size
+        victims: list[int] = []
+        if free is not None and free < prompt:  # the prompt might not fit without evicting: what would go
+            victims = self.reuse.victim_uses(key, -(-(prompt - free) // self.page_size), self.index.holds)
+        return Candidate(
+            key,
+            requests=self.loads.requests(key),
+            matched_pages=self.index.match(key, namespace, hashes),
+            queued_tokens=self.loads.queued_tokens(key),
+            kv_busy=self.loads.kv_busy(key),
+            free_tokens=free,
+            victim_uses=tuple(victims),
+        )
 
     def _least_loaded(self, candidates: list[RunningReplica]) -> RunningReplica:
         counts = [self.loads.requests(r.replica_id.to_full_id_str()) for r in candidates]

@@ -2,7 +2,7 @@
 it current from the cluster's EventHub, across restarts of the hub.
 
 The feed long-polls `EventHub.poll(cursor, epoch)` on the router's event loop and folds each answer in (`apply`):
-cache events into the PrefixIndex, load reports into the LoadView. A snapshot from the same hub incarnation (the
+cache events into the PrefixIndex and the ReuseTracker, load reports into the LoadView. A snapshot from the same hub incarnation (the
 router fell behind) replaces everything. A snapshot from a new incarnation (the hub restarted empty) replaces only
 the replicas it names; the others keep what the router knew, since their caches did not go anywhere, until they
 register with the new hub (their reset + snapshot arrives within about a report period) or `stale_s` passed.
@@ -20,6 +20,7 @@ from typing import Any
 from radixcache.cluster.hub import Poll
 from radixcache.cluster.index import PrefixIndex
 from radixcache.cluster.load import REPORT_PERIOD_S, LoadView
+from radixcache.cluster.reuse import ReuseTracker
 from radixcache.worker.engine import EngineLoad
 
 log = logging.getLogger("radixcache.cluster")
@@ -33,6 +34,7 @@ class FleetView:
     ) -> None:
         self.index = PrefixIndex(inflight_ttl_s=inflight_ttl_s, clock=clock)
         self.loads = LoadView(clock=clock)
+        self.reuse = ReuseTracker()
         self.stale_s = stale_s
         self.clock = clock
         self.epoch: str | None = None  # of the hub incarnation the view follows
@@ -44,6 +46,7 @@ class FleetView:
         """The replica is gone (died, scaled away): nothing routes by it any more; the hub is told too."""
         self.index.forget(replica)
         self.loads.forget(replica)
+        self.reuse.forget(replica)
         self._unconfirmed.pop(replica, None)
         if self.hub is not None:
             self.hub.forget.remote(replica)
@@ -57,6 +60,7 @@ class FleetView:
                 for replica in self.index.replicas():
                     if replica not in named:
                         self.index.cleared(replica)
+                        self.reuse.forget(replica)
             else:
                 if self.epoch is not None:
                     self.hub_restarts += 1
@@ -68,11 +72,13 @@ class FleetView:
         for replica, events in poll.batches:
             self._unconfirmed.pop(replica, None)
             self.index.apply(replica, events)
+            self.reuse.apply(replica, events)
         for replica, deadline in list(self._unconfirmed.items()):
             if deadline <= now:
                 log.warning("replica %s did not register with the new event hub; dropping its view", replica)
                 del self._unconfirmed[replica]
                 self.index.cleared(replica)
+                self.reuse.forget(replica)
         for replica, load in poll.loads.items():
             self.loads.reported(replica, EngineLoad(**load) if isinstance(load, dict) else load)
 

@@ -9,10 +9,11 @@ import random
 import pytest
 
 from radixcache.cluster.events_feed import HubLink
-from radixcache.cluster.hub import EventHub, Poll
+from radixcache.cluster.hub import REPORT_DRAIN, REPORT_OK, REPORT_REGISTER, EventHub, Poll
 from radixcache.cluster.index import PrefixIndex
 from radixcache.cluster.load import LoadView
-from radixcache.cluster.policy import Candidate, LoadWeights, RoutingThresholds, choose, cost, imbalanced
+from radixcache.cluster.policy import Candidate, LoadWeights, Policy, RoutingThresholds, choose, cost, imbalanced
+from radixcache.cluster.reuse import ReuseTracker
 from radixcache.cluster.view import FleetView
 from radixcache.worker.engine import EngineLoad
 
@@ -120,11 +121,53 @@ def test_policy_weighs_cached_tokens_against_load_in_tokens():
 
 
 def test_policy_spreads_prompts_that_share_nothing():
+    policy = Policy()
+    counts = {"a": 0, "b": 0, "c": 0}
+    for _ in range(20):  # tied candidates take turns: exactly even, however few prompts
+        counts[policy.pick([Candidate("b", 0, 0), Candidate("a", 0, 0)], 128, PAGE).replica] += 1
+    assert counts == {"a": 10, "b": 10, "c": 0}
+    assert policy.pick([Candidate("a", 0, 0), Candidate("b", 1, 0)], 128, PAGE).replica == "a"  # no tie: no turn
+    assert policy.pick([Candidate("a", 0, 0), Candidate("b", 1, 0)], 128, PAGE).replica == "a"
     rng = random.Random(1)
-    counts = {"a": 0, "b": 0}
-    for _ in range(200):
-        counts[choose([Candidate("a", 0, 0), Candidate("b", 0, 0)], 128, PAGE, rng=rng).replica] += 1
-    assert max(counts.values()) <= 120  # at most 60% on one replica
+    for _ in range(200):  # `choose` breaks ties at random
+        counts[choose([Candidate("a", 0, 0), Candidate("c", 0, 0)], 128, PAGE, rng=rng).replica] += 1
+    assert 80 <= counts["c"] <= 120
+
+
+def test_a_new_prefix_displaces_the_least_asked_for_cache():
+    w = LoadWeights()
+    prompt = 4 * PAGE
+    hot = Candidate("hot", 0, 0, free_tokens=0, victim_uses=(9, 9, 8, 8))  # would evict pages asked for 8-9 times
+    cold = Candidate("cold", 0, 0, free_tokens=0, victim_uses=(1, 1, 1, 0))
+    assert choose([hot, cold], prompt, PAGE, w=w).replica == "cold"
+    assert cost(cold, prompt, 0, w, PAGE) == prompt + PAGE * 4  # each page at least once: the plain evicted tokens
+    assert cost(hot, prompt, 0, w, PAGE) == prompt + PAGE * 34
+    roomy = Candidate("roomy", 0, 0, free_tokens=2 * PAGE, victim_uses=(9, 9, 8, 8))  # evicts only 2 pages
+    assert cost(roomy, prompt, 0, w, PAGE) == prompt + PAGE * 18
+    unnamed = Candidate("x", 0, 0, free_tokens=0, victim_uses=(5,))  # pages the mirror cannot name count once
+    assert cost(unnamed, prompt, 0, w, PAGE) == prompt + PAGE * (5 + 3)
+
+
+def test_reuse_tracker_mirrors_each_replicas_lru_order_and_counts_uses():
+    reuse = ReuseTracker(age_every=4)
+    held = {("a", "", h) for h in (1, 2, 3, 4, 5)}
+
+    def holds(replica, namespace, h):
+        return (replica, namespace, h) in held
+
+    reuse.apply("a", [("stored", "", [1, 2])])  # computed (a pin, a generated turn): joins the back, never asked for
+    reuse.routed("a", "", [3, 4])
+    reuse.routed("a", "", [3, 4, 5])
+    reuse.routed("a", "", [1])  # asked for again: moves to the back
+    assert reuse.victim_uses("a", 3, holds) == [0, 2, 2]  # pages 2, 3, 4 go first
+    held.discard(("a", "", 3))  # the index says it is gone (an event the mirror missed): dropped on the way
+    assert reuse.victim_uses("a", 10, holds) == [0, 2, 1, 1]
+    reuse.apply("a", [("removed", "", [2]), ("cleared", "x")])
+    assert reuse.victim_uses("a", 10, holds) == [2, 1, 1]
+    reuse.routed("a", "", [5])  # the 4th routed prompt: every count halves
+    assert (reuse.uses("", 4), reuse.uses("", 5), reuse.uses("", 1)) == (1, 1, 0)  # 2, 2, 1 halved
+    reuse.apply("a", [("reset",)])
+    assert reuse.victim_uses("a", 10, holds) == [] and reuse.victim_uses("b", 1, holds) == []
 
 
 def test_thresholds_are_validated():
@@ -186,13 +229,14 @@ def test_hub_log_snapshot_and_forget():
             await hub.publish("r1", epoch, [("stored", "", [10 + i])])
         behind = await hub.poll(second.cursor, epoch, 0.01)
         assert behind.reset and dict(behind.batches)["r2"] == [("reset",), ("stored", "", [5])]
-        assert await hub.report("r1", epoch, load(queued=7))
+        assert await hub.report("r1", epoch, load(queued=7)) == REPORT_OK
         assert (await hub.poll(behind.cursor, epoch, 0.01)).loads == {"r1": load(queued=7)}
         await hub.forget("r2")
         assert await hub.replicas() == ["r1"]
         await hub.publish("r2", epoch, [("stored", "", [6])])  # a late batch from the dead replica is dropped
         assert "r2" not in dict((await hub.poll(0, None, 0.01)).batches)
-        assert not await hub.report("r2", epoch, load())  # ...and it is told to register again
+        assert await hub.report("r2", epoch, load()) == REPORT_DRAIN  # ...and, if it still runs, that it is stopped
+        assert await hub.register("r2") == epoch and await hub.report("r2", epoch, load()) == REPORT_OK  # came back
 
     asyncio.run(scenario())
 
@@ -205,7 +249,7 @@ def test_a_new_hub_has_a_new_epoch_and_refuses_the_old_one():
         assert old_epoch != new_epoch
         await new.publish("r1", old_epoch, [("stored", "", [1])])  # sent before the restart: dropped
         assert await new.cached_hashes("r1", "") == set()
-        assert not await new.report("r1", old_epoch, load())  # the replica must register (and resync) again
+        assert await new.report("r1", old_epoch, load()) == REPORT_REGISTER  # register (and resync) again
         poll = await new.poll(17, old_epoch, 0.01)  # a router that followed the old hub: this one's snapshot
         assert poll.reset and poll.epoch == new_epoch and poll.batches == [("r1", [("reset",)])]
 
@@ -300,7 +344,14 @@ def test_replicas_and_routers_recover_from_a_hub_restart():
         assert (await hubs[-1].target.poll(0, None, 0.01)).loads["r1"]["queued_prefill_tokens"] == 3
         store(4)  # and live events after the resync
         await until(lambda: 4 in view.index.cached_hashes("r1", ""))
-        assert await link.check()  # registered: nothing to do
+        assert await link.check() == REPORT_OK  # registered: nothing to do
+        drained = []
+        link._on_drain = lambda: drained.append(1)
+        await hubs[-1].target.forget("r1")  # a router retired it: Serve is stopping this replica
+        assert await link.check() == REPORT_DRAIN and drained == [1]
+        registrations = link.registrations
+        await asyncio.sleep(0.05)
+        assert link._task.done() and link.registrations == registrations  # it stops reporting, registers no more
         await link.close()
         feed.cancel()
 
