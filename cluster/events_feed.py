@@ -7,10 +7,10 @@ the loop. After lost records the CacheEventHub resets its publishers with a snap
 "reset" + "stored".
 
 `HubLink` keeps the replica registered: every REPORT_PERIOD_S it reports the engine's load, and the answer says
-whether this incarnation of the hub knows the replica. When it does not (the hub restarted empty, or forgot the
-replica), or the hub cannot be reached (dead: the next lookup creates another), the link registers again and asks
-the CacheEventHub for a fresh snapshot, so the new hub gets the replica's whole cache within about one period of
-coming back.
+whether this incarnation of the hub knows the replica. When it does not (the hub restarted empty), or the hub cannot
+be reached (dead: the next lookup creates another), the link registers again and asks the CacheEventHub for a fresh
+snapshot, so the new hub gets the replica's whole cache within about one period of coming back. When the answer is
+that the routers retired the replica (Serve is stopping it), the link calls `on_drain` once and stops reporting.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from radixcache.cluster.hub import REPORT_DRAIN, REPORT_OK
 from radixcache.cluster.load import REPORT_PERIOD_S
 from radixcache.events import CacheEvent, NamespaceCleared, PagesRemoved, PagesStored
 
@@ -51,11 +52,12 @@ class HubLink:
         load: Callable[[], Awaitable[Any]],
         resync: Callable[[], Awaitable[None]],
         *,
+        on_drain: Callable[[], None] = lambda: None,
         period_s: float = REPORT_PERIOD_S,
         timeout_s: float = 5.0,
     ) -> None:
         self.replica_id = replica_id
-        self._connect, self._load, self._resync = connect, load, resync
+        self._connect, self._load, self._resync, self._on_drain = connect, load, resync, on_drain
         self.period_s, self.timeout_s = period_s, timeout_s
         self.hub: Any = None
         self.epoch: str | None = None
@@ -87,29 +89,34 @@ class HubLink:
     async def _keep(self) -> None:
         while True:
             await asyncio.sleep(self.period_s)
-            await self.check()
+            if await self.check() == REPORT_DRAIN:
+                return
 
-    async def check(self) -> bool:
-        """One report; registers again (and resyncs) when the hub does not know us. True if nothing was needed."""
+    async def check(self) -> str | None:
+        """One report: the hub's answer (REPORT_OK, REPORT_REGISTER, REPORT_DRAIN; None if unreachable). Registers
+        again (and resyncs) when the hub does not know us; calls on_drain when it retired us."""
         try:
             load = await self._load()
             if dataclasses.is_dataclass(load):  # plain data on the wire: the hub never imports the engine (torch)
                 load = dataclasses.asdict(load)
-            known = await asyncio.wait_for(
+            answer = await asyncio.wait_for(
                 _awaitable(self.hub.report.remote(self.replica_id, self.epoch, load)), self.timeout_s
             )
         except Exception as e:  # noqa: BLE001 - the hub died or hangs: look it up (or create it) again
             log.warning("event hub unreachable (%s); registering again", e)
-            known = False
-        if known:
-            return True
+            answer = None
+        if answer == REPORT_OK:
+            return answer
+        if answer == REPORT_DRAIN:
+            self._on_drain()
+            return answer
         try:
             await self.register()
             await self._resync()
             log.info("registered with the event hub again (epoch %s); snapshot resent", self.epoch)
         except Exception as e:  # noqa: BLE001 - try again next period
             log.warning("could not register with the event hub (%s); retrying", e)
-        return False
+        return answer
 
 
 def _awaitable(ref: Any) -> Any:

@@ -32,6 +32,13 @@ from radixcache.cluster.index import PrefixIndex
 Event = tuple[Any, ...]
 
 
+# What `report` answers a replica.
+REPORT_OK = "ok"
+REPORT_REGISTER = "register"  # this incarnation does not know you: register again and resend your snapshot
+REPORT_DRAIN = "drain"  # the routers retired you (Serve stopped routing to you): you are being stopped
+RETIRED_KEPT = 10_000  # retired replica ids remembered (ids are never reused)
+
+
 class Poll(NamedTuple):
     epoch: str  # this hub's incarnation
     cursor: int  # pass it to the next poll
@@ -50,17 +57,23 @@ class EventHub:
         self.cursor = 0  # sequence number of the newest batch
         self.live: set[str] = set()  # Serve replica ids (full id strings, as routers see them)
         self.loads: dict[str, Any] = {}  # replica -> its newest load report
+        self.retired: dict[str, None] = {}  # replicas the routers forgot, oldest first
         self._changed = asyncio.Event()
 
     async def register(self, replica: str) -> str:
         """The replica (re)starts its feed: its state is empty until its snapshot follows. Returns the epoch."""
+        self.retired.pop(replica, None)
         self.live.add(replica)
         self.states.cleared(replica)
         self._append(replica, [("reset",)])
         return self.epoch
 
     async def forget(self, replica: str) -> None:
-        """The replica died or was scaled away: drop its state; routers learn it through a "reset" with no stores."""
+        """The replica died or is being stopped (Serve took it out of the routers' candidates): drop its state;
+        routers learn it through a "reset" with no stores, and the replica, if it still runs, from `report`."""
+        self.retired[replica] = None
+        while len(self.retired) > RETIRED_KEPT:
+            del self.retired[next(iter(self.retired))]
         if replica in self.live:
             self.live.discard(replica)
             self.states.forget(replica)
@@ -73,13 +86,15 @@ class EventHub:
         self.states.apply(replica, events)
         self._append(replica, events)
 
-    async def report(self, replica: str, epoch: str, load: Any) -> bool:
-        """A replica's periodic load report; False: it is not registered in this incarnation and must register
-        (and resend its snapshot) again."""
+    async def report(self, replica: str, epoch: str, load: Any) -> str:
+        """A replica's periodic load report. Answers REPORT_OK, REPORT_REGISTER (this incarnation does not know it:
+        register again and resend the snapshot) or REPORT_DRAIN (it was retired: it is being stopped)."""
+        if replica in self.retired:
+            return REPORT_DRAIN
         if epoch != self.epoch or replica not in self.live:
-            return False
+            return REPORT_REGISTER
         self.loads[replica] = load
-        return True
+        return REPORT_OK
 
     def _append(self, replica: str, events: list[Event]) -> None:
         self.cursor += 1

@@ -2,7 +2,9 @@
 
 The ingress reaches it through a DeploymentHandle: `generate` goes through the handle's router (CacheAwareRouter),
 which picks the replica; fleet-wide calls (stats, flush, pin, unpin, abort) go to every replica with Serve's
-`handle.broadcast`, and each replica answers for itself.
+`handle.broadcast`, and each replica answers for itself. Serve calls `check_health` every health_check_period_s
+(cluster.lifecycle.HealthCheck); when the replica is being stopped it drains (cluster.lifecycle.Drain): its streams
+get `grace_s` to finish, then what is left ends with UNAVAILABLE.
 """
 
 from __future__ import annotations
@@ -13,17 +15,26 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+from radixcache.cluster.lifecycle import Drain, HealthCheck
 from radixcache.worker.engine_stream import EngineStream
 from radixcache.worker.request import Request, RequestOutput, SamplingParams
 
 log = logging.getLogger("radixcache.cluster")
+
+DEFAULT_GRACE_S = 30.0
+HEALTH_CALL_TIMEOUT_S = 20.0  # the engine thread takes a call between two steps: longer means it hangs in one
 
 
 class EngineReplica:
     """The deployment class (wrapped with serve.deployment by the app)."""
 
     async def __init__(
-        self, serve_argv: list[str], hub_name: str | None = None, hub_namespace: str | None = None, threads: int = 1
+        self,
+        serve_argv: list[str],
+        hub_name: str | None = None,
+        hub_namespace: str | None = None,
+        threads: int = 1,
+        grace_s: float = DEFAULT_GRACE_S,
     ) -> None:
         import torch
 
@@ -34,6 +45,8 @@ class EngineReplica:
         self.engine, info = await asyncio.to_thread(build_engine, args)
         self.model_info_bytes = info.SerializeToString()
         self.replica_id = _own_replica_id()
+        self.health = HealthCheck()
+        self.drain = Drain(self.engine.abort, grace_s=grace_s)
         self.events = self.link = None
         if hub_name is not None:
             await self._publish_events(hub_name, hub_namespace or "")
@@ -51,6 +64,7 @@ class EngineReplica:
             connect=lambda: get_or_create_hub(hub_name, hub_namespace),
             load=lambda: asyncio.to_thread(self.engine.load),
             resync=self.events.resync_publishers,
+            on_drain=self.drain.start,
         )
         await self.link.register()
         await self.events.start()
@@ -61,15 +75,25 @@ class EngineReplica:
     async def generate(self, request: Request) -> AsyncIterator[tuple[str, RequestOutput]]:
         """Streams (replica id, output) until every sample has finished; cancelling the stream aborts the request."""
         stream = EngineStream(self.engine, request).open()
+        self.drain.opened(request.request_id)
         try:
             async for out in stream:
-                yield self.replica_id, out
+                yield self.replica_id, self.drain.settle(out)
         finally:
             stream.close()
+            self.drain.closed(request.request_id)
+
+    async def check_health(self) -> None:
+        """Serve's health check: raises when the engine thread is gone, hangs in a step, or has stopped stepping
+        with requests queued (Serve then replaces this replica)."""
+        load = await asyncio.wait_for(asyncio.to_thread(self.engine.load), HEALTH_CALL_TIMEOUT_S)
+        self.health.check(self.engine.alive, load)
 
     # -- fleet-wide calls (the ingress broadcasts them to every replica) ---------------------------------------
     async def abort(self, request_id: str) -> bool:
         """Aborts the request if this replica runs it."""
+        if request_id in self.drain.live:
+            self.drain.aborted_by_client.add(request_id)
         return self.engine.abort(request_id)
 
     async def stats(self) -> tuple[str, Any]:
