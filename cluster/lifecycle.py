@@ -20,7 +20,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from radixcache.worker.engine import EngineLoad
+from radixcache.worker.engine_api import EngineLoad
 from radixcache.worker.request import ErrorKind, FinishReason, RequestOutput
 
 log = logging.getLogger("radixcache.cluster")

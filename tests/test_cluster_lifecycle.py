@@ -5,18 +5,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from helpers import FakeClock
 
 from radixcache.cluster.lifecycle import HANDED_BACK, Drain, HealthCheck
-from radixcache.worker.engine import EngineLoad
+from radixcache.worker.engine_api import EngineLoad
 from radixcache.worker.request import ErrorKind, FinishReason, RequestOutput
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def load(busy: int, steps: int) -> EngineLoad:
@@ -24,7 +17,7 @@ def load(busy: int, steps: int) -> EngineLoad:
 
 
 def test_health_fails_when_the_engine_thread_is_gone_or_stops_stepping_with_work():
-    clock = Clock()
+    clock = FakeClock()
     health = HealthCheck(stall_s=30, clock=clock)
     health.check(True, load(busy=0, steps=5))
     clock.now = 100.0

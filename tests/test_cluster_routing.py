@@ -7,6 +7,7 @@ import asyncio
 import random
 
 import pytest
+from helpers import FakeClock
 
 from radixcache.cluster.events_feed import HubLink
 from radixcache.cluster.hub import REPORT_DRAIN, REPORT_OK, REPORT_REGISTER, EventHub, Poll
@@ -15,15 +16,7 @@ from radixcache.cluster.load import LoadView
 from radixcache.cluster.policy import Candidate, LoadWeights, Policy, RoutingThresholds, choose, cost, imbalanced
 from radixcache.cluster.reuse import ReuseTracker
 from radixcache.cluster.view import FleetView
-from radixcache.worker.engine import EngineLoad
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
+from radixcache.worker.engine_api import EngineLoad
 
 
 def test_match_counts_leading_cached_pages_per_namespace():
@@ -40,7 +33,7 @@ def test_match_counts_leading_cached_pages_per_namespace():
 
 
 def test_inflight_pages_count_until_they_expire_or_events_confirm_them():
-    clock = Clock()
+    clock = FakeClock()
     index = PrefixIndex(inflight_ttl_s=5.0, clock=clock)
     index.routed("a", "", [1, 2])
     assert index.match("a", "", [1, 2, 3]) == 2  # sent moments ago: stick to it before any event arrives
@@ -184,7 +177,7 @@ def load(running=0, waiting=0, queued=0, busy=0, total=100) -> EngineLoad:
 
 
 def test_load_view_adds_what_the_router_sent_until_a_report_covers_it():
-    clock = Clock()
+    clock = FakeClock()
     view = LoadView(report_lag_s=0.2, max_age_s=5.0, clock=clock)
     first, second = view.routed("a", 1000), view.routed("a", 24)
     assert (view.requests("a"), view.queued_tokens("a"), view.kv_busy("a")) == (2, 1024, 0.0)
@@ -257,7 +250,7 @@ def test_a_new_hub_has_a_new_epoch_and_refuses_the_old_one():
 
 
 def test_fleet_view_keeps_a_replica_until_it_registers_with_a_restarted_hub():
-    clock = Clock()
+    clock = FakeClock()
     view = FleetView(stale_s=10.0, clock=clock)
     view.apply(Poll("e1", 2, True, [("a", [("reset",), ("stored", "", [1, 2])]), ("b", [("stored", "", [3])])], {}))
     assert view.index.match("a", "", [1, 2]) == 2
