@@ -6,6 +6,7 @@ One Ray instance for the module (it takes ~20 s to start on 2 cores); each test 
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 import threading
 import time
@@ -25,6 +26,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(300)]
 
 PAGE, PAGES = 16, 64
 INFLIGHT_TTL_S = 1.0  # short, so a test can wait until only cache events (not prompts in flight) guide routing
+GRACE_S = 3.0  # a replica being stopped hands back what still streams after this
 HOGS = 4  # long streams sharing one prefix: all stick to its replica, whose load is then imbalanced
 TOKENS = {"tok-alice": "alice", "tok-bob": "bob"}
 
@@ -45,6 +47,7 @@ def cluster():
         auth_tokens=TOKENS,
         app_name="rc-test",
         inflight_ttl_s=INFLIGHT_TTL_S,
+        grace_period_s=GRACE_S,
     )
     ray.init(num_cpus=3, include_dashboard=False, namespace=options.hub_namespace, log_to_driver=False)
     try:
@@ -308,3 +311,41 @@ def test_the_openai_api_is_served_for_the_fleet(cluster):
         openai.OpenAI(base_url=api.base_url, api_key="nope", max_retries=0).models.list()
     with Client(target, token="tok-alice") as c:
         wait_idle(c)
+
+
+def test_a_replica_scaled_away_drains_then_hands_back_its_streams(cluster):
+    """Last in the module: it leaves one replica. Streams longer than the grace period on the replica Serve stops
+    end with UNAVAILABLE saying so, at the grace period (not cut when the actor is killed); the others finish."""
+    target, options = cluster
+    outcomes: dict[int, object] = {}
+
+    def stream(i: int) -> None:
+        try:
+            with Client(target, token="tok-alice") as s:
+                chunks = list(s.generate(token_ids=ids(8, salt=1000 + i), max_tokens=1000, ignore_eos=True))
+                outcomes[i] = chunks[-1].finish_reason
+        except grpc.RpcError as e:
+            outcomes[i] = (e.code(), e.details())
+
+    with Client(target, token="tok-alice") as c:
+        threads = [threading.Thread(target=stream, args=(i,), daemon=True) for i in range(4)]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # both replicas stream (tied prompts take turns)
+            busy = [r["running"] for r in c.stats()["replicas"]]
+            if len(busy) == 2 and min(busy) >= 1:
+                break
+            time.sleep(0.05)
+        assert len(busy) == 2 and min(busy) >= 1, busy
+        started = time.monotonic()
+        serve.run(build_app(dataclasses.replace(options, replicas=1)), name=options.app_name)  # scale down
+        for t in threads:
+            t.join(180)
+        assert len(c.stats()["replicas"]) == 1
+    handed_back = [o for o in outcomes.values() if isinstance(o, tuple)]
+    assert handed_back, outcomes  # the stopped replica had streams longer than the grace period
+    for code, details in handed_back:
+        assert code == grpc.StatusCode.UNAVAILABLE and "drained" in details, details
+    assert all(o == "length" for o in outcomes.values() if not isinstance(o, tuple)), outcomes
+    assert time.monotonic() - started < 60  # within grace + margin, not Serve's kill after a long wait
