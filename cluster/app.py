@@ -27,6 +27,7 @@ class ClusterOptions:
     weights: LoadWeights = field(default_factory=LoadWeights)
     inflight_ttl_s: float = 30.0  # how long a routed prompt counts as cached there without a stored event
     auth_tokens: dict[str, str] | None = None
+    admin_tokens: frozenset[str] = frozenset()  # tokens (among auth_tokens) that may read every replica's cache events
     router_class: str = ROUTER_CLASS  # the benchmark swaps in Ray Serve's own routers
     max_ongoing_requests: int = 64  # per replica; beyond it Serve queues at the router
     grace_period_s: float = 30.0  # a replica being stopped lets its streams run this long, then hands them back
@@ -119,7 +120,7 @@ def build_app(options: ClusterOptions) -> Any:
     replica_app = replica.bind(
         options.replica_argv, options.hub_name, options.hub_namespace, threads, options.grace_period_s
     )
-    return ingress.bind(replica_app, options.auth_tokens)
+    return ingress.bind(replica_app, options.auth_tokens, frozenset(options.admin_tokens))
 
 
 def grpc_options(port: int) -> Any:
@@ -149,13 +150,14 @@ APP_ARGS = {
 def options_from_args(args: dict[str, Any]) -> ClusterOptions:
     """ClusterOptions from a Serve config's `args` (APP_ARGS names them, each optional); ValueError names a bad or
     unknown one. Reads the tokens file."""
-    from radixcache.worker.auth import load_tokens
+    from radixcache.worker.auth import load_token_file
 
     unknown = set(args) - set(APP_ARGS)
     if unknown:
         raise ValueError(f"unknown application args {sorted(unknown)}; known: {sorted(APP_ARGS)}")
     t, w = RoutingThresholds(), LoadWeights()
     tokens_file = args.get("auth_tokens_file")
+    tokens, admins = load_token_file(tokens_file) if tokens_file else (None, set())
     serve_argv = args.get("serve_argv", [])
     if not isinstance(serve_argv, list):
         raise ValueError(f"serve_argv must be a list of flags, got {type(serve_argv).__name__}")
@@ -179,7 +181,8 @@ def options_from_args(args: dict[str, Any]) -> ClusterOptions:
             float(args.get("kv_weight", w.kv)),
             float(args.get("evict_weight", w.evict)),
         ),
-        auth_tokens=load_tokens(tokens_file) if tokens_file else None,
+        auth_tokens=tokens,
+        admin_tokens=frozenset(admins),
         grace_period_s=float(args.get("grace_period_s", 30.0)),
     )
 

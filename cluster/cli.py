@@ -69,9 +69,10 @@ def main(argv: list[str]) -> int:
 
     from radixcache.cluster.app import ClusterOptions, build_app, grpc_options
     from radixcache.cluster.policy import RoutingThresholds
-    from radixcache.worker.auth import load_tokens
+    from radixcache.worker.auth import load_token_file
 
     try:
+        tokens, admins = load_token_file(args.auth_tokens) if args.auth_tokens else (None, set())
         options = ClusterOptions(
             serve_argv=serve_argv,
             replicas=args.replicas,
@@ -79,7 +80,8 @@ def main(argv: list[str]) -> int:
             replica_gpus=args.replica_gpus,
             thresholds=RoutingThresholds(args.balance_abs, args.balance_rel, args.min_match_pages),
             weights=LoadWeights(args.queued_weight, args.requests_weight, args.kv_weight, args.evict_weight),
-            auth_tokens=load_tokens(args.auth_tokens) if args.auth_tokens else None,
+            auth_tokens=tokens,
+            admin_tokens=frozenset(admins),
             grace_period_s=args.grace_period,
         )
     except (OSError, ValueError) as e:

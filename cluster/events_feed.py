@@ -120,9 +120,9 @@ class HubLink:
 
 
 def _awaitable(ref: Any) -> Any:
-    """An ObjectRef as an asyncio future (plain awaitables in tests)."""
-    as_future = getattr(ref, "as_future", None)
-    return as_future() if as_future is not None else ref
+    """An ObjectRef as an asyncio future (plain awaitables in tests), for asyncio.wait_for."""
+    future = getattr(ref, "future", None)
+    return asyncio.wrap_future(future()) if future is not None else ref
 
 
 class RayHubPublisher:

@@ -11,6 +11,7 @@ against one worker, apart from the address.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -53,16 +54,21 @@ class Ingress:
     """The deployment class (wrapped with serve.ingress() and serve.deployment by the app): the gRPC methods below,
     and the OpenAI-compatible HTTP API (worker.openai's app over the same servicer) through Serve's HTTP proxy."""
 
-    async def __init__(self, replicas: Any, auth_tokens: dict[str, str] | None) -> None:
-        from radixcache.cluster.fleet import FleetEngine
+    async def __init__(
+        self, replicas: Any, auth_tokens: dict[str, str] | None, admin_tokens: frozenset[str] = frozenset()
+    ) -> None:
+        from radixcache.cluster.fleet import FleetEngine, remote_apart
+        from radixcache.cluster.fleet_events import FleetEvents, ReplicaTarget
         from radixcache.worker.auth import Authenticator
         from radixcache.worker.servicer import RadixCacheServicer
 
         info = pb.ModelInfo.FromString(await replicas.model_info.remote())
         tokenizer = await replicas.tokenizer.remote()
         self.fleet = FleetEngine(replicas, tokenizer, info, asyncio.get_running_loop())
-        self.servicer = RadixCacheServicer(Authenticator(auth_tokens))
+        self.servicer = RadixCacheServicer(Authenticator(auth_tokens, admin_tokens))
         self.servicer.attach(self.fleet, info)
+        stream = replicas.options(stream=True).cache_events
+        self.cache_events = FleetEvents(self.fleet.replica_ids, lambda rid: remote_apart(stream, ReplicaTarget(rid)))
 
     def __serve_build_asgi_app__(self) -> Any:
         from radixcache.worker.openai.app import create_app
@@ -115,9 +121,19 @@ class Ingress:
         return await self._unary("Abort", request, grpc_context)
 
     async def SubscribeCacheEvents(self, request: Any, grpc_context: Any) -> AsyncIterator[Any]:
-        grpc_context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        grpc_context.set_details(
-            "a cluster has no single cache: its router indexes every replica's events itself; subscribe to a worker"
-        )
-        raise RuntimeError("SubscribeCacheEvents is per worker")
-        yield  # an async generator, as Serve's gRPC proxy expects of a streaming method
+        """Every replica's cache events, each batch tagged with its replica_id (cluster.fleet_events); an admin
+        token is required, as on one worker."""
+        metadata = grpc_context.invocation_metadata()
+        auth = self.servicer.auth
+        refusal = None
+        if auth.tenant(metadata) is None:
+            refusal = (grpc.StatusCode.UNAUTHENTICATED, "a valid bearer token is required")
+        elif not auth.is_admin(metadata):
+            refusal = (grpc.StatusCode.PERMISSION_DENIED, "cache events need a token marked admin")
+        if refusal is not None:
+            grpc_context.set_code(refusal[0])
+            grpc_context.set_details(refusal[1])
+            raise RuntimeError(refusal[1])  # Ray Serve answers with the status set on grpc_context
+        async with contextlib.aclosing(self.cache_events.subscribe()) as batches:
+            async for message in batches:
+                yield message

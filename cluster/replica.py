@@ -10,6 +10,7 @@ get `grace_s` to finish, then what is left ends with UNAVAILABLE.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
 from collections.abc import AsyncIterator
@@ -43,6 +44,7 @@ class EngineReplica:
         torch.set_num_threads(threads)
         args = parser().parse_args(serve_argv)
         self.engine, info = await asyncio.to_thread(build_engine, args)
+        self.kv_events_endpoint = args.kv_events_endpoint
         self.model_info_bytes = info.SerializeToString()
         self.replica_id = _own_replica_id()
         self.health = HealthCheck()
@@ -69,6 +71,8 @@ class EngineReplica:
         await self.link.register()
         await self.events.start()
         self.events.add_publisher(RayHubPublisher(self.link))
+        if self.kv_events_endpoint:
+            self.events.add_publisher(_zmq_publisher(self.kv_events_endpoint, self.engine.page_size))
         self.link.start()
 
     # -- serving -----------------------------------------------------------------------------------------------
@@ -82,6 +86,22 @@ class EngineReplica:
         finally:
             stream.close()
             self.drain.closed(request.request_id)
+
+    async def cache_events(self, target: Any) -> AsyncIterator[bytes]:
+        """This replica's SubscribeCacheEvents stream (snapshot, events, reset when read too slowly), each message a
+        serialized CacheEventBatch tagged with its replica_id; `target` (a fleet_events.ReplicaTarget) must name this
+        replica."""
+        if target.replica_id != self.replica_id:
+            raise LookupError(f"the cache events of {target.replica_id} were asked of {self.replica_id}")
+        if self.events is None:
+            raise RuntimeError("this replica publishes no cache events")
+        from radixcache.worker.events_proto import batch_to_proto
+
+        async with contextlib.aclosing(self.events.subscribe()) as batches:
+            async for batch in batches:
+                for message in batch_to_proto(batch, self.engine.page_size):
+                    message.replica_id = self.replica_id
+                    yield message.SerializeToString()
 
     async def check_health(self) -> None:
         """Serve's health check: raises when the engine thread is gone, hangs in a step, or has stopped stepping
@@ -125,6 +145,18 @@ class EngineReplica:
 
     async def whoami(self) -> str:
         return self.replica_id
+
+
+def _zmq_publisher(endpoint: str, page_size: int) -> Any:
+    """This replica's ZMQ feed in vLLM's format (serve_argv's --kv-events-endpoint), by vLLM's data-parallel rule:
+    the port offset by the replica's rank on its node (replicas sharing a node never collide), every batch tagged
+    with its rank in the deployment as data_parallel_rank (an indexer tells the fleet's replicas apart)."""
+    from ray import serve
+
+    from radixcache.worker.kv_events_zmq import ZmqKvEventPublisher, rank_endpoint
+
+    rank = serve.get_replica_context().rank
+    return ZmqKvEventPublisher(rank_endpoint(endpoint, rank.local_rank), page_size, data_parallel_rank=rank.rank)
 
 
 def _own_replica_id() -> str:

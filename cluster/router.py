@@ -22,6 +22,7 @@ import time
 
 from ray.serve.request_router import PendingRequest, ReplicaID, ReplicaResult, RequestRouter, RunningReplica
 
+from radixcache.cluster.fleet_events import ReplicaTarget
 from radixcache.cluster.policy import Candidate, LoadWeights, Policy, RoutingThresholds
 from radixcache.cluster.view import FleetView
 from radixcache.events import page_hashes
@@ -76,6 +77,9 @@ class CacheAwareRouter(RequestRouter):
         # back off between attempts instead of spinning the router's loop.
         pending_request.routing_context.should_backoff = True
         request = pending_request.args[0] if pending_request.args else None
+        if isinstance(request, ReplicaTarget):  # a call for one replica (its cache events)
+            named = [r for r in candidate_replicas if r.replica_id.to_full_id_str() == request.replica_id]
+            return [named or [self._least_loaded(candidate_replicas)]]
         if not isinstance(request, Request):
             return [[self._least_loaded(candidate_replicas)]]
         start = time.perf_counter()

@@ -21,6 +21,7 @@ from radixcache.client import Client
 from radixcache.cluster.app import ClusterOptions, build_app, grpc_options
 from radixcache.cluster.policy import RoutingThresholds
 from radixcache.events import page_hashes
+from radixcache.v1 import radixcache_pb2 as pb
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -28,7 +29,8 @@ PAGE, PAGES = 16, 64
 INFLIGHT_TTL_S = 1.0  # short, so a test can wait until only cache events (not prompts in flight) guide routing
 GRACE_S = 3.0  # a replica being stopped hands back what still streams after this
 HOGS = 4  # long streams sharing one prefix: all stick to its replica, whose load is then imbalanced
-TOKENS = {"tok-alice": "alice", "tok-bob": "bob"}
+TOKENS = {"tok-alice": "alice", "tok-bob": "bob", "tok-admin": "ops"}
+ADMINS = frozenset({"tok-admin"})  # may read every replica's cache events
 
 
 def free_port() -> int:
@@ -40,11 +42,14 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def cluster():
     port, http_port = free_port(), free_port()
+    zmq_base = free_port()  # replica rank r (on this one node) publishes its ZMQ feed to zmq_base + r
+    argv = ["--random-model", "--page-size", str(PAGE), "--kv-pages", str(PAGES), "--max-step-tokens", "64"]
     options = ClusterOptions(
-        serve_argv=["--random-model", "--page-size", str(PAGE), "--kv-pages", str(PAGES), "--max-step-tokens", "64"],
+        serve_argv=[*argv, "--kv-events-endpoint", f"tcp://127.0.0.1:{zmq_base}"],
         replicas=2,
         thresholds=RoutingThresholds(balance_abs=3, balance_rel=1.5),  # 4 streams on one replica: imbalanced
         auth_tokens=TOKENS,
+        admin_tokens=ADMINS,
         app_name="rc-test",
         inflight_ttl_s=INFLIGHT_TTL_S,
         grace_period_s=GRACE_S,
@@ -54,6 +59,7 @@ def cluster():
         serve.start(grpc_options=grpc_options(port), http_options=HTTPOptions(host="127.0.0.1", port=http_port))
         serve.run(build_app(options), name=options.app_name)
         options.http_port = http_port  # for the OpenAI test
+        options.zmq_base = zmq_base
         yield f"127.0.0.1:{port}", options
     finally:
         serve.shutdown()
@@ -311,6 +317,70 @@ def test_the_openai_api_is_served_for_the_fleet(cluster):
         openai.OpenAI(base_url=api.base_url, api_key="nope", max_retries=0).models.list()
     with Client(target, token="tok-alice") as c:
         wait_idle(c)
+
+
+def test_the_fleets_cache_events_come_from_every_replica_tagged_with_it(cluster):
+    target, options = cluster
+    with Client(target, token="tok-alice") as c:
+        with pytest.raises(grpc.RpcError) as refused:
+            next(iter(c.cache_events(timeout=30)))
+        assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED  # events show every tenant's tokens
+        replicas = {r["replica_id"] for r in c.stats()["replicas"]}
+    with Client(target, token="tok-admin") as admin, Client(target, token="tok-alice") as alice:
+        stream = admin.cache_events(timeout=120)
+        snapshots: set[str] = set()
+        for batch in stream:  # first, each replica's snapshot
+            if batch.kind == pb.CACHE_EVENT_BATCH_KIND_SNAPSHOT and batch.snapshot_complete:
+                snapshots.add(batch.replica_id)
+            if snapshots == replicas:
+                break
+        prefix = ids(64, salt=1500)
+        first_page = page_hashes(prefix, PAGE, "alice")[0]
+        generate(alice, prefix + [5])
+        for batch in stream:  # then live events, each from the replica whose cache changed
+            stored = [h for e in batch.events if e.WhichOneof("event") == "stored" for h in e.stored.page_hashes]
+            if batch.kind == pb.CACHE_EVENT_BATCH_KIND_EVENTS and first_page in stored:
+                holder = batch.replica_id
+                break
+        stream.close()
+    assert holders(options, prefix, "alice", expect=1) == 1
+    hub = ray.get_actor(options.hub_name, namespace=options.hub_namespace)
+    assert first_page in ray.get(hub.cached_hashes.remote(holder, "alice"))  # the tag names the replica holding it
+
+
+def test_each_replica_publishes_its_own_zmq_feed(cluster):
+    """vLLM's data-parallel rule: replica of local rank r on the endpoint's port + r, its batches tagged with its
+    rank in the deployment (data_parallel_rank)."""
+    import msgpack
+    import zmq
+
+    target, options = cluster
+    ctx = zmq.Context()
+    subs = []
+    try:
+        for r in range(2):
+            sub = ctx.socket(zmq.SUB)
+            sub.setsockopt(zmq.SUBSCRIBE, b"")
+            sub.setsockopt(zmq.LINGER, 0)
+            sub.bind(f"tcp://127.0.0.1:{options.zmq_base + r}")  # the replicas connect (a concrete host)
+            subs.append(sub)
+        ranks: dict[int, set[int]] = {0: set(), 1: set()}
+        deadline = time.monotonic() + 60
+        salt = 1600
+        with Client(target, token="tok-alice") as c:
+            while time.monotonic() < deadline and not all(ranks.values()):
+                generate(c, ids(64, salt=salt) + [5])  # new prefixes: stored events, on one replica or the other
+                salt += 1
+                for port_offset, sub in enumerate(subs):
+                    while sub.poll(50):
+                        _, _, payload = sub.recv_multipart()
+                        ranks[port_offset].add(msgpack.unpackb(payload)[2])
+        assert all(ranks.values()), ranks  # both replicas publish, each on its own port
+        assert ranks[0] | ranks[1] == {0, 1} and not ranks[0] & ranks[1]  # one rank per feed, no two alike
+    finally:
+        for sub in subs:
+            sub.close(linger=0)
+        ctx.term()
 
 
 def test_a_replica_scaled_away_drains_then_hands_back_its_streams(cluster):
