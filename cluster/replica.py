@@ -43,9 +43,8 @@ class EngineReplica:
 
         torch.set_num_threads(threads)
         args = parser().parse_args(serve_argv)
-        self.engine, info = await asyncio.to_thread(build_engine, args)
+        self.engine, self.facts = await asyncio.to_thread(build_engine, args)
         self.kv_events_endpoint = args.kv_events_endpoint
-        self.model_info_bytes = info.SerializeToString()
         self.replica_id = _own_replica_id()
         self.health = HealthCheck()
         self.drain = Drain(self.engine.abort, grace_s=grace_s)
@@ -140,8 +139,9 @@ class EngineReplica:
         """The replica's tokenizer (pickled to the ingress, which tokenizes before routing)."""
         return self.engine.tokenizer
 
-    async def model_info(self) -> bytes:
-        return self.model_info_bytes
+    async def model_facts(self) -> Any:
+        """The replica's ModelFacts (worker/engine_api.py), pickled to the ingress."""
+        return self.facts
 
     async def whoami(self) -> str:
         return self.replica_id
