@@ -30,6 +30,7 @@ class ClusterOptions:
     admin_tokens: frozenset[str] = frozenset()  # tokens (among auth_tokens) that may read every replica's cache events
     router_class: str = ROUTER_CLASS  # the benchmark swaps in Ray Serve's own routers
     max_ongoing_requests: int = 64  # per replica; beyond it Serve queues at the router
+    ingress_replicas: int = 1  # more spread the streams (each ingress relays its own; Abort reaches across them)
     grace_period_s: float = 30.0  # a replica being stopped lets its streams run this long, then hands them back
     app_name: str = "radixcache"
     hub_namespace: str = "radixcache"
@@ -41,6 +42,8 @@ class ClusterOptions:
             raise ValueError(f"replica_cpus must be > 0, got {self.replica_cpus}")
         if self.replica_gpus < 0:
             raise ValueError(f"replica_gpus must be >= 0, got {self.replica_gpus}")
+        if self.ingress_replicas < 1:
+            raise ValueError(f"ingress_replicas must be >= 1, got {self.ingress_replicas}")
         if self.grace_period_s < 0:
             raise ValueError(f"grace_period_s must be >= 0, got {self.grace_period_s}")
         if self.autoscaling is not None:
@@ -114,7 +117,10 @@ def build_app(options: ClusterOptions) -> Any:
         **scaling,
     )
     ingress = serve.deployment(serve.ingress()(Ingress)).options(
-        name="Ingress", num_replicas=1, max_ongoing_requests=4096, ray_actor_options={"num_cpus": 0}
+        name="Ingress",
+        num_replicas=options.ingress_replicas,
+        max_ongoing_requests=4096,
+        ray_actor_options={"num_cpus": 0},
     )
     threads = max(1, int(options.replica_cpus))
     replica_app = replica.bind(
@@ -136,6 +142,7 @@ APP_ARGS = {
     "replica_gpus": "Ray GPUs per replica (0: CPU engines); > 0 adds --device cuda unless serve_argv gives a device",
     "serve_argv": "a list of `radixcache serve` model and cache flags, for every replica",
     "auth_tokens_file": "a tokens file, as for `radixcache serve --auth-tokens` (mount it from a Secret)",
+    "ingress_replicas": "gRPC/HTTP ingress replicas (each relays its own streams; default 1)",
     "grace_period_s": "a replica being stopped lets its streams run this long, then ends them with UNAVAILABLE",
     "balance_abs": "routing: request-count gap beyond which load wins over cache",
     "balance_rel": "routing: ...and busiest/idlest ratio beyond which load wins",
@@ -184,6 +191,7 @@ def options_from_args(args: dict[str, Any]) -> ClusterOptions:
         auth_tokens=tokens,
         admin_tokens=frozenset(admins),
         grace_period_s=float(args.get("grace_period_s", 30.0)),
+        ingress_replicas=int(args.get("ingress_replicas", 1)),
     )
 
 

@@ -31,6 +31,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="address of Serve's proxies (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=50051, help="gRPC port of Serve's proxy (default 50051)")
     p.add_argument("--auth-tokens", type=Path, help="bearer tokens, as for `radixcache serve`")
+    p.add_argument("--ingress-replicas", type=int, default=1,
+                   help="ingress replicas relaying the streams (default 1); Abort reaches across them")  # fmt: skip
     p.add_argument("--grace-period", type=float, default=30.0,
                    help="seconds a replica being stopped lets its streams run before ending them with UNAVAILABLE "
                    "(default 30)")  # fmt: skip
@@ -83,12 +85,17 @@ def main(argv: list[str]) -> int:
             auth_tokens=tokens,
             admin_tokens=frozenset(admins),
             grace_period_s=args.grace_period,
+            ingress_replicas=args.ingress_replicas,
         )
     except (OSError, ValueError) as e:
         print(f"radixcache cluster: {e}", file=sys.stderr)
         return 2
     ray.init(address=args.ray_address, namespace=options.hub_namespace, include_dashboard=False)
-    serve.start(grpc_options=grpc_options(args.port), http_options=HTTPOptions(host=args.host, port=0))
+    serve.start(  # a proxy on every node with a replica: streams spread instead of all crossing the head
+        proxy_location="EveryNode",
+        grpc_options=grpc_options(args.port),
+        http_options=HTTPOptions(host=args.host, port=0),
+    )
     serve.run(build_app(options), name=options.app_name)
     print(f"serving on {args.host}:{args.port}", flush=True)
     print(json.dumps({"replicas": args.replicas, "serve_argv": serve_argv}), flush=True)

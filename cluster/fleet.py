@@ -75,6 +75,11 @@ class FleetEngine:
         task.add_done_callback(self._aborts.discard)
         return True
 
+    async def abort_anywhere(self, request_id: str) -> bool:
+        """Abort a request this ingress does not relay (with several ingress replicas, another one may): every
+        engine replica is asked; True if one ended it."""
+        return any(await self._broadcast_async("abort", request_id))
+
     async def _abort_async(self, request_id: str) -> None:
         answers = await self._broadcast_async("abort", request_id)
         relay = self._relays.get(request_id)

@@ -123,7 +123,15 @@ class Ingress:
         return await self._unary("UnpinPrefix", request, grpc_context)
 
     async def Abort(self, request: pb.AbortRequest, grpc_context: Any) -> pb.AbortResponse:
-        return await self._unary("Abort", request, grpc_context)
+        """As on one worker; a request this ingress replica does not relay may stream through another one (Serve's
+        proxies spread calls over the ingress replicas): then every engine replica is asked."""
+        from radixcache.worker.front import engine_request_id
+
+        response = await self._unary("Abort", request, grpc_context)
+        if not response.aborted:
+            tenant = self.core.tenant(grpc_context.invocation_metadata())  # _unary has checked the token
+            response.aborted = await self.fleet.abort_anywhere(engine_request_id(tenant, request.request_id))
+        return response
 
     async def SubscribeCacheEvents(self, request: Any, grpc_context: Any) -> AsyncIterator[Any]:
         """Every replica's cache events, each batch tagged with its replica_id (cluster.fleet_events); an admin
