@@ -38,13 +38,14 @@ def test_config_from_hf_reads_every_architecture() -> None:
     assert qwen.qkv_bias and not qwen.o_bias and qwen.num_kv_heads == 1
 
 
-def test_config_legacy_rope_fields_and_sliding_window_cap() -> None:
+def test_config_legacy_rope_fields_and_a_window_that_does_not_cap_the_context() -> None:
     hf = hf_config("MistralForCausalLM").to_dict()
     hf.pop("rope_parameters")
     hf.update(rope_theta=1234.0, sliding_window=128, max_position_embeddings=512)
     cfg = ModelConfig.from_hf_config(hf)
     assert cfg.rope_theta == 1234.0
-    assert cfg.max_position_embeddings == 128  # full attention within the window == sliding-window attention
+    assert cfg.max_position_embeddings == 512  # Mistral gets its whole context, every layer its window
+    assert cfg.layer_windows == (128, 128)
 
 
 def test_config_rejects_unsupported() -> None:
