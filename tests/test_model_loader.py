@@ -150,3 +150,23 @@ def test_incremental_detokenizer_flush_emits_a_dangling_partial(tmp_path: Path) 
     out = "".join(detok.push(i) for i in ids[:-1])
     assert out == "a"
     assert detok.flush().endswith("\ufffd")
+
+
+def test_a_model_refuses_a_backend_created_for_other_attention() -> None:
+    """A sliding-window model run through a backend built without its windows would attend globally, silently."""
+    from radixcache.pool import KVPool, KVShape
+    from radixcache.worker.attention import BatchLayout, SequenceSlice, create_backend
+    from radixcache.worker.model.llama import attention_options
+
+    cfg = ModelConfig(
+        vocab_size=50, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+        layer_kinds=("sliding", "global"), sliding_window=4,
+    )  # fmt: skip
+    loaded = random_model(cfg)
+    pool = KVPool(KVShape(2, 2, 8), page_size=4, num_pages=4)
+    layout = BatchLayout.build([SequenceSlice([0, 1], 0, 6)], 4)
+    ids = torch.arange(6)
+    with pytest.raises(ValueError, match="needs AttentionOptions.*windows=\\(4, None\\)"):
+        loaded.model(ids, layout, pool, create_backend("torch"))
+    logits = loaded.model(ids, layout, pool, create_backend("torch", attention=attention_options(cfg)))
+    assert logits.shape == (1, 50)
