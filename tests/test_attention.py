@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from radixcache.pool import KVPool, KVShape
-from radixcache.worker.attention import BatchLayout, SequenceSlice, create_backend
+from radixcache.worker.attention import BatchLayout, SequenceSlice, create_backend, torch_backend
 from radixcache.worker.attention.base import AttentionBackend, AttentionOptions
 
 
@@ -100,13 +100,16 @@ def test_torch_backend_matches_dense_reference(page_size: int, group: int, kinds
 
 @pytest.mark.parametrize("page_size", [1, 4, 16])
 @pytest.mark.parametrize("kinds", ["p", "dddd", "pdpd"])
-@pytest.mark.parametrize("soft_cap", [None, 2.0])
+@pytest.mark.parametrize(("soft_cap", "block_rows"), [(None, None), (2.0, None), (2.0, 3)])
 def test_sliding_and_global_layers_match_the_dense_reference_without_reading_outside_the_window(
-    page_size: int, kinds: str, soft_cap: float | None
+    page_size: int, kinds: str, soft_cap: float | None, block_rows: int | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Layer 0 slides over 5 positions, layer 1 is global, both with a scale of 0.3 (and a soft cap). The pages a
-    sliding layer's window has left hold NaN in layer 0: the backend must never read them (a cache may give them
-    back), and both layers must attend as the dense reference does."""
+    """Layer 0 slides over 5 positions, layer 1 is global, both with a scale of 0.3 (and a soft cap, whose explicit
+    scores may be formed a few query rows at a time). The pages a sliding layer's window has left hold NaN in layer
+    0: the backend must never read them (a cache may give them back), and both layers must attend as the dense
+    reference does."""
+    if block_rows is not None:  # a budget of 3 query rows' scores per block (4 heads x <= 70 keys)
+        monkeypatch.setattr(torch_backend, "SCORE_BLOCK_ELEMENTS", block_rows * 4 * 70)
     torch.manual_seed(0)
     rng = random.Random(f"window-{page_size}-{kinds}")
     window, kv_heads, dim = 5, 2, 16

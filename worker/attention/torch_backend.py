@@ -26,6 +26,11 @@ from radixcache.worker.attention.base import AttentionBackend
 from radixcache.worker.attention.layout import BatchLayout
 
 
+# The explicit (soft-capped) path forms scores a block of queries at a time, at most this many float32 elements
+# (64 MiB): a 512-token chunk of a 16-head model over an 8k prefix would otherwise hold 268 MB of scores at once.
+SCORE_BLOCK_ELEMENTS = 1 << 24
+
+
 @dataclass
 class _WindowPlan:
     """The gathers and masks of one window (None: the global layers) for one step."""
@@ -101,11 +106,18 @@ def _attend(
     b, heads, n, dim = q.shape
     kvh, length = keys.shape[1], keys.shape[2]
     group = heads // kvh
-    scores = q.reshape(b, kvh, group * n, dim) @ keys.transpose(-1, -2)  # [B, KVH, group * n, L]
-    scores = (torch.tanh(scores / soft_cap) * soft_cap).view(b, kvh, group, n, length)
-    scores = scores.masked_fill(~visible.reshape(-1, 1, 1, n, length), float("-inf"))
-    probs = scores.softmax(-1).view(b, kvh, group * n, length)
-    return (probs @ values).view(b, heads, n, dim)
+    visible = visible.reshape(-1, 1, 1, n, length)
+    out = torch.empty(b, heads, n, dim, dtype=torch.float32, device=q.device)
+    rows = max(1, SCORE_BLOCK_ELEMENTS // (b * heads * length))  # query rows per block: scores stay bounded
+    for start in range(0, n, rows):
+        end = min(n, start + rows)
+        qb = q[:, :, start:end].reshape(b, kvh, group * (end - start), dim)
+        scores = qb @ keys.transpose(-1, -2)  # [B, KVH, group * rows, L]
+        scores = (torch.tanh(scores / soft_cap) * soft_cap).view(b, kvh, group, end - start, length)
+        scores = scores.masked_fill(~visible[..., start:end, :], float("-inf"))
+        probs = scores.softmax(-1).view(b, kvh, group * (end - start), length)
+        out[:, :, start:end] = (probs @ values).view(b, heads, end - start, dim)
+    return out
 
 
 class TorchAttentionBackend(AttentionBackend):
