@@ -53,6 +53,10 @@ def build_tokenizer_files(folder: Path, with_chat_template: bool = True) -> None
 
 
 WINDOW = 8  # the sliding window of the sliding-window fixtures: their test sequences span several windows
+# What Gemma 2 and 3 fixtures share: a sliding layer, then a global one, and a scale other than head_dim ** -0.5.
+GEMMA = dict(
+    head_dim=16, sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention"], query_pre_attn_scalar=24
+)
 
 
 def hf_config(arch: str, **overrides: object):  # noqa: ANN201 (transformers config class)
@@ -99,21 +103,11 @@ def hf_config(arch: str, **overrides: object):  # noqa: ANN201 (transformers con
         common.update(head_dim=32, tie_word_embeddings=True, rope_theta=1e6)  # q/k norms over head_dim 32
         cls = transformers.Qwen3Config
     elif arch == "Gemma2ForCausalLM":
-        common.update(
-            head_dim=16,
-            sliding_window=WINDOW,
-            layer_types=["sliding_attention", "full_attention"],
-            query_pre_attn_scalar=24,
-            attn_logit_softcapping=4.0,
-            final_logit_softcapping=8.0,
-        )
+        common.update(GEMMA, attn_logit_softcapping=4.0, final_logit_softcapping=8.0)
         cls = transformers.Gemma2Config
     elif arch == "Gemma3ForCausalLM":
         common.update(
-            head_dim=16,
-            sliding_window=WINDOW,
-            layer_types=["sliding_attention", "full_attention"],
-            query_pre_attn_scalar=24,
+            GEMMA,
             rope_parameters={
                 "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
                 "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
