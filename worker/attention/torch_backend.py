@@ -25,7 +25,6 @@ from radixcache.worker.attention import window as win
 from radixcache.worker.attention.base import AttentionBackend
 from radixcache.worker.attention.layout import BatchLayout
 
-
 # The explicit (soft-capped) path forms scores a block of queries at a time, at most this many float32 elements
 # (64 MiB): a 512-token chunk of a 16-head model over an 8k prefix would otherwise hold 268 MB of scores at once.
 SCORE_BLOCK_ELEMENTS = 1 << 24
