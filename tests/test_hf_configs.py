@@ -96,6 +96,8 @@ def test_model_config_validates_layer_kinds() -> None:
     with pytest.raises(ValueError, match="partial_rotary_factor"):
         ModelConfig(**shape, num_kv_heads=2, partial_rotary_factor=0.1)  # 1.6 of 16 dimensions
     assert ModelConfig(**shape, num_kv_heads=2, sliding_window=4).layer_windows == (4, 4)  # Mistral's default
+    wide = ModelConfig(**shape, num_kv_heads=2, sliding_window=4096, max_position_embeddings=4096)
+    assert (wide.layer_kinds, wide.sliding_window) == (("global", "global"), None)  # a window that never cuts
 
 
 def _hf_rotation(hf_cfg, layer_type: str | None, length: int) -> tuple[torch.Tensor, torch.Tensor]:  # noqa: ANN001

@@ -50,6 +50,7 @@ class ModelConfig:
                    cap * tanh(x / cap) (Gemma 2); None: not capped.
     layer_kinds:   per layer, "global" (attends to every earlier position) or "sliding" (the last sliding_window
                    positions, its own included). None: every layer sliding when sliding_window is set, else global.
+                   A sliding_window >= max_position_embeddings never cuts: every layer becomes global, the window None.
     rope_scaling:  None, or {"rope_type": "llama3", "factor", "low_freq_factor", "high_freq_factor",
                    "original_max_position_embeddings"}, {"rope_type": "linear", "factor"} or {"rope_type":
                    "longrope", "short_factor", "long_factor", "original_max_position_embeddings", optional "factor"
@@ -140,6 +141,9 @@ class ModelConfig:
             raise ValueError(f"unknown layer kind {unknown[0]!r}; each layer is one of {', '.join(LAYER_KINDS)}")
         if "sliding" in self.layer_kinds and self.sliding_window is None:
             raise ValueError("sliding layers need sliding_window (tokens each one attends to)")
+        if self.sliding_window is not None and self.sliding_window >= self.max_position_embeddings:
+            # A window no sequence can outgrow never cuts: the layers are global (Phi-3.5's 262144 in a 128k context).
+            self.layer_kinds, self.sliding_window = ("global",) * self.num_layers, None
 
     def _checked_rope_scaling(self, scaling: dict[str, Any] | None) -> dict[str, Any] | None:
         if scaling is None:

@@ -40,9 +40,15 @@ def model_config_fields(hf: dict[str, Any]) -> dict[str, Any]:
 
 
 def _common(
-    hf: dict[str, Any], arch: str, *, rms_norm_eps: float, tie: bool = False, head_dim: int | None = None
+    hf: dict[str, Any],
+    arch: str,
+    *,
+    rms_norm_eps: float,
+    tie: bool = False,
+    head_dim: int | None = None,
+    context: int = 4096,
 ) -> dict[str, Any]:
-    """The fields every architecture reads the same way."""
+    """The fields every architecture reads the same way (the keyword arguments: its class defaults)."""
     eos = hf.get("eos_token_id")
     return {
         "architecture": arch,
@@ -54,7 +60,7 @@ def _common(
         "num_kv_heads": hf.get("num_key_value_heads") or hf["num_attention_heads"],
         "head_dim": hf.get("head_dim", head_dim),
         "rms_norm_eps": float(hf.get("rms_norm_eps", rms_norm_eps)),
-        "max_position_embeddings": hf.get("max_position_embeddings", 4096),
+        "max_position_embeddings": hf.get("max_position_embeddings", context),
         "tie_word_embeddings": bool(hf.get("tie_word_embeddings", tie)),
         "bos_token_id": hf.get("bos_token_id"),
         "eos_token_ids": tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,)),
@@ -141,7 +147,7 @@ def _gemma(hf: dict[str, Any], arch: str) -> dict[str, Any]:
         theta, scaling = _rope(params, hf.get("rope_scaling"), hf.get("rope_theta", 10000.0))
     hidden = hf["hidden_size"]
     return dict(
-        **_common(hf, arch, rms_norm_eps=1e-6, tie=True, head_dim=256),
+        **_common(hf, arch, rms_norm_eps=1e-6, tie=True, head_dim=256, context=131072 if gemma3 else 8192),
         hidden_act=_activation(hf, "gelu_pytorch_tanh"),
         rope_theta=theta,
         rope_scaling=scaling,
