@@ -30,7 +30,7 @@ from radixcache.worker.request import Constraint, ErrorKind, FinishReason, Reque
 from radixcache.worker.sampling import apply_penalties, sample_row, token_logprob
 from radixcache.worker.scheduler import Chunk, Scheduler
 from radixcache.worker.sequence import SeqStatus, Sequence
-from radixcache.worker.structured import GrammarCache
+from radixcache.worker.structured import ConstraintFailed, GrammarCache
 from radixcache.worker.warmup import warm_up
 
 log = logging.getLogger("radixcache.engine")
@@ -504,9 +504,8 @@ class Engine:
                     if seq.forks:  # the forks' matchers are at the start too: the same mask holds for them
                         self._fork(seq, logits[row], allowed.get(row))
                 self._end_or_emit(seq)
-            except Exception:
-                log.exception("request %s failed", seq.name)
-                self._end(seq, FinishReason.ERROR, "internal error while sampling this request")
+            except Exception as exc:
+                self._sampling_failed(seq, exc)
 
     def _end_or_emit(self, seq: Sequence) -> None:
         if seq.finish_reason is not None:
@@ -524,9 +523,18 @@ class Engine:
                 if self.scheduler.fork(first, seq):
                     self._sample(seq, logits, allowed)
                     self._end_or_emit(seq)
-            except Exception:
-                log.exception("request %s failed", seq.name)
-                self._end(seq, FinishReason.ERROR, "internal error while sampling this request")
+            except Exception as exc:
+                self._sampling_failed(seq, exc)
+
+    def _sampling_failed(self, seq: Sequence, exc: Exception) -> None:
+        """End a request whose sampling raised; the others go on. A constraint that failed mid-generation is one
+        log line (its message is short by construction); anything else is a bug and gets its traceback."""
+        if isinstance(exc, ConstraintFailed):
+            log.warning("request %s: %s", seq.name, exc)
+            self._end(seq, FinishReason.ERROR, str(exc))
+            return
+        log.error("request %s failed", seq.name, exc_info=exc)
+        self._end(seq, FinishReason.ERROR, "internal error while sampling this request")
 
     def _constrained_logits(self, chunks: list[Chunk], logits: torch.Tensor) -> dict[int, torch.Tensor]:
         """Row -> that row's logits with the tokens its grammar forbids at -inf, for the constrained rows that
