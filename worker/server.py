@@ -43,6 +43,9 @@ class ServerOptions:
     auth_tokens: dict[str, str] | None = None  # token -> tenant; None: no auth, every caller is tenant ""
     admin_tokens: set[str] | None = None  # of auth_tokens, those that may subscribe to cache events
     kv_events_endpoint: str | None = None  # ZMQ endpoint publishing cache events in vLLM's format
+    kv_events_format: str = "vllm"  # or "vllm-legacy" (worker.kv_events_vllm)
+    kv_events_curve: Any = None  # kv_events_zmq.CurveKeys: subscribers authenticate with ZMQ CURVE
+    kv_events_insecure: bool = False  # with auth_tokens, TCP without CURVE is allowed: the network is trusted
     metrics_port: int | None = None  # None: no metrics endpoint; 0: a free port
     grace_period: float = 30.0  # seconds in-flight streams get to finish on shutdown
     max_message_bytes: int = 16 * MiB
@@ -78,12 +81,18 @@ class WorkerServer:
         self.metrics_port: int | None = None
         self.http: Any = None  # openai.http_server.HttpServer, with --http-port
         self.http_port: int | None = None
+        self.kv_events: Any = None  # kv_events_zmq.ZmqKvEventPublisher, with kv_events_endpoint (.endpoint: as bound)
         self._server: grpc.aio.Server | None = None
         self._stopped = False
 
     async def start(self) -> int:
         """Bind and start serving (health NOT_SERVING until attach()); returns the bound port."""
         o = self.options
+        if o.kv_events_endpoint:  # refused before any port is bound
+            from radixcache.worker.kv_events_zmq import check_security
+
+            check_security(o.kv_events_endpoint, auth=o.auth_tokens is not None, curve=o.kv_events_curve,
+                           insecure=o.kv_events_insecure)  # fmt: skip
         server = grpc.aio.server(
             options=grpc_server_options(o.max_message_bytes),
             maximum_concurrent_rpcs=o.max_concurrent_rpcs,
@@ -137,7 +146,12 @@ class WorkerServer:
         if self.options.kv_events_endpoint:
             from radixcache.worker.kv_events_zmq import ZmqKvEventPublisher
 
-            hub.add_publisher(ZmqKvEventPublisher(self.options.kv_events_endpoint, hub.page_size))
+            o = self.options
+            publisher = ZmqKvEventPublisher(
+                o.kv_events_endpoint, hub.page_size, layout=o.kv_events_format, curve=o.kv_events_curve
+            )
+            hub.add_publisher(publisher)
+            self.kv_events = publisher
 
     async def stop(self, grace: float | None = None) -> None:
         """Drain, then close. Idempotent.
@@ -208,6 +222,8 @@ async def run_worker(
                 print(f"metrics on http://{options.host}:{server.metrics_port}/metrics", flush=True)
             if server.http_port is not None:
                 print(f"openai api on http://{options.host}:{server.http_port}/v1", flush=True)
+            if server.kv_events is not None:
+                print(f"cache events on {server.kv_events.endpoint}", flush=True)
             await stopping
         else:  # stopped while loading: the load must finish before its engine can be shut down
             stopping.cancel()
