@@ -113,6 +113,18 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--http-port", type=int, help="also serve the OpenAI-compatible HTTP API on this port (0: a free one)"
     )
+    s.add_argument(
+        "--http-max-connections",
+        type=int,
+        default=512,
+        help="open HTTP connections at most (default 512); one more is answered 503 and closed",
+    )
+    s.add_argument(
+        "--http-head-timeout",
+        type=float,
+        default=10.0,
+        help="seconds an HTTP request's line and headers may take to arrive (default 10; then 408, closed)",
+    )
     s.add_argument("--grace-period", type=float, default=30.0, help="seconds to drain streams on SIGTERM")
     s.add_argument("--max-concurrent-rpcs", type=int, default=1024)
     s.add_argument("--max-message-mib", type=int, default=16, help="largest request/response message, MiB")
@@ -269,6 +281,8 @@ def main(argv: list[str]) -> int:
         max_message_bytes=args.max_message_mib << 20,
         max_concurrent_rpcs=args.max_concurrent_rpcs,
         http_port=args.http_port,
+        http_max_connections=args.http_max_connections,
+        http_head_timeout_s=args.http_head_timeout,
     )
 
     def load_engine() -> tuple[Any, Any]:

@@ -51,6 +51,8 @@ class ServerOptions:
     max_message_bytes: int = 16 * MiB
     max_concurrent_rpcs: int = 1024  # beyond it gRPC answers RESOURCE_EXHAUSTED
     http_port: int | None = None  # the OpenAI-compatible HTTP API on this port (0: a free one); None: no HTTP
+    http_max_connections: int = 512  # open HTTP connections at most; one more is answered 503
+    http_head_timeout_s: float = 10.0  # an HTTP request's line and headers must arrive within this (else 408)
 
 
 def grpc_server_options(max_message_bytes: int) -> list[tuple[str, Any]]:
@@ -117,9 +119,12 @@ class WorkerServer:
         await server.start()
         self._server = server
         if o.http_port is not None:
-            from radixcache.worker.openai.http_server import HttpServer  # fastapi/uvicorn: only when asked for
+            from radixcache.worker.openai.http_guard import HttpLimits  # fastapi/uvicorn: only when asked for
+            from radixcache.worker.openai.http_server import HttpServer
 
-            self.http = HttpServer(self.servicer, o.host, o.http_port, max_body_bytes=o.max_message_bytes)
+            limits = HttpLimits(max_connections=o.http_max_connections, head_timeout_s=o.http_head_timeout_s)
+            self.http = HttpServer(self.servicer, o.host, o.http_port, max_body_bytes=o.max_message_bytes,
+                                   limits=limits)  # fmt: skip
             self.http_port = await self.http.start()
         if o.metrics_port is not None:
             self.metrics_port = self.metrics.serve_http(o.metrics_port, o.host)
