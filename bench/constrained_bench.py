@@ -222,7 +222,7 @@ def main() -> None:
     for name, loaded in models:
         engine = Engine(loaded, EngineConfig(page_size=16, kv_pages=1024, cache_enabled=False))
         with torch.inference_mode():
-            engine._warm_up()
+            engine.runner.warm_up(engine.cache)
         short = f"{name.split()[0]}_{name.split()[-1].strip('()')}"
         for batch in (1, 16):
             wall, cpu = overhead(engine, batch, reps, args.max_tokens, log, name)

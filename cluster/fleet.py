@@ -19,8 +19,9 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from radixcache.worker.engine import DuplicateRequestError, EngineStats, validate_request
+from radixcache.worker.engine_api import DuplicateRequestError, EngineStats
 from radixcache.worker.request import ErrorKind, FinishReason, Request, RequestOutput
+from radixcache.worker.validation import check_engine_request
 
 log = logging.getLogger("radixcache.cluster")
 
@@ -44,7 +45,13 @@ class FleetEngine:
     # -- the engine interface, called on the loop ---------------------------------------------------------------
     def submit(self, request: Request, on_output: Callable[[RequestOutput], None]) -> None:
         """Raises like Engine.submit (ValueError, RequestTooLargeError, DuplicateRequestError) before routing."""
-        validate_request(request, self.vocab_size, self.context_length, self.page_size, self.num_pages)
+        check_engine_request(
+            request,
+            vocab_size=self.vocab_size,
+            context_length=self.context_length,
+            page_size=self.page_size,
+            num_pages=self.num_pages,
+        )
         if request.request_id in self._relays:
             raise DuplicateRequestError(f"request_id {request.request_id!r} is already running; ids must be unique")
         # Serve's router tells concurrent requests apart by their internal request id, which a call's sub-requests

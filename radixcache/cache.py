@@ -33,9 +33,10 @@ from radixcache.keys import TOKEN_BYTES, encode
 from radixcache.node import Node
 from radixcache.pages import PageAllocator
 from radixcache.tree import RadixTree
+from radixcache.tree_check import check_tree
 
 if TYPE_CHECKING:
-    from radixcache.event_log import EventSink
+    from radixcache.events import EventSink
 
 Tokens = Sequence[int]
 
@@ -356,7 +357,7 @@ class PrefixCache:
         """Assert every invariant of the cache; raise AssertionError naming the broken one (and the owner of any
         lease involved). With `idle=True` (no request running), any live lease is a leak and is named."""
         self.allocator.check()
-        self.tree.check()
+        check_tree(self.tree)
         expected = [0] * self.num_pages
         in_tree: dict[int, Node] = {}
         for node in self.tree.nodes():

@@ -1,12 +1,12 @@
 """EventLog: the tree's event sink. Records by page id on the cache's thread; names pages by hash when drained.
 
-The tree reports what it knows, page ids (`EventSink`); subscribers want page hashes (`radixcache.events`). Hashing a
+The tree reports what it knows, page ids (`radixcache.events.EventSink`); subscribers want page hashes (`radixcache.events`). Hashing a
 page costs about a microsecond, more than the tree spends inserting it, so the recording side (`stored`, `removed`,
 `cleared`, `snapshot`, called on the thread that owns the cache) only appends a tuple to a deque, and `drain` (any
 one consumer thread, e.g. an asyncio loop) turns the records into events in order, keeping the map page id ->
 (namespace, hash) of every page the events have stored.
 
-Snapshots: `snapshot(tree, token)` (on the cache's thread) puts the tree's current pages into the record stream, so
+Snapshots: `snapshot(tree.page_records(), token)` (on the cache's thread) puts the tree's current pages into the record stream, so
 `drain` returns a `Snapshot` exactly between the events before it and those after: a consumer that starts from it
 and applies what follows is exact. The map is rebuilt from each snapshot.
 
@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
 
 from radixcache.events import (
     CacheEvent,
     NamespaceCleared,
+    PageRecord,
     PagesRemoved,
     PagesStored,
     hash_key_pages,
@@ -32,24 +32,7 @@ from radixcache.events import (
 )
 from radixcache.keys import TOKEN_BYTES, decode
 
-if TYPE_CHECKING:
-    from radixcache.tree import RadixTree
-
 log = logging.getLogger("radixcache.events")
-
-
-class EventSink(Protocol):
-    """What a RadixTree reports (on its own thread; must be cheap and must not call back into the tree)."""
-
-    def stored(self, namespace: str, after: int | None, pages: list[int], key: bytes) -> None:
-        """The tree now stores `pages` for the tokens of `key` (radixcache.keys format), continuing page `after`
-        (None: from the namespace's root). If `key` ends mid-page, its last page is a partial tail (not a page yet)."""
-
-    def removed(self, pages: list[int]) -> None:
-        """The tree no longer stores these whole pages (reported stored before)."""
-
-    def cleared(self, namespace: str) -> None:
-        """A flush left `namespace` without any page (its removals were reported first)."""
 
 
 @dataclass(frozen=True)
@@ -118,9 +101,10 @@ class EventLog:
     def cleared(self, namespace: str) -> None:
         self._push((_CLEARED, namespace))
 
-    def snapshot(self, tree: RadixTree, token: object = None) -> None:
-        """Record the tree's current pages (call it on the cache's thread, between tree operations)."""
-        self._push((_SNAPSHOT, token, list(tree.page_records())))
+    def snapshot(self, records: Iterable[PageRecord], token: object = None) -> None:
+        """Record the tree's current pages, `RadixTree.page_records()` (call it on the cache's thread, between tree
+        operations, so that the records and the stream agree)."""
+        self._push((_SNAPSHOT, token, list(records)))
 
     @property
     def pending(self) -> int:

@@ -25,7 +25,7 @@ Events (each for one namespace):
 - `NamespaceCleared(namespace)`: after a flush, the namespace holds no page at all (its pages' removals come first).
 
 Replaying a snapshot (one PagesStored per tree node, parents first) and then the events in order gives exactly the
-cache's pages: `PageIndex` does that, `tree_page_index` computes the same from a tree directly (what the tests
+cache's pages: `PageIndex` does that, `records_page_index` computes the same from a tree's page records directly (what the tests
 compare). The recording sink that turns the tree's page ids into these events is `radixcache.event_log.EventLog`.
 """
 
@@ -34,14 +34,28 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from hashlib import blake2b
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from radixcache.keys import TOKEN_BYTES, encode
 
-if TYPE_CHECKING:
-    from radixcache.tree import RadixTree
-
 NO_PARENT = 0  # the parent of a namespace's first page in the hash input (never a page hash itself)
+
+# One stored node as a tree reports it: (namespace, the page it continues or None, its pages, its key).
+PageRecord = tuple[str, int | None, list[int], bytes]
+
+
+class EventSink(Protocol):
+    """What a RadixTree reports (on its own thread; must be cheap and must not call back into the tree)."""
+
+    def stored(self, namespace: str, after: int | None, pages: list[int], key: bytes) -> None:
+        """The tree now stores `pages` for the tokens of `key` (radixcache.keys format), continuing page `after`
+        (None: from the namespace's root). If `key` ends mid-page, its last page is a partial tail (not a page yet)."""
+
+    def removed(self, pages: list[int]) -> None:
+        """The tree no longer stores these whole pages (reported stored before)."""
+
+    def cleared(self, namespace: str) -> None:
+        """A flush left `namespace` without any page (its removals were reported first)."""
 
 
 def namespace_prefix(namespace: str) -> bytes:
@@ -140,22 +154,18 @@ class PageIndex:
         return {ns: dict(held) for ns, held in self.pages.items() if held}
 
 
-def tree_page_index(tree: RadixTree) -> dict[str, dict[int, int | None]]:
-    """The pages a tree holds, as `PageIndex.as_dict` would after an exact replay; computed from the tree's keys
-    alone (independent of any event), for comparison."""
-    bpp = tree.bpp
+def records_page_index(records: Iterable[PageRecord], page_size: int) -> dict[str, dict[int, int | None]]:
+    """The pages that `records` (RadixTree.page_records(): parents before children) hold, as `PageIndex.as_dict`
+    would after an exact replay; hashed from the records' keys alone (independent of any event), for comparison."""
+    bpp = page_size * TOKEN_BYTES
+    last_hash: dict[int, int] = {}  # page id -> its hash, for the pages seen so far
     out: dict[str, dict[int, int | None]] = {}
-    for namespace, root in tree._roots.items():
-        prefix = namespace_prefix(namespace)
-        held: dict[int, int | None] = {}
-        stack = [(child, None) for child in root.children.values()]
-        while stack:
-            node, parent = stack.pop()
-            hashes = hash_key_pages(node.key, bpp, prefix, parent)
-            for h in hashes:
-                held[h] = parent
-                parent = h
-            stack.extend((child, parent) for child in node.children.values())
-        if held:
-            out[namespace] = held
-    return out
+    prefixes: dict[str, bytes] = {}
+    for namespace, after, pages, key in records:
+        prefix = prefixes.setdefault(namespace, namespace_prefix(namespace))
+        parent = None if after is None else last_hash[after]
+        held = out.setdefault(namespace, {})
+        for page, h in zip(pages, hash_key_pages(key, bpp, prefix, parent), strict=False):
+            held[h] = parent
+            last_hash[page] = parent = h
+    return {ns: held for ns, held in out.items() if held}

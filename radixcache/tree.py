@@ -14,7 +14,7 @@ Each namespace has its own root, so a prefix cached for one namespace is a miss 
 Ownership: the tree only records which page ids hold which tokens. It never allocates or frees; `insert` returns
 the pages it newly stores and `evict`/`flush` return the pages it dropped, and the caller adjusts refcounts.
 
-Events: with an event sink (`set_event_sink`, see `radixcache.event_log.EventSink`), the tree also reports, by page
+Events: with an event sink (`set_event_sink`, see `radixcache.events.EventSink`), the tree also reports, by page
 id, every run of pages it starts storing (`stored`, with the page it continues and its key), the whole pages it
 drops (`removed`: eviction, flush; a partial tail is never reported, stored or removed) and a namespace a flush left
 empty (`cleared`). Without a sink the only cost is one None check where pages enter or leave.
@@ -40,10 +40,9 @@ from radixcache.keys import TOKEN_BYTES
 from radixcache.keys import common_prefix as _common
 from radixcache.lru import ID_BITS, RECENT, LeafLRU
 from radixcache.node import InsertResult, Match, Node
-from radixcache.tree_check import check_tree
 
 if TYPE_CHECKING:
-    from radixcache.event_log import EventSink
+    from radixcache.events import EventSink, PageRecord
 
 
 class RadixTree:
@@ -561,7 +560,7 @@ class RadixTree:
         already holds pages learns them from `page_records` (a snapshot), not from events."""
         self._sink = sink
 
-    def page_records(self) -> Iterator[tuple[str, int | None, list[int], bytes]]:
+    def page_records(self) -> Iterator[PageRecord]:
         """(namespace, the page continued or None, pages, key) for every node, parents before children: what a
         sink's `stored` would have received to build the tree as it is now."""
         for namespace, root in self._roots.items():
@@ -591,7 +590,3 @@ class RadixTree:
                 node = stack.pop()
                 yield node
                 stack.extend(node.children.values())
-
-    def check(self) -> None:
-        """Asserts the tree's structural invariants (see `radixcache.tree_check.check_tree`)."""
-        check_tree(self)

@@ -1,4 +1,5 @@
 import pytest
+from helpers import FakeClock
 
 from radixcache.cache import CacheFullError, PinBudgetError, PrefixCache
 from radixcache.keys import encode
@@ -7,14 +8,6 @@ from radixcache.pool import KVPool, KVShape
 
 def list_key(tokens) -> bytes:
     return encode(list(tokens))
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def serve(cache: PrefixCache, owner: str, tokens: list[int], namespace: str = "", publish: bool = True):

@@ -8,6 +8,7 @@ choice (which leaves to evict), the model only checks the rules: what vanished w
 neither pinned nor read by a live lease, and the count is what was asked (capped by what was evictable).
 """
 
+from helpers import FakeClock
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -20,19 +21,11 @@ NAMESPACES = st.sampled_from(["", "t"])
 PICK = st.integers(0, 1000)
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 class CacheMachine(RuleBasedStateMachine):
     @initialize(page_size=st.sampled_from([1, 2, 3]), num_pages=st.integers(2, 20))
     def setup(self, page_size: int, num_pages: int) -> None:
         self.ps = page_size
-        self.clock = Clock()
+        self.clock = FakeClock()
         self.cache = PrefixCache(num_pages, page_size, clock=self.clock)
         self.model: dict[tuple[str, tuple[int, ...]], int] = {}
         self.pins: dict[tuple[str, tuple[int, ...]], float] = {}

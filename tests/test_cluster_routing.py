@@ -6,18 +6,11 @@ import asyncio
 import random
 
 import pytest
+from helpers import FakeClock
 
 from radixcache.cluster.hub import EventHub
 from radixcache.cluster.index import PrefixIndex
 from radixcache.cluster.policy import Candidate, RoutingThresholds, choose, imbalanced
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_match_counts_leading_cached_pages_per_namespace():
@@ -34,7 +27,7 @@ def test_match_counts_leading_cached_pages_per_namespace():
 
 
 def test_inflight_pages_count_until_they_expire_or_events_confirm_them():
-    clock = Clock()
+    clock = FakeClock()
     index = PrefixIndex(inflight_ttl_s=5.0, clock=clock)
     index.routed("a", "", [1, 2])
     assert index.match("a", "", [1, 2, 3]) == 2  # sent moments ago: stick to it before any event arrives

@@ -228,7 +228,7 @@ def test_rejections_happen_before_anything_is_allocated(model):
 
 
 def test_a_failing_request_does_not_disturb_its_batch_mates(model, monkeypatch):
-    import radixcache.worker.engine as engine_module
+    import radixcache.worker.step as engine_module
 
     real = engine_module.sample_row
 

@@ -11,9 +11,10 @@ import subprocess
 import sys
 
 import pytest
+from helpers import FakeClock, tree_index
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import invariant
-from test_cache_stateful import CacheMachine, Clock
+from test_cache_stateful import CacheMachine
 
 from radixcache.cache import CacheFullError, PrefixCache
 from radixcache.event_log import LOST, EventLog, Snapshot
@@ -24,7 +25,6 @@ from radixcache.events import (
     PagesStored,
     ReplayError,
     page_hashes,
-    tree_page_index,
 )
 from radixcache.keys import encode
 from radixcache.tree import RadixTree
@@ -86,7 +86,7 @@ class Replayer:
             self.events += 1
 
 
-def random_workload(cache: PrefixCache, clock: Clock, rng: random.Random, ops: int, checkpoint) -> dict[str, int]:
+def random_workload(cache: PrefixCache, clock: FakeClock, rng: random.Random, ops: int, checkpoint) -> dict[str, int]:
     """`ops` random cache operations as an engine would issue them; calls checkpoint() every 25. Returns counts."""
     ps = cache.page_size
     prefixes = [[rng.randrange(40) for _ in range(rng.randrange(1, 6 * ps))] for _ in range(10)]
@@ -144,7 +144,7 @@ def random_workload(cache: PrefixCache, clock: Clock, rng: random.Random, ops: i
 
 @pytest.mark.parametrize("page_size", [1, 4])
 def test_replay_of_snapshot_and_events_equals_the_tree(page_size: int) -> None:
-    clock = Clock()
+    clock = FakeClock()
     cache = PrefixCache(40, page_size, clock=clock)
     log = EventLog(page_size, strict=True)
     cache.set_event_sink(log)
@@ -154,11 +154,11 @@ def test_replay_of_snapshot_and_events_equals_the_tree(page_size: int) -> None:
     def checkpoint() -> None:
         cache.check()
         if len(compared) == 10:  # a subscriber arriving late starts from a snapshot taken mid-stream
-            log.snapshot(cache.tree, "late")
+            log.snapshot(cache.tree.page_records(), "late")
         items = log.drain()
         early.feed(items)
         late.feed(items, token="late")
-        expected = tree_page_index(cache.tree)
+        expected = tree_index(cache.tree)
         assert early.index.as_dict() == expected
         if late.index is not None:
             assert late.index.as_dict() == expected
@@ -172,7 +172,7 @@ def test_replay_of_snapshot_and_events_equals_the_tree(page_size: int) -> None:
     items = log.drain()
     assert any(isinstance(e, NamespaceCleared) for e in items)
     early.feed(items)
-    assert early.index.as_dict() == {} == tree_page_index(cache.tree)
+    assert early.index.as_dict() == {} == tree_index(cache.tree)
 
 
 def test_events_name_what_happened() -> None:
@@ -221,11 +221,11 @@ def test_a_late_log_is_brought_in_step_by_a_snapshot_and_a_bounded_log_drops_to_
     cache.release(lease, [1, 2, 3, 4, 5])
     log = EventLog(2, strict=True, max_pending=3)
     cache.set_event_sink(log)
-    log.snapshot(cache.tree, "first")
+    log.snapshot(cache.tree.page_records(), "first")
     [snap] = log.drain()
     index = PageIndex()
     index.load(snap.events)
-    assert index.as_dict() == tree_page_index(cache.tree) and len(index.pages[""]) == 2
+    assert index.as_dict() == tree_index(cache.tree) and len(index.pages[""]) == 2
     for i in range(5):  # more undrained records than max_pending: the log keeps none of them
         cache.evict(1) if i % 2 else cache.pin([1, 2], "")
         lease = cache.acquire(f"x{i}", [9, i, 9, i], max_cached=0)
@@ -234,10 +234,10 @@ def test_a_late_log_is_brought_in_step_by_a_snapshot_and_a_bounded_log_drops_to_
     assert log.drain() == [LOST]
     cache.evict(1)
     assert log.drain() == []  # out of step: nothing until a snapshot
-    log.snapshot(cache.tree, "again")
+    log.snapshot(cache.tree.page_records(), "again")
     [snap] = log.drain()
     index.load(snap.events)
-    assert index.as_dict() == tree_page_index(cache.tree)
+    assert index.as_dict() == tree_index(cache.tree)
 
 
 def test_strict_replay_refuses_events_that_do_not_fit() -> None:
@@ -263,7 +263,7 @@ class EventedCacheMachine(CacheMachine):
             self.cache.set_event_sink(self.log)
             self.replayer = Replayer(self.ps)
         self.replayer.feed(self.log.drain())
-        assert self.replayer.index.as_dict() == tree_page_index(self.cache.tree)
+        assert self.replayer.index.as_dict() == tree_index(self.cache.tree)
 
 
 EventedCacheMachine.TestCase.settings = settings(
@@ -312,7 +312,7 @@ def test_an_event_out_of_step_is_logged_and_the_stream_resumes_at_the_next_snaps
     log = EventLog(2)  # not strict by default: a worker logs and carries on
     log.removed([7])  # a page the log never saw stored
     log.stored("", None, [3], encode([8, 9]))  # ignored: out of step
-    log.snapshot(tree, "resync")
+    log.snapshot(tree.page_records(), "resync")
     with caplog.at_level("ERROR", logger="radixcache.events"):
         out = log.drain()
     assert out[0] == LOST and len(out) == 2 and out[1].token == "resync"

@@ -18,6 +18,7 @@ import pytest
 import vllm_kv_events
 import zmq
 from engine_fixtures import tiny_model
+from helpers import tree_index
 from test_engine import Collector
 from test_events import Replayer
 from worker_harness import ThreadedWorker
@@ -25,7 +26,7 @@ from worker_process import WorkerProcess
 
 from radixcache.client import Client
 from radixcache.event_log import EventLog
-from radixcache.events import PageIndex, page_hashes, tree_page_index
+from radixcache.events import PageIndex, page_hashes
 from radixcache.v1 import radixcache_pb2 as pb
 from radixcache.worker.cache_events import EVENTS, RESET, SNAPSHOT
 from radixcache.worker.engine import Engine, EngineConfig
@@ -68,11 +69,11 @@ def test_engine_workload_replays_to_the_tree() -> None:
             engine.step()
         if i % 20 == 19:
             replay.feed(log.drain())
-            assert replay.index.as_dict() == tree_page_index(engine.cache.tree)
+            assert replay.index.as_dict() == tree_index(engine.cache.tree)
             tails = max(tails, engine.cache.stats().pages_partial)
     engine.run_until_idle()
     replay.feed(log.drain())
-    assert replay.index.as_dict() == tree_page_index(engine.cache.tree)
+    assert replay.index.as_dict() == tree_index(engine.cache.tree)
     stats = engine.stats()
     assert stats.preemptions > 0 and stats.cache.evicted_pages > 0 and tails > 0, (stats, tails)
     assert replay.events > 100
@@ -122,7 +123,7 @@ class Follower:
     def wait_equal(self, engine: Engine, timeout: float = 20.0) -> dict:
         deadline = time.monotonic() + timeout
         while True:
-            expected = engine.call(lambda: tree_page_index(engine.cache.tree))
+            expected = engine.call(lambda: tree_index(engine.cache.tree))
             with self.lock:
                 got = self.index.as_dict()
             assert self.error is None, self.error
@@ -227,7 +228,7 @@ def test_a_slow_subscriber_gets_a_reset_and_a_fresh_snapshot(worker) -> None:
         rng = random.Random(6)
         prefixes = [[rng.randrange(3, 290) for _ in range(10)] for _ in range(3)]
         traffic(worker.target, TENANT, rng, 12, prefixes)  # many batches while nobody reads this subscription
-        expected = worker.engine.call(lambda: tree_page_index(worker.engine.cache.tree))
+        expected = worker.engine.call(lambda: tree_index(worker.engine.cache.tree))
         kinds = read_until(worker.run, batches, index, expected)
         assert kinds[:2] == [RESET, SNAPSHOT], kinds  # what was queued is dropped: a reset, then a new snapshot
     finally:
@@ -282,7 +283,7 @@ def replay_until_in_step(w: ThreadedWorker, engine: Engine, reader: ZmqReader) -
     deadline = time.monotonic() + 20
     while True:
         received = reader.receive(100)
-        expected = engine.call(lambda: tree_page_index(engine.cache.tree))
+        expected = engine.call(lambda: tree_index(engine.cache.tree))
         flat = {h: p for held in expected.values() for h, p in held.items()}
         if (flat == reader.blocks and not received) or time.monotonic() > deadline:
             return flat
@@ -442,7 +443,7 @@ def test_records_lost_inside_the_worker_reset_every_reader() -> None:
         for i in range(10):
             serve(f"b{i}", [9, i, 9, i, 9])
         blocked.set()
-        index, expected = PageIndex(), tree_page_index(engine.cache.tree)
+        index, expected = PageIndex(), tree_index(engine.cache.tree)
         kinds = read_until(run, batches, index, expected)
         assert kinds[:2] == [RESET, SNAPSHOT], kinds
         deadline = time.monotonic() + 10

@@ -19,6 +19,7 @@ from radixcache.lru import RECENT, order_key
 from radixcache.node import Node
 from radixcache.pages import PageAllocator
 from radixcache.tree import RadixTree
+from radixcache.tree_check import check_tree
 
 PS = 2  # page size: partial tails and sorted child keys only exist for page_size > 1
 
@@ -61,7 +62,7 @@ def corrupt_tree(what: Callable[[RadixTree, dict[str, Node]], None], message: st
     cache, nodes = healthy()
     what(cache.tree, nodes)
     with pytest.raises(AssertionError, match=message):
-        cache.tree.check()
+        check_tree(cache.tree)
 
 
 def set_(name: str, field: str, value: object) -> Callable[[RadixTree, dict[str, Node]], None]:
@@ -135,7 +136,7 @@ def test_the_tree_check_names_an_unreachable_listed_leaf() -> None:
     stray = Node(encode([50, 51]), [31], nodes["root"], 999, 1)
     cache.tree._lru.add(stray)
     with pytest.raises(AssertionError, match="holds unreachable nodes"):
-        cache.tree.check()
+        check_tree(cache.tree)
 
 
 def test_the_lru_check_names_each_broken_order() -> None:

@@ -2,17 +2,11 @@ import itertools
 import random
 
 import pytest
+from helpers import FakeClock
 
 from radixcache.keys import common_prefix, decode, encode
 from radixcache.tree import RadixTree
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from radixcache.tree_check import check_tree
 
 
 def snapshot(tree: RadixTree) -> list:
@@ -47,7 +41,7 @@ def test_insert_match_compressed_and_split() -> None:
     assert m.pages == [10, 11, 22] and m.tokens == 6 and m.partial_tokens == 0
     assert m.node is r.node
     assert tree.match(seq(1, 2, 3, 4, 5, 6), "other").pages == []  # other namespace: a miss
-    tree.check()
+    check_tree(tree)
 
 
 def test_insert_of_a_prefix_stores_nothing_and_ends_at_a_node() -> None:
@@ -61,7 +55,7 @@ def test_insert_of_a_prefix_stores_nothing_and_ends_at_a_node() -> None:
     assert tree.insert(seq(), []).node is None
     with pytest.raises(ValueError, match="need"):
         tree.insert(seq(1), [0, 1])
-    tree.check()
+    check_tree(tree)
 
 
 def test_match_never_changes_structure() -> None:
@@ -78,7 +72,7 @@ def test_match_never_changes_structure() -> None:
         tree.match(encode(toks))
         tree.match(encode(toks), touch=False)
     assert snapshot(tree) == before
-    tree.check()
+    check_tree(tree)
 
 
 def test_partial_page_hit_at_a_node_boundary_and_mid_edge() -> None:
@@ -121,7 +115,7 @@ def test_partial_page_picks_the_longest_of_many_children() -> None:
         assert m.pages == [0, best[1]]
     else:
         assert m.partial_tokens == best[0] and m.pages == [0]
-    tree.check()
+    check_tree(tree)
 
 
 def test_lru_eviction_order_skips_locked_and_pinned_leaves() -> None:
@@ -139,7 +133,7 @@ def test_lru_eviction_order_skips_locked_and_pinned_leaves() -> None:
     assert a.pages == [0] and not a.evicted
     assert tree.evict(10) == [0]
     assert tree.evictable_pages == 0 and tree.evict(10) == []
-    tree.check()
+    check_tree(tree)
 
 
 def test_eviction_is_leaf_first() -> None:
@@ -151,7 +145,7 @@ def test_eviction_is_leaf_first() -> None:
     assert tree.evict(1) == [2]  # the other leaf; only then the shared parent
     assert sorted(tree.evict(2)) == [0, 1]
     assert tree.cached_pages == 0
-    tree.check()
+    check_tree(tree)
 
 
 def test_lock_protects_the_whole_path_and_unlock_releases_it() -> None:
@@ -165,11 +159,11 @@ def test_lock_protects_the_whole_path_and_unlock_releases_it() -> None:
     with pytest.raises(ValueError, match="no lock"):
         tree.unlock(leaf)
     assert sorted(tree.evict(5)) == [0, 1]
-    tree.check()
+    check_tree(tree)
 
 
 def test_pins_with_ttl_and_unpin() -> None:
-    clock = FakeClock()
+    clock = FakeClock(100.0)
     tree = RadixTree(2, clock=clock)
     tree.insert(seq(1, 2, 3, 4, 5, 6), [0, 1, 2])
     assert tree.pin(seq(1, 2, 3, 4, 7), ttl=10) == 4  # whole cached pages only; splits at the pin boundary
@@ -180,7 +174,7 @@ def test_pins_with_ttl_and_unpin() -> None:
     clock.now += 6
     assert tree.evictable_pages == 1 and tree.pinned_pages == 1
     assert tree.evict(3) == [1]
-    tree.check()
+    check_tree(tree)
     assert tree.pin(seq(1, 2)) == 2  # no TTL: forever
     clock.now += 1000
     assert tree.evictable_pages == 0
@@ -189,7 +183,7 @@ def test_pins_with_ttl_and_unpin() -> None:
     assert tree.pin(seq(8, 8)) == 0
     with pytest.raises(ValueError, match="ttl"):
         tree.pin(seq(1, 2), ttl=0)
-    tree.check()
+    check_tree(tree)
 
 
 def test_flush_drops_pins_and_unlocked_nodes_only() -> None:
@@ -204,7 +198,7 @@ def test_flush_drops_pins_and_unlocked_nodes_only() -> None:
     assert tree.match(seq(1, 2)).pages == [0, 1]
     tree.unlock(locked)
     assert sorted(tree.flush()) == [0, 1]
-    tree.check()
+    check_tree(tree)
 
 
 def test_namespaces_never_share_nodes() -> None:
@@ -217,7 +211,7 @@ def test_namespaces_never_share_nodes() -> None:
     assert tree.match(seq(1, 2), "alice").pages == [0, 1]
     assert tree.match(seq(1, 2), "bob").pages == [2, 3]
     assert sorted(tree.namespaces()) == ["alice", "bob"]
-    tree.check()
+    check_tree(tree)
 
 
 def test_evictable_list_follows_access_time() -> None:
@@ -230,7 +224,7 @@ def test_evictable_list_follows_access_time() -> None:
     rng.shuffle(order)
     for i in order:
         tree.match(keys[i])
-    tree.check()
+    check_tree(tree)
     evicted = [tree.evict(2) for _ in range(50)]
     assert [pages[0] // 2 for pages in evicted] == order
 
@@ -249,7 +243,7 @@ def test_an_unlocked_leaf_keeps_its_age_and_a_touch_makes_it_newest() -> None:
     tree.unlock(tree.match(seq(1), touch=False).node)  # listed behind newer leaves, by its age
     tree.match(seq(1))  # ... and now used: it becomes the newest
     assert [tree.evict(1) for _ in range(4)] == [[1], [2], [3], [0]]
-    tree.check()
+    check_tree(tree)
 
 
 def test_a_parent_left_childless_is_evicted_by_its_own_age() -> None:
@@ -268,7 +262,7 @@ def test_a_parent_left_childless_is_evicted_by_its_own_age() -> None:
     assert tree.evict(1) == [4]  # the parent (1) is a leaf again, with the age of its last use ...
     assert tree.evict(1) == [0]  # ... older than (8): it goes first
     assert tree.evict(1) == [8]
-    tree.check()
+    check_tree(tree)
 
 
 def test_the_older_head_goes_first_whichever_list_holds_it() -> None:
@@ -282,11 +276,11 @@ def test_the_older_head_goes_first_whichever_list_holds_it() -> None:
     assert [tree.evict(1) for _ in range(4)] == [[1], [2], [3], [4]]
     assert c.evicted
     assert tree.evict(0) == [] and tree.evict(-1) == []
-    tree.check()
+    check_tree(tree)
 
 
 def test_pin_accounting_over_several_nodes_and_expiry_counts() -> None:
-    clock = FakeClock()
+    clock = FakeClock(100.0)
     tree = RadixTree(1, clock=clock)
     tree.insert(seq(1, 2, 3), [1, 2, 3])
     tree.insert(seq(1, 2, 4), [1, 2, 4])  # splits (1, 2) from its two children
@@ -302,7 +296,7 @@ def test_pin_accounting_over_several_nodes_and_expiry_counts() -> None:
     assert tree.pinned_pages == 2
     assert tree.pin(seq(1, 2, 4)) == 3
     assert tree.unpin(seq(1, 2, 4)) == 3  # summed over both nodes
-    tree.check()
+    check_tree(tree)
 
 
 def test_partial_lookup_after_children_were_evicted() -> None:
@@ -313,13 +307,13 @@ def test_partial_lookup_after_children_were_evicted() -> None:
         tree.insert(seq(9, 9, 9, 9, i, i, i, i), [0, i])
     tree.match(seq(9, 9, 9, 9, 7, 7, 7, 7))  # the newest: evicted last
     assert len(tree.evict(39)) == 39
-    tree.check()  # stale sorted keys stay bounded
+    check_tree(tree)  # stale sorted keys stay bounded
     m = tree.match(seq(9, 9, 9, 9, 7, 7, 0))
     assert m.partial_page == 7 and m.partial_tokens == 2
     assert tree.match(seq(9, 9, 9, 9, 8, 8)).partial_tokens == 0
     tree.insert(seq(9, 9, 9, 9, 8, 8, 8, 8), [0, 50])  # a key whose stale entry is still listed
     assert tree.match(seq(9, 9, 9, 9, 8, 8)).partial_page == 50
-    tree.check()
+    check_tree(tree)
 
 
 def test_partial_tail_is_matched_deduped_and_replaced_in_place() -> None:
@@ -331,7 +325,7 @@ def test_partial_tail_is_matched_deduped_and_replaced_in_place() -> None:
     assert m.node is r.node and m.node_pages == 1 and m.partial_node is r.node
     assert tree.match(seq(1, 2, 3, 4, 5, 9)).partial_tokens == 1
     assert tree.match(seq(1, 2, 3, 4, 5, 6)).tokens == 6
-    tree.check()
+    check_tree(tree)
     # a shorter (or equal) tail over the same tokens is covered: nothing stored
     for key, page in ((seq(1, 2, 3, 4, 5), 7), (seq(1, 2, 3, 4, 5, 6), 8)):
         d = tree.insert(key, [0, page], partial=True)
@@ -342,7 +336,7 @@ def test_partial_tail_is_matched_deduped_and_replaced_in_place() -> None:
     d = tree.insert(seq(*range(1, 13)), [0, 10, 11])
     assert d.new_pages == [10, 11] and d.replaced == [9] and d.node is r.node and r.node.pages == [0, 10, 11]
     assert r.node.tail == 0 and tree.partial_pages == 0 and tree.cached_pages == 3 and len(list(tree.nodes())) == 2
-    tree.check()
+    check_tree(tree)
     with pytest.raises(ValueError, match="need"):
         tree.insert(seq(1, 2, 3, 4), [0, 1], partial=True)  # every page must hold at least one token
 
@@ -357,7 +351,7 @@ def test_partial_key_ending_inside_a_cached_edge_stores_nothing_and_splits_nothi
     d = tree.insert(seq(1, 2, 3, 4, 5, 9), [0, 6], partial=True)  # diverges inside the page: a sibling tail
     assert d.new_pages == [6] and d.node.tail == 2 and d.node.parent.pages == [0]
     assert tree.match(seq(1, 2, 3, 4, 5, 9, 9)).partial_page == 6
-    tree.check()
+    check_tree(tree)
 
 
 def test_partial_sibling_tails_at_a_node_boundary() -> None:
@@ -370,43 +364,43 @@ def test_partial_sibling_tails_at_a_node_boundary() -> None:
     assert m.pages == [0] and (m.partial_page, m.partial_tokens) == (2, 3) and m.partial_node is b
     assert m.node is root_edge
     assert tree.match(seq(1, 2, 3, 4, 5, 6, 0)).partial_page == 1
-    tree.check()
+    check_tree(tree)
     d = tree.insert(seq(1, 2, 3, 4, 5, 6, 7, 8, 9), [0, 3, 4], partial=True)  # whole page over a's tail, then more
     assert d.replaced == [1] and d.new_pages == [3, 4] and d.node is a and a.pages == [3, 4] and a.tail == 1
     assert root_edge.partial_children == 1 and tree.partial_pages == 2
     d = tree.insert(seq(1, 2, 3, 4, 5), [0, 8], partial=True)  # covered by a's whole first page
     assert d.new_pages == [] and d.duplicates == [8]
     assert tree.match(seq(1, 2, 3, 4, 5, 6, 7, 8, 9)).pages == [0, 3]
-    tree.check()
+    check_tree(tree)
     assert sorted(tree.evict(10)) == [0, 2, 3, 4]
     assert tree.partial_pages == 0 and tree.cached_pages == 0
-    tree.check()
+    check_tree(tree)
 
 
 def test_partial_tails_under_eviction_locks_pins_flush_and_namespaces() -> None:
     tree = RadixTree(4)
     node = tree.insert(seq(1, 2, 3, 4, 5, 6), [0, 1], partial=True).node
     assert tree.evict(1) == [1] and node.pages == [0] and node.tail == 0 and tree.partial_pages == 0  # tail first
-    tree.check()
+    check_tree(tree)
     leaf = tree.insert(seq(1, 2, 3, 4, 5), [0, 2], partial=True).node
     assert leaf.parent is node and len(leaf.first) == 4
     tree.lock(leaf)  # a reader copying from the tail
     d = tree.insert(seq(1, 2, 3, 4, 5, 6, 7, 8, 9, 9, 9, 9), [0, 3, 4])  # replaced under the lock, in place
     assert d.replaced == [2] and leaf.pages == [3, 4] and leaf.lock == 1 and not leaf.evicted
     assert tree.evictable_pages == 0
-    tree.check()
+    check_tree(tree)
     tree.unlock(leaf)
     assert tree.evictable_pages == 3
     # pins cover whole pages only: the edge is split before its tail, which stays evictable
     tail = tree.insert(seq(7, 7, 7, 7, 8), [5, 6], partial=True).node
     assert tree.pin(seq(7, 7, 7, 7, 8)) == 4 and tail.pages == [6] and tail.pin_until is None
-    tree.check()
+    check_tree(tree)
     assert sorted(tree.evict(10)) == [0, 3, 4, 6] and tree.cached_pages == tree.pinned_pages == 1
-    tree.check()
+    check_tree(tree)
     tree.insert(seq(5, 5, 5), [9], "other", partial=True)
     assert tree.match(seq(5, 5, 5)).tokens == 0 and tree.match(seq(5, 5, 5), "other").tokens == 3
     assert sorted(tree.flush()) == [5, 9] and tree.partial_pages == 0 and tree.cached_pages == 0
-    tree.check()
+    check_tree(tree)
 
 
 class RecordingSink:
@@ -438,7 +432,7 @@ def test_a_tail_regrown_inside_its_first_page_stays_a_partial_child_after_its_pa
     assert sink.events[-1] == ("stored", "", 2, [6], seq(13, 14))
     m = tree.match(seq(*range(1, 15), 99))
     assert m.pages == [0, 1, 2] and (m.partial_page, m.partial_tokens) == (6, 2)
-    tree.check()
+    check_tree(tree)
 
 
 def test_pins_follow_a_path_of_three_nodes_and_never_cut_a_partial_tail() -> None:
@@ -455,7 +449,7 @@ def test_pins_follow_a_path_of_three_nodes_and_never_cut_a_partial_tail() -> Non
     assert tree.pinned_pages == 4 and tail.pages == [5] and tail.pin_until is None
     assert tree.unpin(seq(1, 2, 8, 8, 7)) == 4  # [1 2] and [8 8]; [3 4] and [5 6] stay pinned
     assert tree.pinned_pages == 2
-    tree.check()
+    check_tree(tree)
 
 
 def test_common_prefix_counts_bytes_up_to_the_first_difference() -> None:
@@ -477,7 +471,7 @@ def test_the_oldest_leaf_is_evicted_when_only_the_sorted_list_holds_leaves() -> 
     tree.lock(b)  # the recent list is now empty
     assert len(tree._lru.recent) == 0 and len(tree._lru.ordered) == 1
     assert tree.evict(1) == [0]
-    tree.check()
+    check_tree(tree)
 
 
 def test_a_flush_of_every_namespace_reports_each_cleared_namespace() -> None:
@@ -509,7 +503,7 @@ def test_insert_takes_whole_pages_unless_told_the_key_ends_in_a_partial_one() ->
     assert tree.cached_pages == 0
     r = tree.insert(seq(1, 2, 3, 4, 5), [0, 1])  # tokens beyond the pages are not stored
     assert r.new_pages == [0, 1] and tree.match(seq(1, 2, 3, 4, 5)).tokens == 4 and tree.partial_pages == 0
-    tree.check()
+    check_tree(tree)
 
 
 def test_a_partial_key_covered_by_a_sibling_page_stores_nothing() -> None:
@@ -519,7 +513,7 @@ def test_a_partial_key_covered_by_a_sibling_page_stores_nothing() -> None:
     assert parent.partial_children == 0
     d = tree.insert(seq(1, 2, 3, 4, 5, 6), [0, 9], partial=True)  # [5 6] is the start of the cached [5 6 7 8]
     assert d.new_pages == [] and d.duplicates == [9] and tree.partial_pages == 0 and len(parent.children) == 1
-    tree.check()
+    check_tree(tree)
 
 
 def test_a_partial_key_ending_inside_a_deeper_edge_is_covered_without_a_split() -> None:

@@ -42,14 +42,14 @@ class Pace:
 
     def __init__(self, engine: Engine) -> None:
         self.delay = 0.0
-        forward = engine._forward
+        forward = engine.runner.forward
 
         def paced(chunks: Any) -> Any:
             if self.delay:
                 time.sleep(self.delay)
             return forward(chunks)
 
-        engine._forward = paced  # type: ignore[method-assign]
+        engine.runner.forward = paced  # type: ignore[method-assign]
 
     @contextlib.contextmanager
     def slow(self, delay: float) -> Iterator[None]:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -116,7 +115,7 @@ class CacheEventHub:
 
         def attach() -> None:
             cache.set_event_sink(event_log)
-            event_log.snapshot(cache.tree, self._publisher_token)
+            event_log.snapshot(cache.tree.page_records(), self._publisher_token)
 
         await self._on_engine(attach)
 
@@ -178,7 +177,8 @@ class CacheEventHub:
 
     async def _take_snapshot(self, token: object) -> None:
         """Put a snapshot for `token` into the record stream, on the engine thread (between two of its steps)."""
-        await self._on_engine(functools.partial(self._log.snapshot, self.engine.cache.tree, token))
+        tree = self.engine.cache.tree
+        await self._on_engine(lambda: self._log.snapshot(tree.page_records(), token))
 
     def _request(self, token: object) -> None:
         loop = self._loop

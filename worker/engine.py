@@ -2,10 +2,11 @@
 
 Threads: `submit`, `abort`, `stats` and the admin calls may come from any thread (the gRPC event loop); they hand
 work to the engine thread through an inbox and never touch the cache themselves. `on_output` callbacks run on the
-engine thread and must not block.
+engine thread and must not block. The typed interface (and its refusals) that fronts rely on: worker/engine_api.py.
 
-One step: schedule -> build one BatchLayout -> forward -> publish the pages completed -> sample -> emit (a finished
-request releases its lease, storing everything it computed).
+Who does what in one step: the Scheduler picks the chunks (and which pages they write), ModelStep (worker/step.py)
+computes and samples them, the engine publishes completed pages, emits outputs and ends what finished (a finished
+request releases its lease, storing everything it computed). A request's n samples: worker/samples.py.
 """
 
 from __future__ import annotations
@@ -16,26 +17,30 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from radixcache.cache import CacheStats, PrefixCache
-from radixcache.pool import KVPool, KVShape
-from radixcache.worker.attention import BatchLayout, SequenceSlice
-from radixcache.worker.attention.base import create_backend
+from radixcache.cache import PrefixCache
+from radixcache.worker.engine_api import (
+    DuplicateRequestError,
+    EngineStats,
+    EngineStoppedError,
+    RequestTooLargeError,
+)
+from radixcache.worker.engine_config import EngineConfig
 from radixcache.worker.model.tokenizer import IncrementalDetokenizer
 from radixcache.worker.request import Constraint, ErrorKind, FinishReason, Request, RequestOutput
-from radixcache.worker.sampling import apply_penalties, sample_row, token_logprob
+from radixcache.worker.samples import RequestSamples
 from radixcache.worker.scheduler import Chunk, Scheduler
 from radixcache.worker.sequence import SeqStatus, Sequence
-from radixcache.worker.structured import ConstraintFailed, GrammarCache
-from radixcache.worker.warmup import warm_up
+from radixcache.worker.step import ModelStep
+from radixcache.worker.structured import ConstraintFailed
+from radixcache.worker.validation import check_engine_request
+
+__all__ = ["DuplicateRequestError", "Engine", "EngineConfig", "EngineStats", "RequestTooLargeError"]
 
 log = logging.getLogger("radixcache.engine")
-
-DEFAULT_KV_MEMORY = 512 * 2**20
 
 
 class NoText:
@@ -48,87 +53,9 @@ class NoText:
         return ""
 
 
-class RequestTooLargeError(ValueError):
-    """The request can never fit in the KV pool, whatever else is running (gRPC RESOURCE_EXHAUSTED)."""
-
-
-class DuplicateRequestError(ValueError):
-    """A request with this id is still live (gRPC ALREADY_EXISTS): ids are free again once the last output is sent."""
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    page_size: int = 16
-    kv_pages: int | None = None  # exact page count; else sized from kv_memory_bytes
-    kv_memory_bytes: int | None = None  # default DEFAULT_KV_MEMORY
-    max_step_tokens: int = 512  # token budget of one step: decodes + prefill chunks
-    max_running: int = 64
-    cache_enabled: bool = True  # False: same kernels, no lookups and no publishing (the cache-off baseline)
-    backend: str = "auto"
-    aging_steps: int = 64  # a request waiting this many steps is admitted before any later arrival
-    max_pinned: float = 0.5  # share of the KV pool that pins may hold (PinPrefix beyond it: RESOURCE_EXHAUSTED)
-
-    def __post_init__(self) -> None:
-        if self.page_size < 1:
-            raise ValueError(f"page_size must be >= 1, got {self.page_size}")
-        if self.kv_pages is not None and self.kv_pages < 1:
-            raise ValueError(f"kv_pages must be >= 1, got {self.kv_pages}")
-        if self.kv_memory_bytes is not None and self.kv_memory_bytes < 1:
-            raise ValueError(f"kv_memory_bytes must be >= 1, got {self.kv_memory_bytes}")
-        if self.max_step_tokens < 1:
-            raise ValueError(f"max_step_tokens must be >= 1, got {self.max_step_tokens}")
-        if self.max_running < 1:
-            raise ValueError(f"max_running must be >= 1, got {self.max_running}")
-        if not 0.0 <= self.max_pinned <= 1.0:
-            raise ValueError(f"max_pinned must be a share of the KV pool in [0, 1], got {self.max_pinned}")
-
-
-@dataclass
-class EngineStats:
-    running: int
-    waiting: int
-    preemptions: int
-    steps: int
-    finished_requests: int
-    prompt_tokens: int  # over every admitted request
-    cached_tokens: int  # of those, served from the cache
-    generated_tokens: int
-    inflight_shared_tokens: int  # cached tokens that a still-running request had just computed
-    cache: CacheStats = field(repr=False, default=None)  # type: ignore[assignment]
-
-    @property
-    def hit_rate(self) -> float:
-        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
-
-
-def validate_request(request: Request, vocab_size: int, context_length: int, page_size: int, num_pages: int) -> None:
-    """What an engine of this geometry refuses before anything is allocated (also checked by the cluster's ingress,
-    which routes a request only if any replica would take it): ValueError, or RequestTooLargeError for a request
-    that can never fit in the KV pool."""
-    vocab, context = vocab_size, context_length
-    bad = next((t for t in request.prompt_ids if not 0 <= t < vocab), None)
-    if bad is not None:
-        raise ValueError(f"token id {bad} is outside the vocabulary [0, {vocab})")
-    for t in request.sampling.stop_token_ids:
-        if not 0 <= t < vocab:
-            raise ValueError(f"stop_token_ids: {t} is outside the vocabulary [0, {vocab})")
-    prompt = len(request.prompt_ids)
-    if prompt >= context:
-        raise ValueError(f"the prompt has {prompt} tokens; the context holds {context}, leaving no room to generate")
-    if prompt + request.sampling.max_tokens > context:
-        raise ValueError(
-            f"max_tokens must be in [1, {context - prompt}] for this {prompt}-token prompt "
-            f"(context length {context}), got {request.sampling.max_tokens}"
-        )
-    pages = -(-(prompt + request.sampling.max_tokens) // page_size)
-    if pages > num_pages:
-        raise RequestTooLargeError(
-            f"prompt + max_tokens = {prompt + request.sampling.max_tokens} tokens need {pages} KV pages; "
-            f"this worker has {num_pages} pages of {page_size} tokens"
-        )
-
-
 class Engine:
+    """One worker's engine (implements worker.engine_api.EngineLike)."""
+
     def __init__(self, loaded: Any, config: EngineConfig | None = None) -> None:
         self.config = config or EngineConfig()
         self.model = loaded.model
@@ -137,35 +64,14 @@ class Engine:
         self._eos_ids = set(self.model_config.eos_token_ids)
         if self.tokenizer is not None:
             self._eos_ids |= self.tokenizer.eos_token_ids
-        self.device = next(self.model.parameters()).device
-        dtype = next(self.model.parameters()).dtype
-        mc = self.model_config
-        shape = KVShape(layers=mc.num_layers, kv_heads=mc.num_kv_heads, head_dim=mc.head_dim)
-        if self.config.kv_pages is not None:
-            self.pool = KVPool(
-                shape, page_size=self.config.page_size, num_pages=self.config.kv_pages, dtype=dtype, device=self.device
-            )
-        else:
-            self.pool = KVPool.from_budget(
-                shape,
-                page_size=self.config.page_size,
-                budget_bytes=self.config.kv_memory_bytes or DEFAULT_KV_MEMORY,
-                dtype=dtype,
-                device=self.device,
-            )
+        self.runner = ModelStep(loaded, self.config, self._eos_ids)
+        self.device = self.runner.device
+        self.pool = self.runner.pool
         self.cache = PrefixCache(
             self.pool.num_pages,
             self.config.page_size,
             enabled=self.config.cache_enabled,
             max_pinned_pages=int(self.config.max_pinned * self.pool.num_pages),
-        )
-        self.backend = create_backend(
-            self.config.backend,
-            self.device,
-            num_heads=mc.num_heads,
-            num_kv_heads=mc.num_kv_heads,
-            head_dim=mc.head_dim,
-            dtype=dtype,
         )
         self.scheduler = Scheduler(
             self.cache,
@@ -174,11 +80,9 @@ class Engine:
             max_running=self.config.max_running,
             aging_steps=self.config.aging_steps,
         )
-        # Structured outputs: grammars compile on the submitting thread, masks are applied on this one.
-        self.grammars = GrammarCache(self.tokenizer, mc.vocab_size, self._eos_ids)
         self._inbox: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._live_ids: set[str] = set()
-        self._samples: dict[str, list[Sequence]] = {}  # request id -> its unfinished samples (engine thread only)
+        self._requests: dict[str, RequestSamples] = {}  # request id -> its samples (engine thread only)
         self._ids_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._accepting = True
@@ -186,6 +90,16 @@ class Engine:
         self._steps = self._finished = self._generated = 0
 
     # --- facts the server needs -------------------------------------------------------------------------------
+    @property
+    def backend(self) -> Any:
+        """The attention backend in use (after start(), the one that passed the warm-up)."""
+        return self.runner.backend
+
+    @property
+    def grammars(self) -> Any:
+        """The structured-output GrammarCache (worker/structured.py)."""
+        return self.runner.grammars
+
     @property
     def page_size(self) -> int:
         return self.config.page_size
@@ -214,11 +128,11 @@ class Engine:
     # --- lifecycle -------------------------------------------------------------------------------------------
     def start(self) -> None:
         """Warm up (a prefill, a decode and a mixed step, so the first request does not pay for kernel compilation
-        or lazy initialisation; see _warm_up), then run the loop."""
+        or lazy initialisation; see ModelStep.warm_up), then run the loop."""
         if self._thread is not None:
             raise RuntimeError("engine already started")
         with torch.inference_mode():
-            self._warm_up()
+            self.runner.warm_up(self.cache)
         self._thread = threading.Thread(target=self._loop, name="radixcache-engine", daemon=True)
         self._thread.start()
 
@@ -271,11 +185,11 @@ class Engine:
                 seq.matcher = self.grammars.matcher(request.constraint)
         with self._ids_lock:  # atomic with shutdown(): a request is either refused or seen by the loop
             if not self._accepting:
-                raise RuntimeError("the engine is shutting down and accepts no new requests")
+                raise EngineStoppedError("the engine is shutting down and accepts no new requests")
             if request.request_id in self._live_ids:
                 raise DuplicateRequestError(f"request_id {request.request_id!r} is already running; ids must be unique")
             self._live_ids.add(request.request_id)
-            self._inbox.put(lambda: self._add(samples))
+            self._inbox.put(lambda: self._add(RequestSamples(samples)))
 
     def abort(self, request_id: str) -> bool:
         """End a request (all its samples) with FinishReason.ABORTED, freeing its pages. False if it is not live."""
@@ -288,7 +202,7 @@ class Engine:
     def compile_constraint(self, constraint: Constraint) -> None:
         """Compile and cache a constraint's grammar (thread-safe; may take milliseconds, so keep it off an event
         loop). Raises ConstraintError (a ValueError) naming the problem. submit() compiles too, on a cache miss."""
-        self.grammars.compile(constraint)
+        self.runner.grammars.compile(constraint)
 
     def call(self, fn: Callable[[], Any]) -> Any:
         """Run fn on the engine thread (where the cache lives) and return its result."""
@@ -330,24 +244,29 @@ class Engine:
 
     # --- validation (caller's thread; reads only immutable facts) -------------------------------------------
     def _validate(self, request: Request) -> None:
-        validate_request(request, self.vocab_size, self.context_length, self.page_size, self.num_pages)
+        check_engine_request(
+            request,
+            vocab_size=self.vocab_size,
+            context_length=self.context_length,
+            page_size=self.page_size,
+            num_pages=self.num_pages,
+        )
 
     # --- the engine thread -----------------------------------------------------------------------------------
     def _detokenizer(self) -> Any:
         return IncrementalDetokenizer(self.tokenizer) if self.tokenizer is not None else NoText()
 
-    def _add(self, samples: list[Sequence]) -> None:
-        """Queue sample 0; the others wait on it until its prompt is computed (see _fork)."""
-        first, *others = samples
-        first.forks = others
-        self._samples[first.request_id] = list(samples)
-        self.scheduler.add(first)
+    def _add(self, samples: RequestSamples) -> None:
+        """Queue sample 0; the others wait in `samples` until its prompt is computed (see _fork)."""
+        self._requests[samples.first.request_id] = samples
+        self.scheduler.add(samples.first)
 
     def _live_sequences(self) -> list[Sequence]:
-        return [seq for samples in self._samples.values() for seq in samples]
+        return [seq for samples in self._requests.values() for seq in samples.unfinished]
 
     def _abort(self, request_id: str) -> None:
-        for seq in list(self._samples.get(request_id, ())):
+        samples = self._requests.get(request_id)
+        for seq in list(samples.unfinished if samples else ()):
             self._end(seq, FinishReason.ABORTED)
 
     def _end(
@@ -359,7 +278,7 @@ class Engine:
     ) -> None:
         """Finish seq (release everything first, so a callback failure cannot leak), then send its last output.
 
-        A sample that ends before its prompt was computed (abort, error) ends the samples waiting on it the same
+        A sample 0 that ends before its prompt was computed (abort, error) ends the samples waiting on it the same
         way. The request id is free again once its last sample has ended.
         """
         if seq.status is SeqStatus.FINISHED:
@@ -367,17 +286,15 @@ class Engine:
         if error is not None:
             seq.error_kind = kind
         self.scheduler.finish(seq, reason, error)
-        samples = self._samples.get(seq.request_id, [])
-        if seq in samples:
-            samples.remove(seq)
-        if not samples:
-            self._samples.pop(seq.request_id, None)
+        samples = self._requests.get(seq.request_id)
+        waiting = samples.end(seq) if samples is not None else []
+        if samples is not None and samples.done:
+            self._requests.pop(seq.request_id, None)
             self._finished += 1
             with self._ids_lock:
                 self._live_ids.discard(seq.request_id)
         self._emit(seq)
-        forks, seq.forks = seq.forks, []
-        for other in forks:
+        for other in waiting:
             self._end(other, seq.finish_reason, seq.error, seq.error_kind or kind)
 
     def _emit(self, seq: Sequence) -> None:
@@ -459,7 +376,7 @@ class Engine:
         if not chunks:
             return
         try:
-            logits = self._forward(chunks)
+            logits = self.runner.forward(chunks)
         except Exception:
             if len(chunks) == 1:
                 log.exception("forward failed for %s", chunks[0].seq.name)
@@ -468,7 +385,7 @@ class Engine:
             # Find the culprit: rerun one by one, so one bad request does not fail its batch-mates.
             for chunk in chunks:
                 try:
-                    self._advance([chunk], self._forward([chunk]))
+                    self._advance([chunk], self.runner.forward([chunk]))
                 except Exception:
                     log.exception("forward failed for %s", chunk.seq.name)
                     self._end(chunk.seq, FinishReason.ERROR, "internal error while computing this request")
@@ -477,20 +394,9 @@ class Engine:
         self._advance(chunks, logits)
         self._steps += 1
 
-    def _forward(self, chunks: list[Chunk]) -> torch.Tensor:
-        ids: list[int] = []
-        slices = []
-        for c in chunks:
-            start = c.seq.num_computed
-            ids.extend(c.seq.tokens[start : start + c.num_new])
-            slices.append(SequenceSlice(c.seq.lease.pages, start, c.num_new))
-        layout = BatchLayout.build(slices, self.page_size, self.device)
-        input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
-        return self.model(input_ids, layout, self.pool, self.backend).float().cpu()
-
     def _advance(self, chunks: list[Chunk], logits: torch.Tensor) -> None:
         finite = torch.isfinite(logits).all(dim=-1).tolist()  # one pass for the batch, not one per row
-        allowed = self._constrained_logits(chunks, logits)
+        allowed = self.runner.constrained_logits(chunks, logits)
         for row, chunk in enumerate(chunks):
             seq = chunk.seq
             try:
@@ -501,8 +407,10 @@ class Engine:
                     if not finite[row]:
                         raise FloatingPointError("non-finite logits")
                     self._sample(seq, logits[row], allowed.get(row))
-                    if seq.forks:  # the forks' matchers are at the start too: the same mask holds for them
-                        self._fork(seq, logits[row], allowed.get(row))
+                    group = self._requests.get(seq.request_id)
+                    if group is not None and seq is group.first and group.has_waiting_forks:
+                        # the forks' matchers are at the start too: the same mask holds for them
+                        self._fork(seq, group.take_forks(), logits[row], allowed.get(row))
                 self._end_or_emit(seq)
             except Exception as exc:
                 self._sampling_failed(seq, exc)
@@ -513,11 +421,12 @@ class Engine:
         else:
             self._emit(seq)
 
-    def _fork(self, first: Sequence, logits: torch.Tensor, allowed: torch.Tensor | None = None) -> None:
+    def _fork(
+        self, first: Sequence, forks: list[Sequence], logits: torch.Tensor, allowed: torch.Tensor | None = None
+    ) -> None:
         """first's prompt is computed and its first token sampled: start the request's other samples from a copy
         of its prompt, each drawing its own first token from the same logits (and the same constrained logits:
         every sample's grammar is still at its start)."""
-        forks, first.forks = first.forks, []
         for seq in forks:
             try:
                 if self.scheduler.fork(first, seq):
@@ -536,42 +445,6 @@ class Engine:
         log.error("request %s failed", seq.name, exc_info=exc)
         self._end(seq, FinishReason.ERROR, "internal error while sampling this request")
 
-    def _constrained_logits(self, chunks: list[Chunk], logits: torch.Tensor) -> dict[int, torch.Tensor]:
-        """Row -> that row's logits with the tokens its grammar forbids at -inf, for the constrained rows that
-        sample this step (all masks of the batch in one call)."""
-        rows = [r for r, c in enumerate(chunks) if c.seq.matcher is not None and c.samples]
-        if not rows:
-            return {}
-        masked = self.grammars.mask_logits(logits, rows, [chunks[r].seq.matcher for r in rows])
-        return dict(zip(rows, masked, strict=True))
-
     def _sample(self, seq: Sequence, logits: torch.Tensor, allowed: torch.Tensor | None = None) -> None:
-        """Sample from `allowed` (the constrained logits) when given; logprobs stay those of the model's logits."""
-        params = seq.request.sampling
-        base = logits if allowed is None else allowed
-        token = sample_row(apply_penalties(base, seq.generated, params), params, seq.generator)
-        logprob = token_logprob(logits, token, params.top_logprobs) if params.logprobs else None
-        seq.append_token(token, logprob)
+        self.runner.sample(seq, logits, allowed)
         self._generated += 1
-        if seq.finish_reason is None and len(seq.tokens) >= self.context_length:
-            seq.finish_reason = FinishReason.LENGTH
-
-    def _warm_up(self) -> None:
-        """A short prefill, a decode and a mixed batch (worker/warmup.py), so kernels compile before any request.
-        Under backend 'auto', a backend other than torch that fails them is replaced by torch, with a warning."""
-        try:
-            warm_up(self.model, self.pool, self.cache, self.backend)
-        except Exception as exc:
-            if self.backend.name == "torch":
-                raise
-            if self.config.backend != "auto":
-                raise RuntimeError(
-                    f"attention backend {self.backend.name!r} failed its start-up warm-up ({type(exc).__name__}: "
-                    f"{exc}); use backend 'auto' or 'torch'"
-                ) from exc
-            log.warning(
-                "attention backend %s failed its start-up warm-up (%s: %s); falling back to the torch backend",
-                self.backend.name, type(exc).__name__, exc, exc_info=True,
-            )  # fmt: skip
-            self.backend = create_backend("torch", self.device)
-            warm_up(self.model, self.pool, self.cache, self.backend)

@@ -66,9 +66,6 @@ class Sequence:
     error_kind: ErrorKind | None = None
     # other sequence -> common prefix length; weak, so a finished sequence is not kept alive by a waiting one
     lcp_cache: weakref.WeakKeyDictionary[Sequence, int] = field(default_factory=weakref.WeakKeyDictionary)
-    # The request's other samples (n > 1), held by sample 0 until its prompt is computed: they then start from a
-    # copy of its prompt instead of computing it again (Scheduler.fork).
-    forks: list[Sequence] = field(default_factory=list)
     # Structured output: the grammar state after the generated tokens (kept through preemption with them)
     matcher: GrammarMatcher | None = None
 

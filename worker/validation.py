@@ -21,7 +21,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from radixcache.worker.request import Constraint, SamplingParams
+from radixcache.worker.engine_api import RequestTooLargeError
+from radixcache.worker.request import Constraint, Request, SamplingParams
 
 CHAT_ROLES = ("system", "user", "assistant", "tool")
 MAX_REQUEST_ID_CHARS = 128
@@ -34,6 +35,11 @@ DEFAULT_MAX_TOKENS = SamplingParams().max_tokens
 
 class InvalidArgument(ValueError):
     """A request field is out of range; the message names it and the allowed range."""
+
+
+class ContextOverflow(InvalidArgument):
+    """The prompt, or the prompt plus max_tokens, does not fit the model's context (fronts that have a code for it,
+    as OpenAI's context_length_exceeded, tell it apart)."""
 
 
 class TokenizerLike(Protocol):
@@ -175,7 +181,7 @@ def chat_messages(messages: Sequence[Mapping[str, Any]], limits: ModelLimits) ->
         else sum(_utf8_size(m["content"], f"messages[{i}].content") for i, m in enumerate(out))
     )
     if _over(size, limits):
-        raise InvalidArgument(
+        raise ContextOverflow(
             f"messages hold at least {size} bytes of content; a prompt that fits the context "
             f"({limits.max_prompt_tokens} tokens) holds at most {limits.max_prompt_bytes} bytes with this model's "
             "tokenizer"
@@ -210,7 +216,7 @@ def check_prompt_input(prompt: PromptInput, tokenizer: TokenizerLike | None, lim
     num_bytes = len(text) if _over(len(text), limits) else _utf8_size(text, "text")  # characters <= bytes
     at_least = _at_least_tokens(num_bytes, limits)
     if at_least > limits.max_prompt_tokens:
-        raise InvalidArgument(
+        raise ContextOverflow(
             f"text has at least {num_bytes} bytes, so at least {at_least} tokens with this model's tokenizer (at most "
             f"{limits.max_bytes_per_token} bytes per token); the context allows at most {limits.max_prompt_tokens} "
             f"prompt tokens (at most {limits.max_prompt_bytes} bytes)"
@@ -266,9 +272,40 @@ def check_prompt_length(num_tokens: int, context_length: int) -> None:
     if num_tokens < 1:
         raise InvalidArgument("the prompt encodes to no tokens")
     if num_tokens >= context_length:
-        raise InvalidArgument(
+        raise ContextOverflow(
             f"the prompt has {num_tokens} tokens; the context allows at most {context_length - 1} "
             f"(context length {context_length}, leaving room for one generated token)"
+        )
+
+
+def check_room(prompt_tokens: int, max_tokens: int, context_length: int) -> None:
+    """prompt + max_tokens must fit the context."""
+    room = context_length - prompt_tokens
+    if max_tokens > room:
+        raise ContextOverflow(
+            f"max_tokens must be in [1, {room}]: the prompt has {prompt_tokens} tokens and the context "
+            f"length is {context_length}; got {max_tokens}"
+        )
+
+
+def check_engine_request(
+    request: Request, *, vocab_size: int, context_length: int, page_size: int, num_pages: int
+) -> None:
+    """What an engine of this geometry refuses at submit, before anything is allocated: the same rules as the
+    front's checks (a caller in process may skip those), plus the KV pool's size. InvalidArgument, or
+    RequestTooLargeError for a request that can never fit in the pool. The cluster's FleetEngine runs it too, so
+    a request is routed only if a replica would take it."""
+    limits = ModelLimits(vocab_size=vocab_size, context_length=context_length)
+    prompt = len(request.prompt_ids)
+    _token_ids(request.prompt_ids, limits, "token_ids.ids")
+    _token_ids(request.sampling.stop_token_ids, limits, "stop_token_ids")
+    check_prompt_length(prompt, context_length)
+    check_room(prompt, request.sampling.max_tokens, context_length)
+    pages = -(-(prompt + request.sampling.max_tokens) // page_size)
+    if pages > num_pages:
+        raise RequestTooLargeError(
+            f"prompt + max_tokens = {prompt + request.sampling.max_tokens} tokens need {pages} KV pages; "
+            f"this worker has {num_pages} pages of {page_size} tokens"
         )
 
 
@@ -284,11 +321,8 @@ def sampling_params(values: SamplingValues, *, prompt_tokens: int | None, limits
         max_tokens = values.max_tokens
         if max_tokens < 1:
             raise InvalidArgument(f"max_tokens must be >= 1, got {max_tokens}")
-        if prompt_tokens is not None and max_tokens > room:
-            raise InvalidArgument(
-                f"max_tokens must be in [1, {room}]: the prompt has {prompt_tokens} tokens and the context "
-                f"length is {limits.context_length}; got {max_tokens}"
-            )
+        if prompt_tokens is not None:
+            check_room(prompt_tokens, max_tokens, limits.context_length)
     else:
         max_tokens = min(DEFAULT_MAX_TOKENS, room)
     kwargs: dict[str, Any] = {

@@ -1,0 +1,34 @@
+"""EngineConfig: every knob of one engine (pool size, paging, batching, cache on/off, backend), validated once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DEFAULT_KV_MEMORY = 512 * 2**20
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    page_size: int = 16
+    kv_pages: int | None = None  # exact page count; else sized from kv_memory_bytes
+    kv_memory_bytes: int | None = None  # default DEFAULT_KV_MEMORY
+    max_step_tokens: int = 512  # token budget of one step: decodes + prefill chunks
+    max_running: int = 64
+    cache_enabled: bool = True  # False: same kernels, no lookups and no publishing (the cache-off baseline)
+    backend: str = "auto"
+    aging_steps: int = 64  # a request waiting this many steps is admitted before any later arrival
+    max_pinned: float = 0.5  # share of the KV pool that pins may hold (PinPrefix beyond it: RESOURCE_EXHAUSTED)
+
+    def __post_init__(self) -> None:
+        if self.page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {self.page_size}")
+        if self.kv_pages is not None and self.kv_pages < 1:
+            raise ValueError(f"kv_pages must be >= 1, got {self.kv_pages}")
+        if self.kv_memory_bytes is not None and self.kv_memory_bytes < 1:
+            raise ValueError(f"kv_memory_bytes must be >= 1, got {self.kv_memory_bytes}")
+        if self.max_step_tokens < 1:
+            raise ValueError(f"max_step_tokens must be >= 1, got {self.max_step_tokens}")
+        if self.max_running < 1:
+            raise ValueError(f"max_running must be >= 1, got {self.max_running}")
+        if not 0.0 <= self.max_pinned <= 1.0:
+            raise ValueError(f"max_pinned must be a share of the KV pool in [0, 1], got {self.max_pinned}")

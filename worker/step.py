@@ -1,0 +1,124 @@
+"""The model side of an engine step (nano-vllm's ModelRunner): the KV pool, the attention backend, the forward pass
+over the scheduled chunks, the structured-output masks and sampling.
+
+Runs on the engine thread only (warm-up: the thread that starts the engine). It knows nothing of a request's
+lifecycle (worker/engine.py) or of who holds which page (radixcache.cache, worker/scheduler.py): it computes the
+chunks it is given into the pages their leases name, and appends the sampled token to a sequence.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from radixcache.cache import PrefixCache
+from radixcache.pool import KVPool, KVShape
+from radixcache.worker.attention import BatchLayout, SequenceSlice
+from radixcache.worker.attention.base import create_backend
+from radixcache.worker.engine_config import DEFAULT_KV_MEMORY, EngineConfig
+from radixcache.worker.request import FinishReason
+from radixcache.worker.sampling import apply_penalties, sample_row, token_logprob
+from radixcache.worker.scheduler import Chunk
+from radixcache.worker.sequence import Sequence
+from radixcache.worker.structured import GrammarCache
+from radixcache.worker.warmup import warm_up
+
+log = logging.getLogger("radixcache.engine")
+
+
+def build_pool(loaded: Any, config: EngineConfig) -> KVPool:
+    """The KV pool for `loaded`'s model on its device, in its dtype: kv_pages exactly, or as many pages as
+    kv_memory_bytes holds."""
+    param = next(loaded.model.parameters())
+    mc = loaded.config
+    shape = KVShape(layers=mc.num_layers, kv_heads=mc.num_kv_heads, head_dim=mc.head_dim)
+    if config.kv_pages is not None:
+        return KVPool(
+            shape, page_size=config.page_size, num_pages=config.kv_pages, dtype=param.dtype, device=param.device
+        )
+    return KVPool.from_budget(
+        shape,
+        page_size=config.page_size,
+        budget_bytes=config.kv_memory_bytes or DEFAULT_KV_MEMORY,
+        dtype=param.dtype,
+        device=param.device,
+    )
+
+
+class ModelStep:
+    """Forward and sample for the engine. `eos_ids`: the tokens that end a sequence (the model's and tokenizer's)."""
+
+    def __init__(self, loaded: Any, config: EngineConfig, eos_ids: set[int]) -> None:
+        self.model = loaded.model
+        self.model_config = mc = loaded.config
+        self.backend_choice = config.backend
+        param = next(self.model.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        self.page_size = config.page_size
+        self.pool = build_pool(loaded, config)
+        self.backend = create_backend(
+            config.backend,
+            self.device,
+            num_heads=mc.num_heads,
+            num_kv_heads=mc.num_kv_heads,
+            head_dim=mc.head_dim,
+            dtype=self.dtype,
+        )
+        # Structured outputs: grammars compile on the submitting thread, masks are applied on the engine thread.
+        self.grammars = GrammarCache(loaded.tokenizer, mc.vocab_size, eos_ids)
+        self.context_length = mc.max_position_embeddings
+
+    def forward(self, chunks: list[Chunk]) -> torch.Tensor:
+        """float32 logits on the CPU, one row per chunk: the next-token distribution after its last new token."""
+        ids: list[int] = []
+        slices = []
+        for c in chunks:
+            start = c.seq.num_computed
+            ids.extend(c.seq.tokens[start : start + c.num_new])
+            slices.append(SequenceSlice(c.seq.lease.pages, start, c.num_new))
+        layout = BatchLayout.build(slices, self.page_size, self.device)
+        input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
+        return self.model(input_ids, layout, self.pool, self.backend).float().cpu()
+
+    def constrained_logits(self, chunks: list[Chunk], logits: torch.Tensor) -> dict[int, torch.Tensor]:
+        """Row -> that row's logits with the tokens its grammar forbids at -inf, for the constrained rows that
+        sample this step (all masks of the batch in one call)."""
+        rows = [r for r, c in enumerate(chunks) if c.seq.matcher is not None and c.samples]
+        if not rows:
+            return {}
+        masked = self.grammars.mask_logits(logits, rows, [chunks[r].seq.matcher for r in rows])
+        return dict(zip(rows, masked, strict=True))
+
+    def sample(self, seq: Sequence, logits: torch.Tensor, allowed: torch.Tensor | None = None) -> None:
+        """Append seq's next token, sampled from `allowed` (the constrained logits) when given; logprobs stay those
+        of the model's logits. A sequence that reaches the context length ends with LENGTH."""
+        params = seq.request.sampling
+        base = logits if allowed is None else allowed
+        token = sample_row(apply_penalties(base, seq.generated, params), params, seq.generator)
+        logprob = token_logprob(logits, token, params.top_logprobs) if params.logprobs else None
+        seq.append_token(token, logprob)
+        if seq.finish_reason is None and len(seq.tokens) >= self.context_length:
+            seq.finish_reason = FinishReason.LENGTH
+
+    def warm_up(self, cache: PrefixCache) -> None:
+        """A short prefill, a decode and a mixed batch (worker/warmup.py), so kernels compile before any request.
+        Under backend 'auto', a backend other than torch that fails them is replaced by torch, with a warning;
+        an explicit one raises RuntimeError."""
+        try:
+            warm_up(self.model, self.pool, cache, self.backend)
+        except Exception as exc:
+            if self.backend.name == "torch":
+                raise
+            if self.backend_choice != "auto":
+                raise RuntimeError(
+                    f"attention backend {self.backend.name!r} failed its start-up warm-up ({type(exc).__name__}: "
+                    f"{exc}); use backend 'auto' or 'torch'"
+                ) from exc
+            log.warning(
+                "attention backend %s failed its start-up warm-up (%s: %s); falling back to the torch backend",
+                self.backend.name, type(exc).__name__, exc, exc_info=True,
+            )  # fmt: skip
+            self.backend = create_backend("torch", self.device)
+            warm_up(self.model, self.pool, cache, self.backend)
