@@ -97,8 +97,9 @@ class Ingress:
         return await self._unary("GetModelInfo", request, grpc_context)
 
     async def GetCacheStats(self, request: pb.GetCacheStatsRequest, grpc_context: Any) -> pb.CacheStats:
-        total = await self._unary("GetCacheStats", request, grpc_context)
-        for replica, stats in await asyncio.to_thread(self.fleet.per_replica_stats):
+        total = await self._unary("GetCacheStats", request, grpc_context)  # authenticated: it raised otherwise
+        view = self.servicer.stats_view(grpc_context.invocation_metadata())  # a tenant sees its own figures only
+        for replica, stats in await asyncio.to_thread(self.fleet.per_replica_stats, view):
             total.replicas.add(replica_id=replica, stats=self.servicer.cache_stats_message(stats))
         return total
 

@@ -123,6 +123,8 @@ class PrefixCache:
         self._lease_ids = itertools.count(1)
         self._queried = self._hit = self._copied = self._extended = self._published = 0
         self._evicted = self._flushed = 0
+        self._lookups: dict[str, list[int]] = {}  # namespace -> [queried, hit, copied] tokens
+        self._evicted_from: dict[str, int] = {}  # namespace -> its pages evicted
 
     # ---- the request path ------------------------------------------------------------------------------------
     def acquire(
@@ -185,6 +187,11 @@ class PrefixCache:
         self._queried += queried
         self._hit += hit
         self._copied += copied
+        if queried:
+            mine = self._lookups.setdefault(lease.namespace, [0, 0, 0])
+            mine[0] += queried
+            mine[1] += hit
+            mine[2] += copied
         lease._lookup = (0, 0, 0)
 
     def copied(self, lease: Lease) -> None:
@@ -315,12 +322,17 @@ class PrefixCache:
 
     def evict(self, num_pages: int) -> int:
         """Evict up to `num_pages` pages from LRU unlocked, unpinned leaves; returns pages freed."""
-        freed = self.tree.evict(num_pages)
+        freed = self.tree.evict(num_pages, self._evicted_from)
         self.allocator.decref(freed)
         self._evicted += len(freed)
         return len(freed)
 
-    def stats(self) -> CacheStats:
+    def stats(self, namespace: str | None = None) -> CacheStats:
+        """The whole cache's figures, or (namespace given) one tenant's view: that namespace's cached and pinned
+        pages, leases, pages they read, lookups and evicted pages, beside the pool's capacity (pages_total,
+        pages_free, pages_evictable, max_pinned_pages); the counters kept only for the whole cache read 0."""
+        if namespace is not None:
+            return self._namespace_stats(namespace)
         in_use = set()
         for lease in self._leases.values():
             in_use.update(lease.pages)
@@ -343,6 +355,29 @@ class PrefixCache:
             evictable_leaves=self.tree.evictable_leaves,
             namespaces=len(self.tree.namespaces()),
             pages_partial=self.tree.partial_pages,
+        )
+
+    def _namespace_stats(self, namespace: str) -> CacheStats:
+        leases = [lease for lease in self._leases.values() if lease.namespace == namespace]
+        queried, hit, copied = self._lookups.get(namespace, (0, 0, 0))
+        return CacheStats(
+            pages_total=self.num_pages,
+            pages_free=self.allocator.num_free,
+            pages_cached=self.tree.namespace_cached.get(namespace, 0),
+            pages_evictable=self.tree.evictable_pages,
+            pages_pinned=self.tree.namespace_pinned.get(namespace, 0),
+            max_pinned_pages=self.max_pinned_pages,
+            pages_in_use=len({page for lease in leases for page in lease.pages}),
+            queried_tokens=queried,
+            hit_tokens=hit,
+            copied_tokens=copied,
+            extended_pages=0,
+            published_pages=0,
+            evicted_pages=self._evicted_from.get(namespace, 0),
+            flushed_pages=0,
+            live_leases=len(leases),
+            evictable_leaves=0,
+            namespaces=int(namespace in self.tree.namespace_cached),
         )
 
     def set_event_sink(self, sink: EventSink | None) -> None:
@@ -467,7 +502,7 @@ class PrefixCache:
                     f"(of {self.num_pages}; {held} cached pages are locked by {len(self._leases)} live leases or "
                     f"pinned, the rest are private to running requests)"
                 )
-            freed = self.tree.evict(n - free)
+            freed = self.tree.evict(n - free, self._evicted_from)
             self.allocator.decref(freed)
             self._evicted += len(freed)
         return self.allocator.alloc(n)

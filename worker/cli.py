@@ -109,7 +109,13 @@ def parser() -> argparse.ArgumentParser:
         help="with --auth-tokens, publish the events over TCP without CURVE: the network is trusted (the events "
         "hold every tenant's token ids)",
     )
-    s.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port (0: a free one)")
+    s.add_argument(
+        "--metrics-port",
+        type=int,
+        help="serve Prometheus /metrics on this port (0: a free one): the whole worker's counters, no auth, for "
+        "the operator's scraper only",
+    )
+    s.add_argument("--metrics-host", help="address the metrics port binds (default: --host), e.g. 127.0.0.1")
     s.add_argument(
         "--http-port", type=int, help="also serve the OpenAI-compatible HTTP API on this port (0: a free one)"
     )
@@ -277,6 +283,7 @@ def main(argv: list[str]) -> int:
         kv_events_curve=curve,
         kv_events_insecure=args.kv_events_insecure,
         metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host,
         grace_period=args.grace_period,
         max_message_bytes=args.max_message_mib << 20,
         max_concurrent_rpcs=args.max_concurrent_rpcs,

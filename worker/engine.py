@@ -36,6 +36,7 @@ from radixcache.worker.scheduler import Chunk, Scheduler
 from radixcache.worker.sequence import SeqStatus, Sequence
 from radixcache.worker.step import ModelStep
 from radixcache.worker.structured import ConstraintFailed
+from radixcache.worker.tenant_counts import TenantCounts
 from radixcache.worker.validation import check_engine_request
 
 __all__ = ["DuplicateRequestError", "Engine", "EngineConfig", "EngineStats", "RequestTooLargeError"]
@@ -225,8 +226,10 @@ class Engine:
                 if not thread.is_alive() and not future.done():
                     return fn()  # the loop ended before taking our call; nothing else touches the cache now
 
-    def stats(self) -> EngineStats:
-        return self.call(self._stats)
+    def stats(self, namespace: str | None = None) -> EngineStats:
+        """The whole worker's figures, or (namespace given) that tenant's own: its requests, tokens and cache view
+        (PrefixCache.stats(namespace)), with the pool's capacity and the step count, which are the worker's."""
+        return self.call(self._stats if namespace is None else lambda: self._tenant_stats(namespace))
 
     def flush_cache(self, namespace: str | None = None) -> int:
         """Drop what no running request reads: one tenant's namespace, or (None) every namespace."""
@@ -291,6 +294,7 @@ class Engine:
         if samples is not None and samples.done:
             self._requests.pop(seq.request_id, None)
             self._finished += 1
+            self.scheduler.tenants[seq.request.namespace].finished_requests += 1
             with self._ids_lock:
                 self._live_ids.discard(seq.request_id)
         self._emit(seq)
@@ -366,6 +370,21 @@ class Engine:
             generated_tokens=self._generated,
             inflight_shared_tokens=self.scheduler.inflight_shared_tokens,
             cache=self.cache.stats(),
+        )
+
+    def _tenant_stats(self, namespace: str) -> EngineStats:
+        mine = self.scheduler.tenants.get(namespace) or TenantCounts()
+        return EngineStats(
+            running=sum(seq.request.namespace == namespace for seq in self.scheduler.running),
+            waiting=sum(seq.request.namespace == namespace for seq in self.scheduler.waiting),
+            preemptions=mine.preemptions,
+            steps=self._steps,
+            finished_requests=mine.finished_requests,
+            prompt_tokens=mine.prompt_tokens,
+            cached_tokens=mine.cached_tokens,
+            generated_tokens=mine.generated_tokens,
+            inflight_shared_tokens=mine.inflight_shared_tokens,
+            cache=self.cache.stats(namespace),
         )
 
     # --- one step ----------------------------------------------------------------------------------------------
@@ -448,3 +467,4 @@ class Engine:
     def _sample(self, seq: Sequence, logits: torch.Tensor, allowed: torch.Tensor | None = None) -> None:
         self.runner.sample(seq, logits, allowed)
         self._generated += 1
+        self.scheduler.tenants[seq.request.namespace].generated_tokens += 1

@@ -47,6 +47,7 @@ class ServerOptions:
     kv_events_curve: Any = None  # kv_events_zmq.CurveKeys: subscribers authenticate with ZMQ CURVE
     kv_events_insecure: bool = False  # with auth_tokens, TCP without CURVE is allowed: the network is trusted
     metrics_port: int | None = None  # None: no metrics endpoint; 0: a free port
+    metrics_host: str | None = None  # the metrics' bind address (None: host); the port has no auth: operator-only
     grace_period: float = 30.0  # seconds in-flight streams get to finish on shutdown
     max_message_bytes: int = 16 * MiB
     max_concurrent_rpcs: int = 1024  # beyond it gRPC answers RESOURCE_EXHAUSTED
@@ -127,7 +128,7 @@ class WorkerServer:
                                    limits=limits)  # fmt: skip
             self.http_port = await self.http.start()
         if o.metrics_port is not None:
-            self.metrics_port = self.metrics.serve_http(o.metrics_port, o.host)
+            self.metrics_port = self.metrics.serve_http(o.metrics_port, o.metrics_host or o.host)
         return self.port
 
     async def attach(self, engine: Any, model_info: pb.ModelInfo) -> None:
@@ -224,7 +225,8 @@ async def run_worker(
             if on_listening is not None:
                 on_listening(options.host, port)
             if server.metrics_port is not None:
-                print(f"metrics on http://{options.host}:{server.metrics_port}/metrics", flush=True)
+                host = options.metrics_host or options.host
+                print(f"metrics on http://{host}:{server.metrics_port}/metrics", flush=True)
             if server.http_port is not None:
                 print(f"openai api on http://{options.host}:{server.http_port}/v1", flush=True)
             if server.kv_events is not None:

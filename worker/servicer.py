@@ -222,7 +222,13 @@ class RadixCacheServicer(pb_grpc.RadixCacheServicer):
     async def GetCacheStats(self, request: pb.GetCacheStatsRequest, context: grpc.aio.ServicerContext) -> pb.CacheStats:
         await self._tenant(context)
         engine = await self._ready(context)
-        return self.cache_stats_message(await self._in_thread(engine.stats))
+        view = self.stats_view(context.invocation_metadata())
+        return self.cache_stats_message(await self._in_thread(engine.stats, view))
+
+    def stats_view(self, metadata: Any) -> str | None:
+        """Whose figures a caller sees: a tenant its own (with the pool's capacity); an admin, or anyone with auth
+        off, the whole worker's (None). Call it for an authenticated caller."""
+        return None if self.auth.is_admin(metadata) else self.auth.tenant(metadata)
 
     @staticmethod
     def cache_stats_message(stats: Any) -> pb.CacheStats:
