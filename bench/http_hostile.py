@@ -4,7 +4,8 @@
 
 For each variant it starts `radixcache serve --random-model --http-port 0` (a separate process: its RSS is read
 from /proc) and runs, one after the other, while probing HTTP /health and gRPC health every 50 ms:
-  flood: 8 connections each sending one endless header value (up to --flood-mib MiB each, 30 s at most);
+  flood: 8 connections each sending one endless header value (up to --flood-mib MiB each, 30 s at most), again
+         and again (reconnecting) for --flood-s seconds;
   slow:  --slow connections trickling a request head, one header line every 2 s, for --hold-s seconds;
   idle:  --slow connections that send nothing, for --hold-s seconds.
 Variants: default (the worker as shipped), uvicorn (the same server with the guard taken out: uvicorn's own
@@ -101,6 +102,7 @@ def run_phase(worker: Worker, name: str, attack: Attack) -> dict:
     after = rss_mb(worker.proc.pid) if alive else float("nan")
     summary = {"phase": name, "rss_before_mb": round(before, 1), "rss_after_mb": round(after, 1)}
     summary |= probe.summary() | {"worker_alive": alive, "killed_by_watchdog": worker.killed}
+    summary["rounds"] = attack.rounds
     if hasattr(out, "sent_bytes"):
         summary["flood_mib_accepted_max"] = round(max(out.sent_bytes) / 2**20, 2)
         summary["flood_answers"] = sorted(set(out.answers))
@@ -115,6 +117,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--variants", default="default,uvicorn,h11")
     p.add_argument("--flood-mib", type=float, default=64.0)
+    p.add_argument("--flood-s", type=float, default=15.0, help="flood rounds repeat (reconnect) for this long")
     p.add_argument("--slow", type=int, default=200)
     p.add_argument("--hold-s", type=float, default=30.0)
     p.add_argument("--rss-limit-mb", type=float, default=3000.0)
@@ -125,7 +128,8 @@ def main() -> None:
             for name, make in phases(worker.http_port, args).items():
                 if worker.proc.poll() is not None:
                     break
-                print(json.dumps({"variant": variant} | run_phase(worker, name, Attack(make))), flush=True)
+                attack = Attack(make, at_least_s=args.flood_s if name == "flood" else 0.0)
+                print(json.dumps({"variant": variant} | run_phase(worker, name, attack)), flush=True)
         finally:
             worker.stop()
 

@@ -331,53 +331,41 @@ class PrefixCache:
         """The whole cache's figures, or (namespace given) one tenant's view: that namespace's cached and pinned
         pages, leases, pages they read, lookups and evicted pages, beside the pool's capacity (pages_total,
         pages_free, pages_evictable, max_pinned_pages); the counters kept only for the whole cache read 0."""
-        if namespace is not None:
-            return self._namespace_stats(namespace)
-        in_use = set()
-        for lease in self._leases.values():
-            in_use.update(lease.pages)
+        tree = self.tree
+        if namespace is None:
+            leases = list(self._leases.values())
+            queried, hit, copied = self._queried, self._hit, self._copied
+            own = {
+                "pages_cached": tree.cached_pages,
+                "pages_pinned": tree.pinned_pages,
+                "extended_pages": self._extended,
+                "published_pages": self._published,
+                "evicted_pages": self._evicted,
+                "flushed_pages": self._flushed,
+                "evictable_leaves": tree.evictable_leaves,
+                "namespaces": len(tree.namespaces()),
+                "pages_partial": tree.partial_pages,
+            }
+        else:
+            leases = [lease for lease in self._leases.values() if lease.namespace == namespace]
+            queried, hit, copied = self._lookups.get(namespace, (0, 0, 0))
+            own = {
+                "pages_cached": tree.namespace_cached.get(namespace, 0),
+                "pages_pinned": tree.namespace_pinned.get(namespace, 0),
+                "evicted_pages": self._evicted_from.get(namespace, 0),
+                "namespaces": int(namespace in tree.namespace_cached),
+            }
         return CacheStats(
             pages_total=self.num_pages,
             pages_free=self.allocator.num_free,
-            pages_cached=self.tree.cached_pages,
-            pages_evictable=self.tree.evictable_pages,
-            pages_pinned=self.tree.pinned_pages,
-            max_pinned_pages=self.max_pinned_pages,
-            pages_in_use=len(in_use),
-            queried_tokens=self._queried,
-            hit_tokens=self._hit,
-            copied_tokens=self._copied,
-            extended_pages=self._extended,
-            published_pages=self._published,
-            evicted_pages=self._evicted,
-            flushed_pages=self._flushed,
-            live_leases=len(self._leases),
-            evictable_leaves=self.tree.evictable_leaves,
-            namespaces=len(self.tree.namespaces()),
-            pages_partial=self.tree.partial_pages,
-        )
-
-    def _namespace_stats(self, namespace: str) -> CacheStats:
-        leases = [lease for lease in self._leases.values() if lease.namespace == namespace]
-        queried, hit, copied = self._lookups.get(namespace, (0, 0, 0))
-        return CacheStats(
-            pages_total=self.num_pages,
-            pages_free=self.allocator.num_free,
-            pages_cached=self.tree.namespace_cached.get(namespace, 0),
-            pages_evictable=self.tree.evictable_pages,
-            pages_pinned=self.tree.namespace_pinned.get(namespace, 0),
+            pages_evictable=tree.evictable_pages,
             max_pinned_pages=self.max_pinned_pages,
             pages_in_use=len({page for lease in leases for page in lease.pages}),
+            live_leases=len(leases),
             queried_tokens=queried,
             hit_tokens=hit,
             copied_tokens=copied,
-            extended_pages=0,
-            published_pages=0,
-            evicted_pages=self._evicted_from.get(namespace, 0),
-            flushed_pages=0,
-            live_leases=len(leases),
-            evictable_leaves=0,
-            namespaces=int(namespace in self.tree.namespace_cached),
+            **{"extended_pages": 0, "published_pages": 0, "flushed_pages": 0, "evictable_leaves": 0} | own,
         )
 
     def set_event_sink(self, sink: EventSink | None) -> None:

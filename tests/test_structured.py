@@ -14,7 +14,7 @@ import grpc
 import jsonschema
 import pytest
 from engine_fixtures import byte_tokenizer, tiny_model
-from test_engine import Collector, assert_clean, make_engine
+from test_engine import Collector, assert_clean, make_engine, run_requests
 from worker_harness import ThreadedWorker
 
 from radixcache.client import Client
@@ -102,12 +102,7 @@ def chat_prompt(loaded) -> list[int]:
     return tok.encode(text, add_special_tokens=False)
 
 
-def run(engine: Engine, requests: list[Request]) -> Collector:
-    sink = Collector()
-    for r in requests:
-        engine.submit(r, sink)
-    engine.run_until_idle()
-    return sink
+run = run_requests  # every request submitted, then the engine run until idle: the Collector
 
 
 def texts(sink: Collector, ids: list[str]) -> list[str]:

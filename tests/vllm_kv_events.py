@@ -16,12 +16,13 @@ import msgspec
 ExternalBlockHash = bytes | int  # vLLM's ExternalBlockHash
 
 
-def current() -> tuple[msgspec.msgpack.Decoder, type, type, type]:
-    class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
-        ts: float
-        events: list[Any]
-        data_parallel_rank: int | None = None
+class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):  # positional in both layouts
+    ts: float
+    events: list[Any]
+    data_parallel_rank: int | None = None
 
+
+def current() -> tuple[msgspec.msgpack.Decoder, type, type, type]:
     class KVCacheEvent(msgspec.Struct, omit_defaults=True, gc=False, tag=True):
         pass
 
@@ -53,11 +54,6 @@ def current() -> tuple[msgspec.msgpack.Decoder, type, type, type]:
 
 
 def legacy() -> tuple[msgspec.msgpack.Decoder, type, type, type]:
-    class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
-        ts: float
-        events: list[Any]
-        data_parallel_rank: int | None = None
-
     class KVCacheEvent(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):
         pass
 

@@ -11,6 +11,7 @@ request releases its lease, storing everything it computed). A request's n sampl
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import threading
@@ -229,7 +230,7 @@ class Engine:
     def stats(self, namespace: str | None = None) -> EngineStats:
         """The whole worker's figures, or (namespace given) that tenant's own: its requests, tokens and cache view
         (PrefixCache.stats(namespace)), with the pool's capacity and the step count, which are the worker's."""
-        return self.call(self._stats if namespace is None else lambda: self._tenant_stats(namespace))
+        return self.call(lambda: self._stats(namespace))
 
     def flush_cache(self, namespace: str | None = None) -> int:
         """Drop what no running request reads: one tenant's namespace, or (None) every namespace."""
@@ -358,33 +359,29 @@ class Engine:
         except queue.Empty:
             pass
 
-    def _stats(self) -> EngineStats:
-        return EngineStats(
-            running=len(self.scheduler.running),
-            waiting=len(self.scheduler.waiting),
-            preemptions=self.scheduler.preemptions,
-            steps=self._steps,
-            finished_requests=self._finished,
-            prompt_tokens=self.scheduler.prompt_tokens,
-            cached_tokens=self.scheduler.cached_tokens,
-            generated_tokens=self._generated,
-            inflight_shared_tokens=self.scheduler.inflight_shared_tokens,
-            cache=self.cache.stats(),
-        )
+    def _stats(self, namespace: str | None = None) -> EngineStats:
+        sched = self.scheduler
+        if namespace is None:
+            counts = TenantCounts(
+                prompt_tokens=sched.prompt_tokens,
+                cached_tokens=sched.cached_tokens,
+                inflight_shared_tokens=sched.inflight_shared_tokens,
+                preemptions=sched.preemptions,
+                generated_tokens=self._generated,
+                finished_requests=self._finished,
+            )
+        else:
+            counts = sched.tenants.get(namespace) or TenantCounts()
 
-    def _tenant_stats(self, namespace: str) -> EngineStats:
-        mine = self.scheduler.tenants.get(namespace) or TenantCounts()
+        def count(seqs: list[Sequence]) -> int:
+            return len(seqs) if namespace is None else sum(seq.request.namespace == namespace for seq in seqs)
+
         return EngineStats(
-            running=sum(seq.request.namespace == namespace for seq in self.scheduler.running),
-            waiting=sum(seq.request.namespace == namespace for seq in self.scheduler.waiting),
-            preemptions=mine.preemptions,
+            running=count(sched.running),
+            waiting=count(sched.waiting),
             steps=self._steps,
-            finished_requests=mine.finished_requests,
-            prompt_tokens=mine.prompt_tokens,
-            cached_tokens=mine.cached_tokens,
-            generated_tokens=mine.generated_tokens,
-            inflight_shared_tokens=mine.inflight_shared_tokens,
             cache=self.cache.stats(namespace),
+            **dataclasses.asdict(counts),
         )
 
     # --- one step ----------------------------------------------------------------------------------------------

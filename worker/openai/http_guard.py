@@ -31,7 +31,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from radixcache.worker.openai.errors import APIError
 
 log = logging.getLogger("radixcache.http")
-LINGER_S = 2.0  # after a refusal, what the client still sends is read and dropped for this long
+LINGER_S = 1.0  # after a refusal, the connection stays open (not read) this long, so the client can read the answer
 
 
 @dataclass(frozen=True)
@@ -146,7 +146,11 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if not self.transport.can_write_eof():
             self.transport.close()
             return
-        # Lingering close: closing with the client's bytes still unread would send a reset, which can destroy the
-        # answer before the client reads it. Send the answer and a FIN, drop what still arrives, close soon.
+        # Lingering close: closing with the client's bytes still unread sends a reset, which can destroy the answer
+        # before the client reads it. Send the answer and a FIN, stop reading (TCP flow control then stops a
+        # flooding client at no cost here), and close LINGER_S later.
         self.transport.write_eof()
+        self.transport.pause_reading()
         self._head_timer = self.loop.call_later(LINGER_S, self.transport.close)
+        self.connections.discard(self)  # a refused connection holds no slot of max_connections while it lingers
+        self.parser = None  # nor what the parser buffered of its head (it reads nothing more)
