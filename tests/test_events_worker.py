@@ -212,7 +212,7 @@ def read_until(run, batches, index: PageIndex, expected: dict) -> list[str]:
 
 
 def test_a_slow_subscriber_gets_a_reset_and_a_fresh_snapshot(worker) -> None:
-    hub = worker.server.servicer.events
+    hub = worker.server.core.events
     hub.queue_batches = 2  # the next subscription may fall 2 batches behind
 
     async def open_subscription():
@@ -301,7 +301,7 @@ def test_zmq_messages_decode_with_vllms_structs_and_replay_to_the_tree(layout) -
     w = ThreadedWorker(engine, **options).start()
     reader = ZmqReader(sub, vllm_kv_events.current() if layout == "vllm" else vllm_kv_events.legacy())
     try:
-        hub = w.server.servicer.events
+        hub = w.server.core.events
         while not sub.poll(200):  # a PUB drops what it sends before the subscription reaches it: resend until seen
             w.run(hub.resync_publishers())
         rng = random.Random(7)

@@ -30,14 +30,14 @@ class HttpServer:
 
     def __init__(
         self,
-        front: Any,
+        core: Any,
         host: str,
         port: int,
         *,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         limits: HttpLimits | None = None,
     ) -> None:
-        self.app = create_app(front, max_body_bytes=max_body_bytes)
+        self.app = create_app(core, max_body_bytes=max_body_bytes)
         self.host, self.port = host, port
         self.limits = limits or HttpLimits()
         self._server: _Server | None = None
