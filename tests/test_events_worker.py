@@ -521,7 +521,7 @@ def test_with_curve_only_subscribers_holding_an_allowed_key_read_the_events(tmp_
     subs = [subscriber(router_secret), subscriber(None), subscriber(stranger_secret)]
     try:
         assert w.server.kv_events.endpoint.startswith("tcp://127.0.0.1:")  # that interface only
-        hub = w.server.servicer.events
+        hub = w.server.core.events
         deadline = time.monotonic() + 20
         while not subs[0].poll(200) and time.monotonic() < deadline:
             w.run(hub.resync_publishers())
