@@ -332,6 +332,7 @@ class PrefixCache:
         pages, leases, pages they read, lookups and evicted pages, beside the pool's capacity (pages_total,
         pages_free, pages_evictable, max_pinned_pages); the counters kept only for the whole cache read 0."""
         tree = self.tree
+        evictable = tree.evictable_pages  # first: it expires due pins, which the pinned counts below must reflect
         if namespace is None:
             leases = list(self._leases.values())
             queried, hit, copied = self._queried, self._hit, self._copied
@@ -358,7 +359,7 @@ class PrefixCache:
         return CacheStats(
             pages_total=self.num_pages,
             pages_free=self.allocator.num_free,
-            pages_evictable=tree.evictable_pages,
+            pages_evictable=evictable,
             max_pinned_pages=self.max_pinned_pages,
             pages_in_use=len({page for lease in leases for page in lease.pages}),
             live_leases=len(leases),

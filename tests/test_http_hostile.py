@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import threading
 import time
 
 import httpx
@@ -25,18 +26,33 @@ MAX_CONNECTIONS = 40
 KEEP_ALIVE_S = 5.0  # http_guard.HttpLimits.keep_alive_s
 HEALTH_P50_MS = 100.0  # health answers within this while an attack runs (the median probe)
 HEALTH_MAX_MS = 1000.0  # and no probe stalls (a 2-core machine shared with other jobs: the median is the promise)
-RSS_GROWTH_MB = 50.0
+RSS_GROWTH_MB = 50.0  # what a test may add to the worker's RSS
+RSS_KILL_MB = 1024.0  # the watchdog kills the worker past its start-up RSS + this: no test can take the machine
 
 
 @pytest.fixture(scope="module")
 def worker():
+    """One `radixcache serve --random-model --http-port 0` for the module (auth off: every caller is an admin), with
+    a short head timeout and a small connection limit, under an RSS watchdog (`worker.killed` says it fired)."""
     args = ["--kv-pages", "64", "--http-port", "0", "--http-head-timeout", str(HEAD_TIMEOUT_S)]
     with WorkerProcess(*args, "--http-max-connections", str(MAX_CONNECTIONS)) as w:
         line = w.lines.get(timeout=30)
         assert line.startswith("openai api on "), line
         w.http_port = int(line.split()[-1].rsplit(":", 1)[1].split("/")[0])
         w.baseline_rss = rss_mb(w.proc.pid)
+        w.killed = False
+        done = threading.Event()
+
+        def watchdog() -> None:
+            while not done.wait(0.05):
+                if rss_mb(w.proc.pid) > w.baseline_rss + RSS_KILL_MB:
+                    w.killed = True
+                    w.proc.kill()
+                    return
+
+        threading.Thread(target=watchdog, daemon=True).start()
         yield w
+        done.set()
 
 
 def probe(worker, *, http: bool = True) -> HealthProbe:
@@ -46,6 +62,7 @@ def probe(worker, *, http: bool = True) -> HealthProbe:
 def assert_unharmed(worker, health: HealthProbe) -> None:
     """Health answered meanwhile, memory bounded, a real request still served, no lease left."""
     summary = health.stop().summary()
+    assert not worker.killed and worker.proc.poll() is None, "the worker died (or its RSS watchdog killed it)"
     assert summary["probes"] >= 3, summary
     for front in ("grpc", "http") if health.http else ("grpc",):
         assert summary[f"{front}_health_p50_ms"] < HEALTH_P50_MS, summary
