@@ -121,6 +121,9 @@ class Request:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     namespace: str = ""  # the tenant; set by the server from the caller's identity, never from the request body
     constraint: Constraint | None = None  # structured output; None = unconstrained
+    # A routing hint (OpenAI's prompt_cache_key): in a cluster, requests with the same key go to the same replica
+    # while load allows, so a conversation finds its pages where they are. One engine ignores it.
+    cache_key: str = ""
 
     def __post_init__(self) -> None:
         if not self.request_id:

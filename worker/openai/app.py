@@ -123,6 +123,7 @@ class OpenAIFront:
     def __init__(self, core: FrontCore, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
         self.core = core
         self.max_body_bytes = max_body_bytes
+        self._background: set[asyncio.Future[Any]] = set()  # retain() pins running after their response
 
     # -- gates -------------------------------------------------------------------------------------------------
     def tenant(self, request: Request) -> str:
@@ -184,14 +185,28 @@ class OpenAIFront:
         responder: ChatResponder | CompletionResponder
         if chat:
             responder = ChatResponder(
-                request_id="chatcmpl-" + uuid.uuid4().hex, parse_tools=parsed.parse_tools, **common
-            )
+                request_id="chatcmpl-" + uuid.uuid4().hex, parse_tools=parsed.parse_tools,
+                closes_at_stop=bool(parsed.tool_choice.stop()), **common,
+            )  # fmt: skip
         else:
             responder = CompletionResponder(request_id="cmpl-" + uuid.uuid4().hex, **common)
         stream = await self._open(tenant, responder.id, parsed, prompt_param=prompt_param, chat=chat)
+
+        def done() -> None:
+            if parsed.retention_s is not None:
+                self.retain(tenant, stream, parsed.retention_s)
+
         if parsed.stream:
-            return self._sse(stream, responder, parsed.include_usage)
-        return await self._whole(request, stream, responder)
+            return self._sse(stream, responder, parsed.include_usage, done)
+        return await self._whole(request, stream, responder, done)
+
+    def retain(self, tenant: str, stream: EngineStream, ttl_s: float) -> None:
+        """Pin what a finished request computed (its prompt and first sample's reply but the last, uncomputed,
+        token) for ttl_s, in the background: the response is not held up by it."""
+        ids = list(stream.request.prompt_ids) + stream.generated[0][:-1]
+        task = asyncio.ensure_future(self.core.retain(tenant, ids, ttl_s))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     # -- the way through validation to the engine -------------------------------------------------------------
     @staticmethod
@@ -212,8 +227,9 @@ class OpenAIFront:
         Chat's default max_tokens (OpenAI's) is as long as the reply can be: what the context and KV pool leave."""
         try:
             return await self.core.admit(
-                tenant, request_id, parsed.prompt, parsed.sampling, parsed.constraint, fill_max_tokens=chat
-            )
+                tenant, request_id, parsed.prompt, parsed.sampling, parsed.constraint, fill_max_tokens=chat,
+                cache_key=parsed.cache_key,
+            )  # fmt: skip
         except Refusal as r:
             renames = {"max_tokens": parsed.max_tokens_param, "top_logprobs": parsed.top_logprobs_param}
             raise api_error(
@@ -224,7 +240,9 @@ class OpenAIFront:
     def _failure(out: RequestOutput) -> APIError:
         return api_error(Refusal.of_failure(out.error_kind, f"the request failed: {out.error}"))
 
-    async def _whole(self, request: Request, stream: EngineStream, responder: Any) -> Response:
+    async def _whole(
+        self, request: Request, stream: EngineStream, responder: Any, done: Callable[[], None] | None = None
+    ) -> Response:
         """Non-streaming: nothing is sent until the end, so a watcher notices the client leaving and closes the
         stream (aborting the request) at once."""
 
@@ -243,9 +261,13 @@ class OpenAIFront:
         finally:
             watcher.cancel()
             stream.close()
+        if done is not None:
+            done()
         return JSONResponse(responder.response().model_dump())
 
-    def _sse(self, stream: EngineStream, responder: Any, include_usage: bool) -> StreamingResponse:
+    def _sse(
+        self, stream: EngineStream, responder: Any, include_usage: bool, done: Callable[[], None] | None = None
+    ) -> StreamingResponse:
         # Starlette cancels this generator when the client disconnects (it listens for http.disconnect while it
         # streams), which closes the stream: the request is aborted at once.
         async def events() -> AsyncIterator[str]:
@@ -261,6 +283,8 @@ class OpenAIFront:
                 else:
                     if include_usage:
                         yield f"data: {responder.usage_chunk().model_dump_json()}\n\n"
+                    if done is not None:
+                        done()
                 yield "data: [DONE]\n\n"
             finally:
                 stream.close()
