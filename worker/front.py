@@ -49,10 +49,12 @@ from radixcache.worker.validation import (
     ModelLimits,
     PromptInput,
     SamplingValues,
+    chat_renderer,
     check_prompt_input,
     check_request_id,
     check_ttl,
     constraint,
+    render_chat,
     sampling_params,
     tokenize_off_loop,
 )
@@ -259,6 +261,32 @@ class FrontCore:
         engine = self.ready()
         try:
             return await tokenize_off_loop(prompt, engine.tokenizer, self.limits, fit=fit)
+        except InvalidArgument as e:
+            raise _invalid(e) from None
+
+    async def continue_from(
+        self, prefixes: list[tuple[list[int], str]], prompt: PromptInput
+    ) -> tuple[list[int], str] | None:
+        """The token ids of a chat prompt that extends a stored conversation, from the stored ids themselves: the
+        prompt is rendered (a few jinja milliseconds at most) and, when its text begins with one of `prefixes`'
+        texts, only the rest is tokenized and put after that prefix's ids. None when none is a prefix (the
+        template wrote the history otherwise, or the instructions or tools changed): tokenize the prompt then.
+        Returns (ids, rendered text). In a worker thread, like every tokenizing."""
+        engine = self.ready()
+        tokenizer = engine.tokenizer
+
+        def extend() -> tuple[list[int], str] | None:
+            messages, render = chat_renderer(prompt, tokenizer, self.limits)
+            rendered = render_chat(render, messages)
+            for ids, text in prefixes:
+                if ids and rendered.startswith(text):
+                    rest = rendered[len(text) :]
+                    return ids + (list(tokenizer.encode(rest, add_special_tokens=False)) if rest else []), rendered
+            return None
+
+        try:
+            check_prompt_input(prompt, tokenizer, self.limits)
+            return await asyncio.to_thread(extend)
         except InvalidArgument as e:
             raise _invalid(e) from None
 

@@ -1,4 +1,5 @@
-"""The OpenAI-compatible HTTP front (FastAPI): /v1/models, /v1/chat/completions, /v1/completions, /health.
+"""The OpenAI-compatible HTTP front (FastAPI): /v1/models, /v1/chat/completions, /v1/completions, /v1/responses
+(responses_api.py), /health.
 
 It serves the same engine as the gRPC servicer, through the same front core (worker/front.py: the bearer-token
 tenant = cache namespace, validation, tokenizing off the event loop, constraint compiling, submit); this module is
@@ -30,6 +31,7 @@ from radixcache.worker.front import FrontCore, Refusal, RefusalKind
 from radixcache.worker.openai.errors import APIError, bad_request, param_of
 from radixcache.worker.openai.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 from radixcache.worker.openai.requests import ParsedRequest, parse_chat, parse_completion
+from radixcache.worker.openai.response_store import ResponseStore
 from radixcache.worker.openai.responses import ChatResponder, CompletionResponder
 from radixcache.worker.request import FinishReason, RequestOutput
 
@@ -301,9 +303,15 @@ class OpenAIFront:
         )  # fmt: skip
 
 
-def create_app(core: FrontCore, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
-    """The FastAPI app of the OpenAI front over the front core (see the module docstring)."""
+def create_app(
+    core: FrontCore, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, store: ResponseStore | None = None
+) -> FastAPI:
+    """The FastAPI app of the OpenAI front over the front core (see the module docstring). store: the Responses
+    API's stored responses (a default-sized one if None)."""
+    from radixcache.worker.openai.responses_api import ResponsesEndpoint  # it imports this module's helpers
+
     api = OpenAIFront(core, max_body_bytes=max_body_bytes)
+    responses = ResponsesEndpoint(api, store if store is not None else ResponseStore())
     app = FastAPI(title="radixcache", docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.exception_handler(APIError)
@@ -324,4 +332,8 @@ def create_app(core: FrontCore, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES)
     app.add_api_route("/v1/models", api.models, methods=["GET"])
     app.add_api_route("/v1/chat/completions", api.chat, methods=["POST"])
     app.add_api_route("/v1/completions", api.completions, methods=["POST"])
+    app.state.store = responses.store
+    app.add_api_route("/v1/responses", responses.create, methods=["POST"])
+    app.add_api_route("/v1/responses/{response_id}", responses.retrieve, methods=["GET"])
+    app.add_api_route("/v1/responses/{response_id}", responses.delete, methods=["DELETE"])
     return app
