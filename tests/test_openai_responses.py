@@ -92,7 +92,7 @@ def test_previous_response_id_continues_from_the_stored_tokens(served):
     client, _, engine, submitted = served
     store = engine.worker.server.http.app.state.store
     questions = ["What is a list?", "And a tuple?", "And a set?", "Which is fastest?"]
-    previous = None
+    previous, before = None, []
     for question in questions:
         r = client.responses.create(
             model=MODEL, instructions=INSTRUCTIONS, input=question, max_output_tokens=16,
