@@ -4,17 +4,11 @@ whole history, and chained with previous_response_id; and the SDK's own request 
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Literal
 
 import pytest
-from test_openai_agent_chat import TOOLS_TEMPLATE
-from worker_harness import ThreadedWorker
+from agent_fixtures import MODEL, fixture, tools_worker
 
-from radixcache.worker.cli import default_model_path
-from radixcache.worker.engine import Engine, EngineConfig
-from radixcache.worker.model.loader import load_checkpoint
 from radixcache.worker.openai.responses_input import parse_responses
 from radixcache.worker.openai.responses_protocol import ResponsesRequest
 
@@ -22,8 +16,7 @@ agents = pytest.importorskip("agents")  # the test extra installs openai-agents
 
 
 def test_the_sdks_body_is_understood():
-    body = json.loads((Path(__file__).parent / "fixtures" / "agents_sdk_responses.json").read_text())
-    body.pop("_source")
+    body = fixture("agents_sdk_responses.json")
     parsed = parse_responses(ResponsesRequest.model_validate(body))
     assert [m["role"] for m in parsed.messages] == ["user", "assistant", "tool"]
     assert parsed.messages[1]["tool_calls"][0]["function"] == {"name": "lookup", "arguments": {"topic": "list"}}
@@ -35,17 +28,10 @@ def test_the_sdks_body_is_understood():
 def model():
     from openai import AsyncOpenAI
 
-    loaded = load_checkpoint(default_model_path())
-    loaded.tokenizer.chat_template = TOOLS_TEMPLATE
-    engine = Engine(loaded, EngineConfig(kv_pages=256, page_size=16))
-    worker = ThreadedWorker(engine, http_port=0).start()
-    agents.set_tracing_disabled(True)
-    client = AsyncOpenAI(base_url=f"http://127.0.0.1:{worker.server.http_port}/v1", api_key="none", max_retries=0)
-    try:
-        yield agents.OpenAIResponsesModel(model="fake", openai_client=client), engine
-    finally:
-        worker.stop()
-        engine.shutdown(drain=False)
+    with tools_worker() as (engine, _, base):
+        agents.set_tracing_disabled(True)
+        client = AsyncOpenAI(base_url=base, api_key="none", max_retries=0)
+        yield agents.OpenAIResponsesModel(model=MODEL, openai_client=client), engine
 
 
 @agents.function_tool

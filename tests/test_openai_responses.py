@@ -11,14 +11,8 @@ import httpx
 import jsonschema
 import openai
 import pytest
-from test_openai_agent_chat import ADD, TOOLS_TEMPLATE
-from worker_harness import ThreadedWorker
+from agent_fixtures import ADD, MODEL, tools_worker
 
-from radixcache.worker.cli import default_model_path
-from radixcache.worker.engine import Engine, EngineConfig
-from radixcache.worker.model.loader import load_checkpoint
-
-MODEL = "fake"
 TOKENS = {"key-alice": "alice", "key-bob": "bob"}
 INSTRUCTIONS = "You answer questions about Python in one line."
 FUNCTION = {"type": "function"} | {k: v for k, v in ADD["function"].items()}  # the Responses API's flat shape
@@ -26,22 +20,14 @@ FUNCTION = {"type": "function"} | {k: v for k, v in ADD["function"].items()}  # 
 
 @pytest.fixture(scope="module")
 def served():
-    loaded = load_checkpoint(default_model_path())
-    loaded.tokenizer.chat_template = TOOLS_TEMPLATE
     # 48 pages of 16 tokens: a few requests of the 512-token context evict one another.
-    engine = Engine(loaded, EngineConfig(kv_pages=48, page_size=16, max_pinned=0.5))
-    worker = ThreadedWorker(engine, http_port=0, auth_tokens=TOKENS).start()
-    base = f"http://127.0.0.1:{worker.server.http_port}/v1"
-    engine.worker = worker
-    submitted = []
-    submit = engine.submit
-    engine.submit = lambda request, on_output: (submitted.append(request), submit(request, on_output))[1]
-    try:
+    with tools_worker(kv_pages=48, auth_tokens=TOKENS) as (engine, worker, base):
+        engine.worker = worker
+        submitted = []
+        submit = engine.submit
+        engine.submit = lambda request, on_output: (submitted.append(request), submit(request, on_output))[1]
         with openai.OpenAI(base_url=base, api_key="key-alice", max_retries=0) as alice:
             yield alice, base, engine, submitted
-    finally:
-        worker.stop()
-        engine.shutdown(drain=False)
 
 
 def test_create_retrieve_delete(served):
@@ -206,3 +192,29 @@ def test_bad_requests_get_400_naming_the_field(served, fields, param):
     r = httpx.post(base + "/responses", json=body, headers={"Authorization": "Bearer key-alice"}, timeout=60)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param, r.json()
+
+
+def test_the_text_is_what_was_generated_but_the_whitespace_around_calls():
+    from radixcache.worker.openai.responses_output import ResponsesResponder
+    from radixcache.worker.request import FinishReason, RequestOutput
+
+    def run(*pieces: str, finish: FinishReason = FinishReason.LENGTH) -> ResponsesResponder:
+        responder = ResponsesResponder(response_id="r", model="m", echo={}, parse_tools=True, closes_at_stop=False)
+        events = responder.first_events()
+        for k, piece in enumerate(pieces):
+            last = k == len(pieces) - 1
+            out = RequestOutput("r", [1], piece, 3, 0, k + 1, finish_reason=finish if last else None)
+            events += responder.add(out)
+        deltas = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+        assert deltas == responder.response().output_text
+        return responder
+
+    # Cut mid-sentence after a space: the space is part of the text (a follow-up renders these very tokens).
+    assert run(" Hello", " there ").response().output_text == " Hello there "
+    call = '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>'
+    with_call = run("Let me check.\n", call, "\n\n", finish=FinishReason.STOP_TOKEN).response()
+    assert [item.type for item in with_call.output] == ["message", "function_call"]
+    assert with_call.output_text == "Let me check." and with_call.status == "completed"
+    assert [item.type for item in run("\n" + call, finish=FinishReason.STOP_TOKEN).response().output] == [
+        "function_call"
+    ]

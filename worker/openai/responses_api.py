@@ -22,9 +22,9 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
-from radixcache.worker.engine_stream import EngineStream, StreamClosed
+from radixcache.worker.engine_stream import EngineStream
 from radixcache.worker.front import Refusal
-from radixcache.worker.openai.app import OpenAIFront, _parse, _read_body, _until_disconnected, api_error
+from radixcache.worker.openai.app import OpenAIFront, _parse, _read_body, api_error
 from radixcache.worker.openai.errors import APIError
 from radixcache.worker.openai.response_store import ResponseStore, StoredResponse
 from radixcache.worker.openai.responses_input import ResponsesInput, parse_responses
@@ -111,8 +111,8 @@ class ResponsesEndpoint:
             self.store.put(
                 turn.tenant,
                 StoredResponse(
-                    id=responder.response.id,
-                    body=responder.response.model_dump(),
+                    id=responder.object.id,
+                    body=responder.object.model_dump(),
                     token_ids=array("i", ids),
                     text=turn.prompt_text + decode(generated, skip_special_tokens=False),
                     generated_text_without_last=turn.prompt_text + decode(generated[:-1], skip_special_tokens=False),
@@ -127,23 +127,7 @@ class ResponsesEndpoint:
             task.add_done_callback(self.front._background.discard)
 
     async def _whole(self, request: Request, stream: EngineStream, responder: ResponsesResponder, turn: _Turn) -> Response:  # fmt: skip
-        async def watch() -> None:
-            await _until_disconnected(request)
-            stream.close()
-
-        watcher = asyncio.ensure_future(watch())
-        try:
-            async for out in stream:
-                if out.finish_reason is FinishReason.ERROR:
-                    raise self.front._failure(out)
-                responder.add(out)
-        except StreamClosed:
-            return Response(status_code=499)
-        finally:
-            watcher.cancel()
-            stream.close()
-        self._finished(stream, responder, turn)
-        return JSONResponse(responder.response.model_dump())
+        return await self.front._whole(request, stream, responder, lambda: self._finished(stream, responder, turn))
 
     def _sse(self, stream: EngineStream, responder: ResponsesResponder, turn: _Turn) -> StreamingResponse:
         async def events() -> AsyncIterator[str]:

@@ -8,8 +8,10 @@
     then response.completed (response.incomplete when cut by max_output_tokens; response.failed on a failure).
 
 One responder per request (one sample: the Responses API has no n). Both views are built from the same state, so
-the deltas concatenate to the final text. Whitespace around the tool-call blocks is not content: a message item
-opens at the first visible character, and whitespace at its end is held back until more text follows.
+the deltas concatenate to the final text. The text is the generated text exactly (a conversation sent back then
+renders to the very tokens the worker generated), but for the whitespace around tool-call blocks, which is not
+content: whitespace is held back until visible text follows it, dropped before a call, and after a call dropped
+until visible text comes.
 """
 
 from __future__ import annotations
@@ -45,11 +47,12 @@ class ResponsesResponder:
     parse_tools / closes_at_stop: as ChatResponder's (generated <tool_call> blocks become function_call items)."""
 
     def __init__(self, *, response_id: str, model: str, echo: dict[str, Any], parse_tools: bool, closes_at_stop: bool) -> None:  # fmt: skip
-        self.response = ResponseObject(id=response_id, model=model, status="in_progress", **echo)
+        self.object = ResponseObject(id=response_id, model=model, status="in_progress", **echo)
         self.parser = ToolCallParser() if parse_tools else None
         self.closes_at_stop = closes_at_stop
         self._message: OutputMessage | None = None  # the text item being written
         self._held = ""  # whitespace at the end of the text so far
+        self._after_call = False  # a call was the last thing written: whitespace now is not content
         self._sequence = 0
         self.finish: FinishReason | None = None
 
@@ -59,8 +62,12 @@ class ResponsesResponder:
         self._sequence += 1
         return event
 
+    def response(self) -> ResponseObject:
+        """The response object as it stands (final once the last output was added)."""
+        return self.object
+
     def _snapshot(self) -> dict[str, Any]:
-        return self.response.model_dump()
+        return self.object.model_dump()
 
     def first_events(self) -> list[Event]:
         return [
@@ -84,7 +91,8 @@ class ResponsesResponder:
         events = self._text(text)
         for call in calls:
             events += self._close_text() + self._call(call, truncated=call in partial)
-        self.response.usage = ResponseUsage(
+            self._after_call = True
+        self.object.usage = ResponseUsage(
             input_tokens=out.prompt_tokens,
             input_tokens_details=InputTokensDetails(
                 cached_tokens=out.cached_tokens, cache_write_tokens=out.prompt_tokens - out.cached_tokens
@@ -95,25 +103,28 @@ class ResponsesResponder:
         if out.finish_reason is not None:
             self.finish = out.finish_reason
             cut = out.finish_reason is FinishReason.LENGTH
+            if not self._after_call:
+                events += self._text("", flush=True)
             events += self._close_text(incomplete=cut)
-            self.response.status = "incomplete" if cut else "completed"
-            self.response.incomplete_details = IncompleteDetails(reason="max_output_tokens") if cut else None
-            self.response.completed_at = float(int(time.time()))
+            self.object.status = "incomplete" if cut else "completed"
+            self.object.incomplete_details = IncompleteDetails(reason="max_output_tokens") if cut else None
+            self.object.completed_at = float(int(time.time()))
         return events
 
-    def _text(self, delta: str) -> list[Event]:
+    def _text(self, delta: str, *, flush: bool = False) -> list[Event]:
         text = self._held + delta
-        if self._message is None:
+        if self._after_call:
             text = text.lstrip()
-        visible = text.rstrip()
+        visible = text if flush else text.rstrip()
         self._held = text[len(visible) :]
         if not visible:
             return []
+        self._after_call = False
         events = []
         if self._message is None:
             self._message = OutputMessage(id="msg_" + uuid.uuid4().hex, status="in_progress", content=[])
-            self.response.output.append(self._message)
-            index = len(self.response.output) - 1
+            self.object.output.append(self._message)
+            index = len(self.object.output) - 1
             events.append(
                 self._event("response.output_item.added", output_index=index, item=self._message.model_dump())
             )
@@ -130,7 +141,7 @@ class ResponsesResponder:
         return events
 
     def _index(self, item: Any) -> int:
-        return next(i for i, x in enumerate(self.response.output) if x is item)
+        return next(i for i, x in enumerate(self.object.output) if x is item)
 
     def _close_text(self, *, incomplete: bool = False) -> list[Event]:
         message, self._message, self._held = self._message, None, ""
@@ -159,8 +170,8 @@ class ResponsesResponder:
 
     def _call(self, call: ToolCall, *, truncated: bool) -> list[Event]:
         item = FunctionCall(id="fc_" + uuid.uuid4().hex, status="in_progress", call_id=call.id, name=call.name, arguments="")  # fmt: skip
-        self.response.output.append(item)
-        index = len(self.response.output) - 1
+        self.object.output.append(item)
+        index = len(self.object.output) - 1
         events = [self._event("response.output_item.added", output_index=index, item=item.model_dump())]
         item.arguments = call.arguments
         item.status = "incomplete" if truncated else "completed"
@@ -176,20 +187,20 @@ class ResponsesResponder:
         return events
 
     def last_events(self) -> list[Event]:
-        kind = "response.incomplete" if self.response.status == "incomplete" else "response.completed"
+        kind = "response.incomplete" if self.object.status == "incomplete" else "response.completed"
         return [self._event(kind, response=self._snapshot())]
 
     def failed_events(self, message: str) -> list[Event]:
         self._close_text(incomplete=True)
-        self.response.status = "failed"
-        self.response.error = ResponseError(code="server_error", message=message)
+        self.object.status = "failed"
+        self.object.error = ResponseError(code="server_error", message=message)
         return [self._event("response.failed", response=self._snapshot())]
 
     # -- the reply as a conversation turn ---------------------------------------------------------------------
     def reply_message(self) -> dict[str, Any]:
         """The reply as a chat message (Hugging Face's shape), as responses_input.py maps output items sent back."""
-        message: dict[str, Any] = {"role": "assistant", "content": self.response.output_text}
-        calls = [item for item in self.response.output if isinstance(item, FunctionCall)]
+        message: dict[str, Any] = {"role": "assistant", "content": self.object.output_text}
+        calls = [item for item in self.object.output if isinstance(item, FunctionCall)]
         if calls:
             message["tool_calls"] = [
                 {
