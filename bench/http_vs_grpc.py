@@ -45,7 +45,7 @@ from urllib.parse import urlsplit
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import REPO, Worker, percentile  # noqa: E402
 
-from radixcache.client import AsyncClient  # noqa: E402
+from radixcache.client import AsyncClient, Client  # noqa: E402
 
 
 @dataclass
@@ -191,10 +191,11 @@ async def responses_lean_one(client: LeanSSEClient, model: str, messages: list[d
 
 async def agent_loop(base_url: str, model: str, turns: int, output: int, chained: bool) -> list[dict[str, float]]:
     """One conversation of `turns` turns through /v1/responses: chained with previous_response_id, or resending
-    the whole history. Per turn: input tokens, cached tokens, cached share, TTFT (ms)."""
+    the whole history. Per turn: input tokens, cached tokens, cached share, reusable tokens (what the turn before
+    computed: its input and output but the last, uncomputed, token), cached of reusable, TTFT (ms)."""
     import openai
 
-    figures, history, previous = [], [], None
+    figures, history, previous, reusable = [], [], None, 0
     async with openai.AsyncOpenAI(base_url=base_url, api_key="none", max_retries=0) as client:
         for turn in range(turns):
             question = {"role": "user", "content": f"Question {turn}: how does a radix tree share prefixes?"}
@@ -216,9 +217,11 @@ async def agent_loop(base_url: str, model: str, turns: int, output: int, chained
             cached = usage.input_tokens_details.cached_tokens
             figures.append({
                 "input_tokens": usage.input_tokens, "cached_tokens": cached,
-                "cached_share": round(cached / usage.input_tokens, 3),
+                "cached_share": round(cached / usage.input_tokens, 3), "reusable_tokens": reusable,
+                "cached_of_reusable": round(cached / reusable, 3) if reusable else None,
                 "ttft_ms": round(1000 * ((first or time.perf_counter()) - t0), 1),
             })  # fmt: skip
+            reusable = usage.input_tokens + usage.output_tokens - 1
             previous = response.id
             history += [question, {"role": "assistant", "content": response.output_text}]
     return figures
@@ -350,10 +353,11 @@ def main(argv: list[str] | None = None) -> dict:
     if args.turns:
         with Worker(args.model, "--http-port", "0", name="cached", threads=args.threads) as cached:
             loop_url = openai_url(cached)
-            loops = {
-                mode: asyncio.run(agent_loop(loop_url, model, args.turns, args.output, mode == "previous_response_id"))
-                for mode in ("previous_response_id", "resend_history")
-            }
+            for mode in ("previous_response_id", "resend_history"):
+                with Client(cached.target) as admin:
+                    admin.flush()  # each conversation starts cold: neither profits from the other's pages
+                chained = mode == "previous_response_id"
+                loops[mode] = asyncio.run(agent_loop(loop_url, model, args.turns, args.output, chained))
     g, h = result["grpc"], result["http"]
     print(
         f"{args.rounds} rounds x {args.requests} requests per front, {args.concurrency} clients, "
@@ -385,10 +389,11 @@ def main(argv: list[str] | None = None) -> dict:
     headline["responses_ttft_p50_overhead_ms"] = round(r["ttft_p50_ms"] - c["ttft_p50_ms"], 2)
     headline["responses_throughput_ratio"] = round(r["tok_s"] / c["tok_s"], 3)
     for mode, figures in loops.items():
-        print(f"agent loop, {mode}: " + " ".join(f"{f['cached_share']:.2f}/{f['ttft_ms']:.0f}ms" for f in figures))
+        print(f"agent loop, {mode} (cached share of input / TTFT per turn): " + " ".join(f"{f['cached_share']:.2f}/{f['ttft_ms']:.0f}ms" for f in figures))  # fmt: skip
         later = figures[1:]
         headline[f"loop_{mode}"] = {
             "cached_share_turns_2_on": round(sum(f["cached_tokens"] for f in later) / sum(f["input_tokens"] for f in later), 3),
+            "cached_of_reusable_turns_2_on": round(sum(f["cached_tokens"] for f in later) / sum(f["reusable_tokens"] for f in later), 3),
             "ttft_ms_p50_turns_2_on": percentile([f["ttft_ms"] for f in later], 50),
             "turns": figures,
         }  # fmt: skip

@@ -92,16 +92,16 @@ class ResponsesResponder:
         for call in calls:
             events += self._close_text() + self._call(call, truncated=call in partial)
             self._after_call = True
-        self.object.usage = ResponseUsage(
-            input_tokens=out.prompt_tokens,
-            input_tokens_details=InputTokensDetails(
-                cached_tokens=out.cached_tokens, cache_write_tokens=out.prompt_tokens - out.cached_tokens
-            ),
-            output_tokens=out.completion_tokens,
-            total_tokens=out.prompt_tokens + out.completion_tokens,
-        )
         if out.finish_reason is not None:
             self.finish = out.finish_reason
+            self.object.usage = ResponseUsage(
+                input_tokens=out.prompt_tokens,
+                input_tokens_details=InputTokensDetails(
+                    cached_tokens=out.cached_tokens, cache_write_tokens=out.prompt_tokens - out.cached_tokens
+                ),
+                output_tokens=out.completion_tokens,
+                total_tokens=out.prompt_tokens + out.completion_tokens,
+            )
             cut = out.finish_reason is FinishReason.LENGTH
             if not self._after_call:
                 events += self._text("", flush=True)
