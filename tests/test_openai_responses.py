@@ -74,12 +74,16 @@ def test_streaming_follows_the_official_event_sequence(served):
     assert deltas == response.output_text and response.status == "completed"
 
 
-def test_previous_response_id_continues_from_the_stored_tokens(served):
+def test_previous_response_id_continues_from_the_stored_tokens(served, monkeypatch):
     client, _, engine, submitted = served
     store = engine.worker.server.http.app.state.store
+    encoded: list[str] = []
+    encode = engine.tokenizer.encode
+    monkeypatch.setattr(engine.tokenizer, "encode", lambda text, **kw: (encoded.append(text), encode(text, **kw))[1])
     questions = ["What is a list?", "And a tuple?", "And a set?", "Which is fastest?"]
     previous, before = None, []
     for question in questions:
+        encoded.clear()
         r = client.responses.create(
             model=MODEL, instructions=INSTRUCTIONS, input=question, max_output_tokens=16,
             previous_response_id=previous.id if previous else None,
@@ -92,6 +96,8 @@ def test_previous_response_id_continues_from_the_stored_tokens(served):
             # ... and everything that turn computed is served from the cache.
             assert r.usage.input_tokens_details.cached_tokens == len(before) - 1
             assert r.previous_response_id == previous.id
+            # The history was never tokenized again: only the new turn's text was.
+            assert encoded and not any(questions[0] in text for text in encoded), encoded
         before = list(store.get("alice", r.id).token_ids)  # the previous prompt and every token it generated
         assert before[: len(request.prompt_ids)] == list(request.prompt_ids)
         previous = r
