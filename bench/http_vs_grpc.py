@@ -227,6 +227,54 @@ async def agent_loop(base_url: str, model: str, turns: int, output: int, chained
     return figures
 
 
+def front_cost(repeats: int = 300) -> dict[str, float]:
+    """What each HTTP front itself spends, in this process and without an engine: ms from the body to the first
+    streamed delta (parse, map, first events) and per streamed token (serialize), Responses API vs chat
+    completions, best of 3. Independent of the network and of the engine: steadier than TTFT on a busy machine."""
+    from radixcache.worker.openai.protocol import ChatCompletionRequest
+    from radixcache.worker.openai.requests import parse_chat
+    from radixcache.worker.openai.responses import ChatResponder
+    from radixcache.worker.openai.responses_input import parse_responses
+    from radixcache.worker.openai.responses_output import ResponsesResponder, sse
+    from radixcache.worker.openai.responses_protocol import ResponsesRequest
+    from radixcache.worker.request import FinishReason, RequestOutput
+
+    messages = conversation(random.Random(0), 32)
+    outputs = [
+        RequestOutput("r", [5], f" w{i}", 40, 0, i + 1, finish_reason=FinishReason.LENGTH if i == 31 else None)
+        for i in range(32)
+    ]
+
+    def responses(tokens: int) -> None:
+        body = {"model": "m", "instructions": messages[0]["content"], "input": messages[1:], "stream": True}
+        parse_responses(ResponsesRequest.model_validate(body))
+        r = ResponsesResponder(response_id="resp_x", model="m", echo={}, parse_tools=False, closes_at_stop=False)
+        for event in r.first_events() + [e for out in outputs[:tokens] for e in r.add(out)]:
+            sse(event)
+
+    def chat(tokens: int) -> None:
+        parse_chat(ChatCompletionRequest.model_validate({"model": "m", "messages": messages, "stream": True}))
+        r = ChatResponder(request_id="c", model="m", n=1, token_text=str, parse_tools=False, logprobs=False)
+        for chunk in r.first_chunks() + [c for out in outputs[:tokens] for c in r.add(out)]:
+            chunk.model_dump_json(exclude_none=True)
+
+    def best(f, tokens: int) -> float:  # noqa: ANN001
+        times = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            for _ in range(repeats):
+                f(tokens)
+            times.append((time.perf_counter() - t0) / repeats * 1000)
+        return min(times)
+
+    out = {}
+    for name, f in (("responses", responses), ("chat", chat)):
+        first, whole = best(f, 1), best(f, 32)
+        out[f"{name}_ms_to_first_delta"] = round(first, 3)
+        out[f"{name}_ms_per_token"] = round((whole - first) / 31, 4)
+    return out
+
+
 def process_cpu(pid: int) -> float:
     """CPU seconds (user + system) a process has used so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -385,6 +433,9 @@ def main(argv: list[str] | None = None) -> dict:
         o = result["http_openai"]
         headline["http_openai_ttft_p50_overhead_ms"] = round(o["ttft_p50_ms"] - g["ttft_p50_ms"], 2)
         headline["http_openai_throughput_ratio"] = round(o["tok_s"] / g["tok_s"], 3)
+    cost = front_cost()
+    print("front cost (ms, in process, no engine):", cost)
+    headline["front_cost"] = cost
     c, r = result["grpc_chat"], result["responses"]
     headline["responses_ttft_p50_overhead_ms"] = round(r["ttft_p50_ms"] - c["ttft_p50_ms"], 2)
     headline["responses_throughput_ratio"] = round(r["tok_s"] / c["tok_s"], 3)

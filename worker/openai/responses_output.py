@@ -70,9 +70,10 @@ class ResponsesResponder:
         return self.object.model_dump()
 
     def first_events(self) -> list[Event]:
+        snapshot = self._snapshot()  # the same object twice: nothing happened in between
         return [
-            self._event("response.created", response=self._snapshot()),
-            self._event("response.in_progress", response=self._snapshot()),
+            self._event("response.created", response=snapshot),
+            self._event("response.in_progress", response=snapshot),
         ]
 
     def add(self, out: RequestOutput) -> list[Event]:
