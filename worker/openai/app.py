@@ -1,4 +1,5 @@
-"""The OpenAI-compatible HTTP front (FastAPI): /v1/models, /v1/chat/completions, /v1/completions, /health.
+"""The OpenAI-compatible HTTP front (FastAPI): /v1/models, /v1/chat/completions, /v1/completions, /v1/responses
+(responses_api.py), /health.
 
 It serves the same engine as the gRPC servicer, through the same front core (worker/front.py: the bearer-token
 tenant = cache namespace, validation, tokenizing off the event loop, constraint compiling, submit); this module is
@@ -30,6 +31,7 @@ from radixcache.worker.front import FrontCore, Refusal, RefusalKind
 from radixcache.worker.openai.errors import APIError, bad_request, param_of
 from radixcache.worker.openai.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 from radixcache.worker.openai.requests import ParsedRequest, parse_chat, parse_completion
+from radixcache.worker.openai.response_store import ResponseStore
 from radixcache.worker.openai.responses import ChatResponder, CompletionResponder
 from radixcache.worker.request import FinishReason, RequestOutput
 
@@ -123,6 +125,7 @@ class OpenAIFront:
     def __init__(self, core: FrontCore, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
         self.core = core
         self.max_body_bytes = max_body_bytes
+        self._background: set[asyncio.Future[Any]] = set()  # retain() pins running after their response
 
     # -- gates -------------------------------------------------------------------------------------------------
     def tenant(self, request: Request) -> str:
@@ -184,14 +187,28 @@ class OpenAIFront:
         responder: ChatResponder | CompletionResponder
         if chat:
             responder = ChatResponder(
-                request_id="chatcmpl-" + uuid.uuid4().hex, parse_tools=parsed.parse_tools, **common
-            )
+                request_id="chatcmpl-" + uuid.uuid4().hex, parse_tools=parsed.parse_tools,
+                closes_at_stop=bool(parsed.tool_choice.stop()), **common,
+            )  # fmt: skip
         else:
             responder = CompletionResponder(request_id="cmpl-" + uuid.uuid4().hex, **common)
         stream = await self._open(tenant, responder.id, parsed, prompt_param=prompt_param, chat=chat)
+
+        def done() -> None:
+            if parsed.retention_s is not None:
+                self.retain(tenant, stream, parsed.retention_s)
+
         if parsed.stream:
-            return self._sse(stream, responder, parsed.include_usage)
-        return await self._whole(request, stream, responder)
+            return self._sse(stream, responder, parsed.include_usage, done)
+        return await self._whole(request, stream, responder, done)
+
+    def retain(self, tenant: str, stream: EngineStream, ttl_s: float) -> None:
+        """Pin what a finished request computed (its prompt and first sample's reply but the last, uncomputed,
+        token) for ttl_s, in the background: the response is not held up by it."""
+        ids = list(stream.request.prompt_ids) + stream.generated[0][:-1]
+        task = asyncio.ensure_future(self.core.retain(tenant, ids, ttl_s))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     # -- the way through validation to the engine -------------------------------------------------------------
     @staticmethod
@@ -212,8 +229,9 @@ class OpenAIFront:
         Chat's default max_tokens (OpenAI's) is as long as the reply can be: what the context and KV pool leave."""
         try:
             return await self.core.admit(
-                tenant, request_id, parsed.prompt, parsed.sampling, parsed.constraint, fill_max_tokens=chat
-            )
+                tenant, request_id, parsed.prompt, parsed.sampling, parsed.constraint, fill_max_tokens=chat,
+                cache_key=parsed.cache_key,
+            )  # fmt: skip
         except Refusal as r:
             renames = {"max_tokens": parsed.max_tokens_param, "top_logprobs": parsed.top_logprobs_param}
             raise api_error(
@@ -224,7 +242,9 @@ class OpenAIFront:
     def _failure(out: RequestOutput) -> APIError:
         return api_error(Refusal.of_failure(out.error_kind, f"the request failed: {out.error}"))
 
-    async def _whole(self, request: Request, stream: EngineStream, responder: Any) -> Response:
+    async def _whole(
+        self, request: Request, stream: EngineStream, responder: Any, done: Callable[[], None] | None = None
+    ) -> Response:
         """Non-streaming: nothing is sent until the end, so a watcher notices the client leaving and closes the
         stream (aborting the request) at once."""
 
@@ -243,9 +263,13 @@ class OpenAIFront:
         finally:
             watcher.cancel()
             stream.close()
+        if done is not None:
+            done()
         return JSONResponse(responder.response().model_dump())
 
-    def _sse(self, stream: EngineStream, responder: Any, include_usage: bool) -> StreamingResponse:
+    def _sse(
+        self, stream: EngineStream, responder: Any, include_usage: bool, done: Callable[[], None] | None = None
+    ) -> StreamingResponse:
         # Starlette cancels this generator when the client disconnects (it listens for http.disconnect while it
         # streams), which closes the stream: the request is aborted at once.
         async def events() -> AsyncIterator[str]:
@@ -261,6 +285,8 @@ class OpenAIFront:
                 else:
                     if include_usage:
                         yield f"data: {responder.usage_chunk().model_dump_json()}\n\n"
+                    if done is not None:
+                        done()
                 yield "data: [DONE]\n\n"
             finally:
                 stream.close()
@@ -277,9 +303,15 @@ class OpenAIFront:
         )  # fmt: skip
 
 
-def create_app(core: FrontCore, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
-    """The FastAPI app of the OpenAI front over the front core (see the module docstring)."""
+def create_app(
+    core: FrontCore, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, store: ResponseStore | None = None
+) -> FastAPI:
+    """The FastAPI app of the OpenAI front over the front core (see the module docstring). store: the Responses
+    API's stored responses (a default-sized one if None)."""
+    from radixcache.worker.openai.responses_api import ResponsesEndpoint  # it imports this module's helpers
+
     api = OpenAIFront(core, max_body_bytes=max_body_bytes)
+    responses = ResponsesEndpoint(api, store if store is not None else ResponseStore())
     app = FastAPI(title="radixcache", docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.exception_handler(APIError)
@@ -300,4 +332,8 @@ def create_app(core: FrontCore, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES)
     app.add_api_route("/v1/models", api.models, methods=["GET"])
     app.add_api_route("/v1/chat/completions", api.chat, methods=["POST"])
     app.add_api_route("/v1/completions", api.completions, methods=["POST"])
+    app.state.store = responses.store
+    app.add_api_route("/v1/responses", responses.create, methods=["POST"])
+    app.add_api_route("/v1/responses/{response_id}", responses.retrieve, methods=["GET"])
+    app.add_api_route("/v1/responses/{response_id}", responses.delete, methods=["DELETE"])
     return app

@@ -36,8 +36,9 @@ class HttpServer:
         *,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         limits: HttpLimits | None = None,
+        store: Any = None,
     ) -> None:
-        self.app = create_app(core, max_body_bytes=max_body_bytes)
+        self.app = create_app(core, max_body_bytes=max_body_bytes, store=store)
         self.host, self.port = host, port
         self.limits = limits or HttpLimits()
         self._server: _Server | None = None
