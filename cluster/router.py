@@ -34,6 +34,7 @@ class CacheAwareRouter(RequestRouter):
         self,
         *,
         page_size: int,
+        kv_dtype: str | None = None,
         hub_name: str | None = None,
         hub_namespace: str | None = None,
         balance_abs: int = 8,
@@ -42,6 +43,7 @@ class CacheAwareRouter(RequestRouter):
         inflight_ttl_s: float = 30.0,
     ) -> None:
         self.page_size = page_size
+        self.kv_dtype = kv_dtype  # the replicas' KV precision: quantized pages have their own hashes
         self.thresholds = RoutingThresholds(balance_abs, balance_rel, min_match_pages)
         self.index = PrefixIndex(inflight_ttl_s=inflight_ttl_s)
         self.hub_name, self.hub_namespace = hub_name, hub_namespace
@@ -84,9 +86,7 @@ class CacheAwareRouter(RequestRouter):
         result.add_done_callback(done)
         request = pending_request.args[0] if pending_request.args else None
         if isinstance(request, Request):
-            self.index.routed(
-                key, request.namespace, page_hashes(request.prompt_ids, self.page_size, request.namespace)
-            )
+            self.index.routed(key, request.namespace, self._hashes(request))
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)
@@ -100,7 +100,7 @@ class CacheAwareRouter(RequestRouter):
 
     # -- the decision --------------------------------------------------------------------------------------------
     def route(self, request: Request, candidates: list[RunningReplica]) -> RunningReplica:
-        hashes = page_hashes(request.prompt_ids, self.page_size, request.namespace)
+        hashes = self._hashes(request)
         by_key = {r.replica_id.to_full_id_str(): r for r in candidates}
         with self._load_lock:
             scored = [
@@ -110,6 +110,10 @@ class CacheAwareRouter(RequestRouter):
                 for key in by_key
             ]
         return by_key[choose(scored, self.thresholds, self._rng).replica]
+
+    def _hashes(self, request: Request) -> list[int]:
+        """The prompt's page hashes as the replicas' cache events name them (page size, namespace, KV dtype)."""
+        return page_hashes(request.prompt_ids, self.page_size, request.namespace, kv_dtype=self.kv_dtype)
 
     def _least_loaded(self, candidates: list[RunningReplica]) -> RunningReplica:
         with self._load_lock:

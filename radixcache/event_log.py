@@ -57,11 +57,14 @@ class EventLog:
         on_pending: Callable[[], None] | None = None,
         max_pending: int = 1_000_000,
         strict: bool = False,
+        kv_dtype: str | None = None,
     ) -> None:
         """on_pending: called (on the recording thread) when records arrive and no drain is due yet, e.g. to
         schedule one on a loop; it must not block. strict: an inconsistency raises instead of being logged (tests).
-        The log starts in step with an empty tree; attach it to a tree that holds pages only with a snapshot."""
+        kv_dtype: the pages' KV precision, part of their hashes (radixcache.events). The log starts in step with an
+        empty tree; attach it to a tree that holds pages only with a snapshot."""
         self.page_size = page_size
+        self.kv_dtype = kv_dtype
         self.max_pending = max_pending
         self.strict = strict
         self._bpp = page_size * TOKEN_BYTES
@@ -151,7 +154,7 @@ class EventLog:
     def _prefix(self, namespace: str) -> bytes:
         prefix = self._prefixes.get(namespace)
         if prefix is None:
-            prefix = self._prefixes[namespace] = namespace_prefix(namespace)
+            prefix = self._prefixes[namespace] = namespace_prefix(namespace, self.kv_dtype)
         return prefix
 
     def _event(self, record: tuple) -> CacheEvent | None:

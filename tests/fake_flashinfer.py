@@ -50,9 +50,10 @@ def _int32_list(name: str, t: torch.Tensor) -> list[int]:
     return [int(x) for x in t.cpu().tolist()]
 
 
-def _dtype(value: Any) -> torch.dtype:
+def _dtype(value: Any, *, kv: bool = False) -> torch.dtype:
     dtype = getattr(torch, value) if isinstance(value, str) else value
-    assert dtype in (torch.float16, torch.bfloat16), f"flashinfer attention runs 16-bit q/kv, got {value}"
+    allowed = (torch.float16, torch.bfloat16, torch.float8_e4m3fn) if kv else (torch.float16, torch.bfloat16)
+    assert dtype in allowed, f"flashinfer attention runs 16-bit q and 16-bit or fp8 e4m3 kv, got {value}"
     return dtype
 
 
@@ -102,6 +103,8 @@ class _Wrapper:
         assert q.dtype == plan.q_data_type and tuple(q.shape) == (plan.qo_indptr[-1], plan.num_qo_heads, dim)
         group = plan.num_qo_heads // kv_heads
         scale = plan.sm_scale if plan.sm_scale is not None else 1.0 / math.sqrt(dim)
+        # As documented: k_scale multiplies sm_scale, v_scale the output (fp8 KV's calibration scales).
+        scale *= 1.0 if k_scale is None else k_scale
         result = torch.empty(q.shape, dtype=torch.float32)
         for b in range(len(plan.last_page_len)):
             pages = plan.kv_indices[plan.kv_indptr[b] : plan.kv_indptr[b + 1]]
@@ -117,6 +120,8 @@ class _Wrapper:
                 visible = torch.arange(kv_len)[None, :] <= (kv_len - n + torch.arange(n))[:, None]
                 scores = scores.masked_fill(~visible, float("-inf"))
             result[rows] = torch.einsum("hnl,lhd->nhd", scores.softmax(-1), values)
+        if v_scale is not None:
+            result *= v_scale
         if out is None:
             return result.to(q.dtype)
         out.copy_(result)
@@ -142,6 +147,8 @@ class BatchPrefillWithPagedKVCacheWrapper(_Wrapper):
         jit_kwargs: dict[str, Any] | None = None,
     ) -> None:
         assert not use_cuda_graph, "CUDA-graph wrappers need fixed-size index buffers"
+        assert backend in ("auto", "fa2", "fa3", "trtllm-gen", "cudnn"), backend
+        self.backend = backend
         super().__init__(_lib_of(self), float_workspace_buffer, kv_layout)
 
     def plan(
@@ -185,7 +192,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_Wrapper):
             causal,
             sm_scale,
             q_dtype,
-            _dtype(kv_data_type) if kv_data_type is not None else q_dtype,
+            _dtype(kv_data_type, kv=True) if kv_data_type is not None else q_dtype,
         )
         self._plan(plan, pos_encoding_mode)
 
@@ -246,7 +253,7 @@ class BatchDecodeWithPagedKVCacheWrapper(_Wrapper):
             False,
             sm_scale,
             q_dtype,
-            _dtype(kv_data_type) if kv_data_type is not None else q_dtype,
+            _dtype(kv_data_type, kv=True) if kv_data_type is not None else q_dtype,
         )
         self._plan(plan, pos_encoding_mode)
 

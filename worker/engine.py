@@ -112,6 +112,15 @@ class Engine:
         return self.pool.nbytes
 
     @property
+    def kv_dtype(self) -> str:
+        """The KV pages' precision (EngineConfig.kv_dtype, auto resolved): part of every page's hash."""
+        return self.pool.kv_dtype
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return self.pool.bytes_per_token
+
+    @property
     def max_pinned_pages(self) -> int:
         """The pin budget in pages (EngineConfig.max_pinned of the pool)."""
         return self.cache.max_pinned_pages
@@ -365,6 +374,8 @@ class Engine:
             generated_tokens=self._generated,
             inflight_shared_tokens=self.scheduler.inflight_shared_tokens,
             cache=self.cache.stats(),
+            kv_dtype=self.kv_dtype,
+            kv_bytes_per_token=self.kv_bytes_per_token,
         )
 
     # --- one step ----------------------------------------------------------------------------------------------

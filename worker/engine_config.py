@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from radixcache.kv_dtypes import KV_DTYPES
+
 DEFAULT_KV_MEMORY = 512 * 2**20
 
 
@@ -18,6 +20,7 @@ class EngineConfig:
     backend: str = "auto"
     aging_steps: int = 64  # a request waiting this many steps is admitted before any later arrival
     max_pinned: float = 0.5  # share of the KV pool that pins may hold (PinPrefix beyond it: RESOURCE_EXHAUSTED)
+    kv_dtype: str = "auto"  # KV page precision (radixcache.kv_codec): auto = the model's dtype
 
     def __post_init__(self) -> None:
         if self.page_size < 1:
@@ -30,5 +33,7 @@ class EngineConfig:
             raise ValueError(f"max_step_tokens must be >= 1, got {self.max_step_tokens}")
         if self.max_running < 1:
             raise ValueError(f"max_running must be >= 1, got {self.max_running}")
+        if self.kv_dtype not in ("auto", *KV_DTYPES):
+            raise ValueError(f"kv_dtype must be one of auto, {', '.join(KV_DTYPES)}; got {self.kv_dtype!r}")
         if not 0.0 <= self.max_pinned <= 1.0:
             raise ValueError(f"max_pinned must be a share of the KV pool in [0, 1], got {self.max_pinned}")

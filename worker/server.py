@@ -253,4 +253,6 @@ def describe(
         cache_enabled=bool(getattr(config, "cache_enabled", cache_enabled)),
         eos_token_ids=sorted(int(t) for t in eos),
         max_pinned_pages=int(getattr(engine, "max_pinned_pages", 0) or 0),
+        kv_dtype=str(getattr(engine, "kv_dtype", "") or ""),
+        kv_bytes_per_token=int(getattr(engine, "kv_bytes_per_token", 0) or 0),
     )

@@ -29,20 +29,19 @@ log = logging.getLogger("radixcache.engine")
 
 
 def build_pool(loaded: Any, config: EngineConfig) -> KVPool:
-    """The KV pool for `loaded`'s model on its device, in its dtype: kv_pages exactly, or as many pages as
-    kv_memory_bytes holds."""
+    """The KV pool for `loaded`'s model on its device, at config.kv_dtype (auto: the model's dtype): kv_pages
+    exactly, or as many pages as kv_memory_bytes holds (scales included, so a smaller precision buys more pages)."""
     param = next(loaded.model.parameters())
     mc = loaded.config
     shape = KVShape(layers=mc.num_layers, kv_heads=mc.num_kv_heads, head_dim=mc.head_dim)
+    kv_dtype = param.dtype if config.kv_dtype == "auto" else config.kv_dtype
     if config.kv_pages is not None:
-        return KVPool(
-            shape, page_size=config.page_size, num_pages=config.kv_pages, dtype=param.dtype, device=param.device
-        )
+        return KVPool(shape, page_size=config.page_size, num_pages=config.kv_pages, dtype=kv_dtype, device=param.device)
     return KVPool.from_budget(
         shape,
         page_size=config.page_size,
         budget_bytes=config.kv_memory_bytes or DEFAULT_KV_MEMORY,
-        dtype=param.dtype,
+        dtype=kv_dtype,
         device=param.device,
     )
 
@@ -65,6 +64,7 @@ class ModelStep:
             num_kv_heads=mc.num_kv_heads,
             head_dim=mc.head_dim,
             dtype=self.dtype,
+            kv_dtype=self.pool.kv_dtype,
         )
         # Structured outputs: grammars compile on the submitting thread, masks are applied on the engine thread.
         self.grammars = GrammarCache(loaded.tokenizer, mc.vocab_size, eos_ids)

@@ -6,6 +6,11 @@ wrapper, which also handles mixed prefill + decode batches); forward writes the 
 torch index_put at (write_pages, write_slots) and runs the planned kernel on the layer's NHD paged tensor
 [pages, 2, page_size, KVH, D].
 
+KV precision: pages in the model's 16-bit dtype, or fp8_e4m3 (`kv_dtype="fp8_e4m3"`): plan() is given
+kv_data_type float8_e4m3fn, the new K/V are written divided by the layer's scales (radixcache.kv_codec) and run()
+gets k_scale / v_scale, which FlashInfer folds into sm_scale and the output. The fp8 prefill wrapper is built with
+backend "fa2": FA3's fp8 kernels (Hopper's default) expect fp8 queries too, and queries stay 16-bit here.
+
 Documented pitfalls handled here:
 - prefill plan() defaults to causal=False and q_data_type float16: both are always passed explicitly.
 - plan() stages its metadata in a pinned host buffer and copies it to the device asynchronously; planning the
@@ -21,6 +26,7 @@ import math
 
 import torch
 
+from radixcache.pool import KVLayer
 from radixcache.worker.attention.base import AttentionBackend, BackendUnavailableError, flashinfer_unsupported_reason
 from radixcache.worker.attention.layout import BatchLayout
 
@@ -38,24 +44,28 @@ class FlashInferAttentionBackend(AttentionBackend):
         num_kv_heads: int | None = None,
         head_dim: int | None = None,
         dtype: torch.dtype | None = None,
-        kv_dtype: torch.dtype | None = None,
+        kv_dtype: str | None = None,
         workspace_bytes: int = WORKSPACE_BYTES,
     ) -> None:
         super().__init__(device, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype)
         reason = flashinfer_unsupported_reason(
-            self.device, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype
-        )
+            self.device, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype,
+            kv_dtype=kv_dtype,
+        )  # fmt: skip
         if reason is not None:
             raise BackendUnavailableError(f"the flashinfer backend cannot run here: {reason}; use backend 'torch'")
         import flashinfer  # imports: flashinfer_unsupported_reason just imported it
 
-        self.kv_dtype = kv_dtype or dtype
+        self.fp8 = kv_dtype == "fp8_e4m3"
+        self.kv_dtype = torch.float8_e4m3fn if self.fp8 else dtype
         self.sm_scale = 1.0 / math.sqrt(head_dim)
         group = num_heads // num_kv_heads
         # Separate workspaces and wrappers: their plans never share a pinned staging buffer. Zeroed: the decode
         # wrapper documents that its float workspace "must be initialized to 0 for its first use".
         self._prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
-            torch.zeros(workspace_bytes, dtype=torch.uint8, device=self.device), "NHD"
+            torch.zeros(workspace_bytes, dtype=torch.uint8, device=self.device),
+            "NHD",
+            backend="fa2" if self.fp8 else "auto",
         )
         self._decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
             torch.zeros(workspace_bytes, dtype=torch.uint8, device=self.device),
@@ -132,11 +142,16 @@ class FlashInferAttentionBackend(AttentionBackend):
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
-        kv_layer: torch.Tensor,
+        kv_layer: torch.Tensor | KVLayer,
         layout: BatchLayout,
     ) -> torch.Tensor:
         if self._layout is not layout:
             raise RuntimeError("flashinfer backend: begin_step(layout) must be called before forward with it")
-        self.write_kv(k, v, kv_layer, layout)
+        layer = KVLayer.of(kv_layer)
+        if layer.values.dtype != self.kv_dtype:
+            raise RuntimeError(f"flashinfer backend planned {self.kv_dtype} KV pages, got {layer.values.dtype}")
+        self.write_kv(k, v, layer, layout)
         wrapper = self._decode if self._use_decode else self._prefill
-        return wrapper.run(q.contiguous(), kv_layer)
+        if self.fp8:
+            return wrapper.run(q.contiguous(), layer.values, k_scale=layer.k_scale, v_scale=layer.v_scale)
+        return wrapper.run(q.contiguous(), layer.values)

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from radixcache.pool import KVPool
+from radixcache.pool import KVLayer, KVPool
 from radixcache.worker.attention.base import AttentionBackend
 from radixcache.worker.attention.layout import BatchLayout
 from radixcache.worker.model.config import ModelConfig
@@ -132,7 +132,7 @@ class Attention(nn.Module):
         cos: torch.Tensor,
         sin: torch.Tensor,
         layout: BatchLayout,
-        kv_layer: torch.Tensor,
+        kv_layer: KVLayer,
         backend: AttentionBackend,
     ) -> torch.Tensor:
         t = x.shape[0]
@@ -255,7 +255,7 @@ class CausalLM(nn.Module):
         x = self.model.embed_tokens(input_ids)
         cos, sin = self.rope(layout.positions, x.dtype)
         for i, layer in enumerate(self.model.layers):
-            x = layer.forward(x, cos, sin, layout, kv_pool.layer(i), backend)
+            x = layer.forward(x, cos, sin, layout, kv_pool.kv_layer(i), backend)
         if not all_logits and (layout.logits_indices.shape[0] != x.shape[0]):
             x = x[layout.logits_indices]  # a pure decode step needs every row already
         return self.lm_head.forward(self.model.norm.forward(x)).float()
