@@ -44,7 +44,7 @@ class Snapshot:
 
 
 LOST = "lost"  # drained when records were dropped: consumers must wait for the next Snapshot
-_STORED, _REMOVED, _CLEARED, _SNAPSHOT = 0, 1, 2, 3
+_STORED, _REMOVED, _CLEARED, _SNAPSHOT, _RELOCATED = 0, 1, 2, 3, 4
 
 
 class EventLog:
@@ -103,6 +103,9 @@ class EventLog:
 
     def cleared(self, namespace: str) -> None:
         self._push((_CLEARED, namespace))
+
+    def relocated(self, old: list[int], new: list[int]) -> None:
+        self._push((_RELOCATED, old, new))
 
     def snapshot(self, records: Iterable[PageRecord], token: object = None) -> None:
         """Record the tree's current pages, `RadixTree.page_records()` (call it on the cache's thread, between tree
@@ -166,6 +169,11 @@ class EventLog:
             first = pages.pop(record[1][0])
             hashes = [first[1]] + [pages.pop(p)[1] for p in record[1][1:]]
             return PagesRemoved(first[0], hashes)
+        if kind == _RELOCATED:  # same pages under other ids: no event (a partial tail was never named: skipped)
+            pages = self._pages
+            moved = [(new, pages.pop(old)) for old, new in zip(record[1], record[2], strict=True) if old in pages]
+            pages.update(moved)
+            return None
         return NamespaceCleared(record[1])
 
     def _stored(

@@ -64,6 +64,10 @@ class EventSink(Protocol):
     def cleared(self, namespace: str) -> None:
         """A flush left `namespace` without any page (its removals were reported first)."""
 
+    def relocated(self, old: list[int], new: list[int]) -> None:
+        """The tokens of pages `old` are now stored in pages `new` (pairwise; a demotion or its undoing): the same
+        pages as far as anyone outside is concerned, under other ids. Nothing is stored or removed."""
+
 
 def namespace_prefix(namespace: str, kv_dtype: str | None = None) -> bytes:
     """The namespace's part of every page hash's input: its UTF-8 length (4 bytes big-endian), then the bytes, then

@@ -130,3 +130,29 @@ def test_model_info_stats_and_cache_events_say_the_kv_dtype(model) -> None:  # n
         expected = page_hashes(ids, 4, kv_dtype="int8")
         assert len(expected) >= 3 and set(expected) <= held
         assert not held & set(page_hashes(ids, 4))
+
+
+def test_kv_demote_keeps_cold_prefixes_that_plain_lru_evicts(model) -> None:  # noqa: ANN001
+    """The same memory, prefixes needing ~3x of it: with --kv-demote int4 the oldest prefix comes back from its
+    demoted pages (promoted, every page accounted for); with plain LRU it was evicted and is recomputed."""
+    from radixcache.worker.server import describe
+
+    rng = random.Random(9)
+    batch = [[rng.randrange(1, 300) for _ in range(40)] for _ in range(6)]
+    hits = {}
+    for demote in (None, "int4"):
+        engine = Engine(model, EngineConfig(page_size=4, kv_pages=40, kv_dtype="fp32", kv_demote=demote))
+        sink = Collector()
+        for i, prompt in enumerate([*batch, batch[0]]):
+            engine.submit(Request(f"r{i}", prompt, PARAMS), sink)
+            engine.run_until_idle()
+            engine.cache.check(idle=True)
+        hits[demote] = sink.last(f"r{len(batch)}").cached_tokens
+        assert len(sink.tokens(f"r{len(batch)}")) == PARAMS.max_tokens
+        stats = engine.cache.stats()
+        if demote:
+            info = describe(engine)
+            assert (info.kv_demote, info.kv_demoted_pages) == ("int4", engine.pool.demoted_pages)
+            assert engine.pool.num_pages == 20 and engine.pool.demoted_pages > 100  # fp32 pages are 7.5x int4's
+            assert stats.demoted_pages > 0 and stats.promoted_pages >= 9 and stats.evicted_pages == 0
+    assert hits[None] == 0 and hits["int4"] == 39  # every prompt token but the one left to compute

@@ -16,6 +16,7 @@ from typing import Any
 
 from radixcache.kv_dtypes import KV_DTYPES
 from radixcache.memory import parse_size
+from radixcache.worker.engine_config import DEMOTE_DTYPES
 
 log = logging.getLogger("radixcache.serve")
 
@@ -68,6 +69,19 @@ def parser() -> argparse.ArgumentParser:
         help="KV page precision (default auto: the model's dtype). int8 / fp8_e4m3 / int4 store 0.52x / 0.5x / "
         "0.27x the bytes of fp16 per token, scales included, so --kv-memory holds that many more pages; quantized "
         "pages cost quality (README: measured) and carry their own page hashes",
+    )
+    e.add_argument(
+        "--kv-demote",
+        choices=DEMOTE_DTYPES,
+        help="opt-in: under memory pressure rewrite cold cached prefixes as int4 (or int8) pages instead of "
+        "evicting them, and evict only those; a later hit brings them back. Lossy: a hit on a demoted prefix reads "
+        "its demoted values, so its answer may differ from a recompute (README: measured)",
+    )
+    e.add_argument(
+        "--kv-demote-share",
+        type=parse_share,
+        default=0.5,
+        help="with --kv-demote: the share of the KV memory given to demoted pages (default 50%%)",
     )
     e.add_argument("--max-step-tokens", type=int, default=512, help="token budget of one engine step")
     e.add_argument("--max-running", type=int, default=64, help="requests in the batch at most")
@@ -189,6 +203,8 @@ def build_engine(args: argparse.Namespace) -> tuple[Any, Any]:
         backend=args.backend,
         max_pinned=args.max_pinned,
         kv_dtype=args.kv_dtype,
+        kv_demote=args.kv_demote,
+        kv_demote_share=args.kv_demote_share,
     )
     engine = Engine(loaded, config)
     engine.start()  # warm-up forward, then the engine thread

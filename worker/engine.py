@@ -71,6 +71,8 @@ class Engine:
             self.config.page_size,
             enabled=self.config.cache_enabled,
             max_pinned_pages=int(self.config.max_pinned * self.pool.num_pages),
+            demoted_pages=self.pool.demoted_pages,
+            transcode=self.pool.transcode,
         )
         self.scheduler = Scheduler(
             self.cache,

@@ -238,6 +238,7 @@ def describe(
     if model is not None:
         dtype = str(next(model.parameters()).dtype)
     config = getattr(engine, "config", None)
+    pool = getattr(engine, "pool", None)
     return pb.ModelInfo(
         model_name=model_name,
         model_path=model_path,
@@ -255,4 +256,6 @@ def describe(
         max_pinned_pages=int(getattr(engine, "max_pinned_pages", 0) or 0),
         kv_dtype=str(getattr(engine, "kv_dtype", "") or ""),
         kv_bytes_per_token=int(getattr(engine, "kv_bytes_per_token", 0) or 0),
+        kv_demote=str(getattr(pool, "demote_dtype", "") or ""),
+        kv_demoted_pages=int(getattr(pool, "demoted_pages", 0) or 0),
     )

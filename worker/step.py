@@ -35,6 +35,18 @@ def build_pool(loaded: Any, config: EngineConfig) -> KVPool:
     mc = loaded.config
     shape = KVShape(layers=mc.num_layers, kv_heads=mc.num_kv_heads, head_dim=mc.head_dim)
     kv_dtype = param.dtype if config.kv_dtype == "auto" else config.kv_dtype
+    if config.kv_demote is not None:  # the same memory, split: kv_demote_share of it for demoted pages
+        per_page = KVPool.bytes_per_page(shape, config.page_size, kv_dtype)
+        budget = config.kv_pages * per_page if config.kv_pages is not None else config.kv_memory_bytes
+        return KVPool.with_demotion(
+            shape,
+            page_size=config.page_size,
+            budget_bytes=budget or DEFAULT_KV_MEMORY,
+            dtype=kv_dtype,
+            demote_dtype=config.kv_demote,
+            demote_share=config.kv_demote_share,
+            device=param.device,
+        )
     if config.kv_pages is not None:
         return KVPool(shape, page_size=config.page_size, num_pages=config.kv_pages, dtype=kv_dtype, device=param.device)
     return KVPool.from_budget(
