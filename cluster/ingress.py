@@ -1,16 +1,18 @@
 """Ingress: the `radixcache.v1.RadixCache` contract behind Ray Serve's gRPC proxy, and the OpenAI-compatible HTTP
 API behind its HTTP proxy, for a whole fleet.
 
-Ray Serve's gRPC proxy calls a method of this deployment named after the RPC, with the request message and a
-RayServegRPCContext. Each method runs the single worker's RadixCacheServicer unchanged (authentication, validation,
-tokenizing, streaming, status codes), over a FleetEngine instead of an Engine: the servicer writes its messages and
-aborts through `ServeCallContext`, which carries them to the proxy. So the Client and CLI work against a cluster as
-against one worker, apart from the address.
+Both fronts run exactly as on one worker, over one front core (worker/front.py) whose engine is a FleetEngine: Ray
+Serve's gRPC proxy calls a method of this deployment named after the RPC, with the request message and a
+RayServegRPCContext, and the single worker's RadixCacheServicer serves it, writing its messages and aborting
+through `ServeCallContext`, which carries them to the proxy; the OpenAI app is served through Serve's HTTP proxy
+over the same core. So the Client, the CLI and OpenAI clients work against a cluster as against one worker, apart
+from the address.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -53,21 +55,28 @@ class Ingress:
     """The deployment class (wrapped with serve.ingress() and serve.deployment by the app): the gRPC methods below,
     and the OpenAI-compatible HTTP API (worker.openai's app over the same servicer) through Serve's HTTP proxy."""
 
-    async def __init__(self, replicas: Any, auth_tokens: dict[str, str] | None) -> None:
-        from radixcache.cluster.fleet import FleetEngine
+    async def __init__(
+        self, replicas: Any, auth_tokens: dict[str, str] | None, admin_tokens: frozenset[str] = frozenset()
+    ) -> None:
+        from radixcache.cluster.fleet import FleetEngine, remote_apart
+        from radixcache.cluster.fleet_events import FleetEvents, ReplicaTarget
         from radixcache.worker.auth import Authenticator
+        from radixcache.worker.front import FrontCore
         from radixcache.worker.servicer import RadixCacheServicer
 
-        info = pb.ModelInfo.FromString(await replicas.model_info.remote())
+        facts = await replicas.model_facts.remote()
         tokenizer = await replicas.tokenizer.remote()
-        self.fleet = FleetEngine(replicas, tokenizer, info, asyncio.get_running_loop())
-        self.servicer = RadixCacheServicer(Authenticator(auth_tokens))
-        self.servicer.attach(self.fleet, info)
+        self.fleet = FleetEngine(replicas, tokenizer, facts, asyncio.get_running_loop())
+        self.core = FrontCore(Authenticator(auth_tokens, admin_tokens))
+        self.core.attach(self.fleet, facts)
+        self.servicer = RadixCacheServicer(self.core)
+        stream = replicas.options(stream=True).cache_events
+        self.cache_events = FleetEvents(self.fleet.replica_ids, lambda rid: remote_apart(stream, ReplicaTarget(rid)))
 
     def __serve_build_asgi_app__(self) -> Any:
         from radixcache.worker.openai.app import create_app
 
-        return create_app(self.servicer)
+        return create_app(self.core)
 
     async def _unary(self, method: str, request: Any, grpc_context: Any) -> Any:
         try:
@@ -97,9 +106,11 @@ class Ingress:
         return await self._unary("GetModelInfo", request, grpc_context)
 
     async def GetCacheStats(self, request: pb.GetCacheStatsRequest, grpc_context: Any) -> pb.CacheStats:
+        from radixcache.worker.servicer import cache_stats_message
+
         total = await self._unary("GetCacheStats", request, grpc_context)
         for replica, stats in await asyncio.to_thread(self.fleet.per_replica_stats):
-            total.replicas.add(replica_id=replica, stats=self.servicer.cache_stats_message(stats))
+            total.replicas.add(replica_id=replica, stats=cache_stats_message(stats))
         return total
 
     async def FlushCache(self, request: pb.FlushCacheRequest, grpc_context: Any) -> pb.FlushCacheResponse:
@@ -112,12 +123,30 @@ class Ingress:
         return await self._unary("UnpinPrefix", request, grpc_context)
 
     async def Abort(self, request: pb.AbortRequest, grpc_context: Any) -> pb.AbortResponse:
-        return await self._unary("Abort", request, grpc_context)
+        """As on one worker; a request this ingress replica does not relay may stream through another one (Serve's
+        proxies spread calls over the ingress replicas): then every engine replica is asked."""
+        from radixcache.worker.front import engine_request_id
+
+        response = await self._unary("Abort", request, grpc_context)
+        if not response.aborted:
+            tenant = self.core.tenant(grpc_context.invocation_metadata())  # _unary has checked the token
+            response.aborted = await self.fleet.abort_anywhere(engine_request_id(tenant, request.request_id))
+        return response
 
     async def SubscribeCacheEvents(self, request: Any, grpc_context: Any) -> AsyncIterator[Any]:
-        grpc_context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        grpc_context.set_details(
-            "a cluster has no single cache: its router indexes every replica's events itself; subscribe to a worker"
-        )
-        raise RuntimeError("SubscribeCacheEvents is per worker")
-        yield  # an async generator, as Serve's gRPC proxy expects of a streaming method
+        """Every replica's cache events, each batch tagged with its replica_id (cluster.fleet_events); an admin
+        token is required, as on one worker."""
+        from radixcache.worker.front import Refusal
+        from radixcache.worker.servicer import STATUS
+
+        metadata = grpc_context.invocation_metadata()
+        try:
+            self.core.tenant(metadata)
+            self.core.require_admin(metadata, "cache events")
+        except Refusal as r:
+            grpc_context.set_code(STATUS[r.kind])
+            grpc_context.set_details(r.message)
+            raise RuntimeError(r.message) from None  # Ray Serve answers with the status set on grpc_context
+        async with contextlib.aclosing(self.cache_events.subscribe()) as batches:
+            async for message in batches:
+                yield message

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import functools
 
+from helpers import tiny_config
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
-from radixcache.worker.model.config import ModelConfig
 from radixcache.worker.model.loader import LoadedModel, random_model
 from radixcache.worker.model.tokenizer import Tokenizer
 
@@ -35,17 +35,24 @@ def byte_tokenizer() -> Tokenizer:
     return Tokenizer(tok, eos_token=EOS)
 
 
-def tiny_model(seed: int = 0, *, with_eos: bool = True, context: int = 4096) -> LoadedModel:
+# A Gemma-shaped tiny decoder: a sliding layer of window 8 beside a global one, with every switch Gemma 2/3 set.
+SLIDING = dict(
+    layer_kinds=("sliding", "global"), sliding_window=8, qk_norm=True, norm_plus_one=True, sandwich_norms=True,
+    embedding_scale=8.0, hidden_act="gelu_pytorch_tanh", query_pre_attn_scalar=24.0, attn_logit_softcap=20.0,
+    rope_local_theta=1e4,
+)  # fmt: skip
+
+
+def tiny_model(seed: int = 0, *, with_eos: bool = True, context: int = 4096, **fields: object) -> LoadedModel:
+    """`fields`: further ModelConfig fields (SLIDING: a sliding-window model)."""
     tokenizer = byte_tokenizer()
-    config = ModelConfig(
+    config = tiny_config(
         vocab_size=tokenizer.vocab_size,
         hidden_size=64,
         intermediate_size=128,
-        num_layers=2,
-        num_heads=4,
-        num_kv_heads=2,
         max_position_embeddings=context,
         eos_token_ids=(tokenizer.token_to_id(EOS),) if with_eos else (),
+        **fields,
     )
     loaded = random_model(config, seed=seed, std=0.3)
     loaded.tokenizer = tokenizer

@@ -14,6 +14,7 @@ from radixcache.kv_dtypes import KV_DTYPES, QUANTIZED_KV_DTYPES
 from radixcache.page_data import PageData
 from radixcache.pool import KVPool, KVShape, kv_bytes_per_token
 from radixcache.worker.attention import BatchLayout, SequenceSlice, create_backend
+from radixcache.worker.attention.base import AttentionOptions
 
 
 def vectors(rows: int = 64, dim: int = 64, seed: int = 0) -> torch.Tensor:
@@ -191,18 +192,24 @@ def test_a_pool_sized_by_memory_holds_more_pages_at_lower_precision() -> None:
 
 
 # --- attention over quantized pages -------------------------------------------------------------------------------
+SLIDING_CAPPED = AttentionOptions(soft_cap=5.0, windows=(None, 9))  # Gemma 2's kind: a sliding layer, capped scores
+
+
 @pytest.mark.parametrize("name", QUANTIZED_KV_DTYPES)
-@pytest.mark.parametrize("page_size", [1, 16])
-def test_torch_backend_attends_over_quantized_pages_as_over_their_values(name: str, page_size: int) -> None:
+@pytest.mark.parametrize(("page_size", "options"), [(1, None), (16, None), (4, SLIDING_CAPPED)])
+def test_torch_backend_attends_over_quantized_pages_as_over_their_values(
+    name: str, page_size: int, options: AttentionOptions | None
+) -> None:
     """Decode, prefill (with and without a cached prefix) and mixed steps over a quantized pool equal the same steps
     over a full-precision pool holding the dequantized values, the step's own new tokens included: every position is
-    read back from the pool at its precision, and for int4 the queries turn with the keys."""
+    read back from the pool at its precision, and for int4 the queries turn with the keys. Sliding windows and soft
+    caps (the tiled decode path applies both itself) too."""
     rng = random.Random(page_size)
     kvh, heads, dim, layers, num_pages = 2, 4, 64, 2, 120
     shape = KVShape(layers, kvh, dim)
     pool = KVPool(shape, page_size=page_size, num_pages=num_pages, dtype=name)
     ref = KVPool(shape, page_size=page_size, num_pages=num_pages, dtype="fp32")
-    backend, reference = create_backend("torch"), create_backend("torch")
+    backend, reference = (create_backend("torch", attention=options) for _ in range(2))
     codec = codec_of(name)
     free = list(range(num_pages))
     rng.shuffle(free)
