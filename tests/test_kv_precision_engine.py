@@ -156,3 +156,23 @@ def test_kv_demote_keeps_cold_prefixes_that_plain_lru_evicts(model) -> None:  # 
             assert engine.pool.num_pages == 20 and engine.pool.demoted_pages > 100  # fp32 pages are 7.5x int4's
             assert stats.demoted_pages > 0 and stats.promoted_pages >= 9 and stats.evicted_pages == 0
     assert hits[None] == 0 and hits["int4"] == 39  # every prompt token but the one left to compute
+
+
+def test_bad_kv_precision_settings_are_refused_naming_the_field() -> None:
+    import subprocess
+    import sys
+
+    for config, error in (
+        ({"kv_dtype": "int3"}, "kv_dtype must be one of auto, fp32, bf16, fp16, int8, fp8_e4m3, int4"),
+        ({"kv_demote": "fp16"}, "kv_demote must be one of int4, int8"),
+        ({"kv_demote": "int4", "cache_enabled": False}, "kv_demote needs the prefix cache"),
+        ({"kv_demote": "int4", "kv_dtype": "int4"}, "demoting would save nothing"),
+        ({"kv_demote": "int4", "kv_demote_share": 1.0}, "kv_demote_share must be in \\(0, 1\\)"),
+    ):
+        with pytest.raises(ValueError, match=error):
+            EngineConfig(**config)
+    proc = subprocess.run(
+        [sys.executable, "-m", "radixcache", "serve", "--random-model", "--kv-dtype", "int9", "--port", "0"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2 and "--kv-dtype: invalid choice: 'int9'" in proc.stderr
