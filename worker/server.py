@@ -281,6 +281,7 @@ def describe(
         dtype = str(next(model.parameters()).dtype)
     config = getattr(engine, "config", None)
     kinds = tuple(getattr(cfg, "layer_kinds", None) or ())
+    pool = getattr(engine, "pool", None)
     return ModelFacts(
         model_name=model_name,
         model_path=model_path,
@@ -298,4 +299,8 @@ def describe(
         max_pinned_pages=int(getattr(engine, "max_pinned_pages", 0) or 0),
         layer_kinds=kinds,
         sliding_window=int(getattr(cfg, "sliding_window", None) or 0) if "sliding" in kinds else 0,
+        kv_dtype=str(getattr(engine, "kv_dtype", "") or ""),
+        kv_bytes_per_token=int(getattr(engine, "kv_bytes_per_token", 0) or 0),
+        kv_demote=str(getattr(pool, "demote_dtype", "") or ""),
+        kv_demoted_pages=int(getattr(pool, "demoted_pages", 0) or 0),
     )
