@@ -88,6 +88,12 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--http-port", type=int, help="also serve the OpenAI-compatible HTTP API on this port (0: a free one)"
     )
+    s.add_argument(
+        "--http-allowed-hosts",
+        type=lambda text: tuple(text.split(",")),
+        help="comma-separated Host names the HTTP API answers besides localhost and IP addresses, e.g. "
+        "api.example.com ('*': any). Default: bound to loopback, localhost only; bound beyond it, any",
+    )
     s.add_argument("--grace-period", type=float, default=30.0, help="seconds to drain streams on SIGTERM")
     s.add_argument("--max-concurrent-rpcs", type=int, default=1024)
     s.add_argument("--max-message-mib", type=int, default=16, help="largest request/response message, MiB")
@@ -232,6 +238,7 @@ def main(argv: list[str]) -> int:
         max_message_bytes=args.max_message_mib << 20,
         max_concurrent_rpcs=args.max_concurrent_rpcs,
         http_port=args.http_port,
+        http_allowed_hosts=args.http_allowed_hosts,
     )
 
     def load_engine() -> tuple[Any, Any]:

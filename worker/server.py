@@ -50,6 +50,7 @@ class ServerOptions:
     max_message_bytes: int = 16 * MiB
     max_concurrent_rpcs: int = 1024  # beyond it gRPC answers RESOURCE_EXHAUSTED
     http_port: int | None = None  # the OpenAI-compatible HTTP API on this port (0: a free one); None: no HTTP
+    http_allowed_hosts: tuple[str, ...] | None = None  # Host names HTTP answers (None: by the bind address)
 
 
 def grpc_server_options(max_message_bytes: int) -> list[tuple[str, Any]]:
@@ -114,7 +115,8 @@ class WorkerServer:
         if o.http_port is not None:
             from radixcache.worker.openai.http_server import HttpServer  # fastapi/uvicorn: only when asked for
 
-            self.http = HttpServer(self.core, o.host, o.http_port, max_body_bytes=o.max_message_bytes)
+            self.http = HttpServer(self.core, o.host, o.http_port, max_body_bytes=o.max_message_bytes,
+                                   allowed_host_names=o.http_allowed_hosts)  # fmt: skip
             self.http_port = await self.http.start()
         if o.metrics_port is not None:
             self.metrics_port = self.metrics.serve_http(o.metrics_port, o.host)

@@ -9,12 +9,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import uvicorn
 
 from radixcache.worker.openai.app import DEFAULT_MAX_BODY_BYTES, create_app
+from radixcache.worker.openai.host_check import allowed_hosts
 
 
 class _Server(uvicorn.Server):
@@ -27,8 +28,13 @@ class HttpServer:
     """start() binds host:port (0: a free port) and serves in a task; stop() closes it, waiting for open responses
     up to `grace` seconds."""
 
-    def __init__(self, core: Any, host: str, port: int, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
-        self.app = create_app(core, max_body_bytes=max_body_bytes)
+    def __init__(
+        self, core: Any, host: str, port: int, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        allowed_host_names: Sequence[str] | None = None,
+    ) -> None:  # fmt: skip
+        # The Host names answered: by the bind address, or as --http-allowed-hosts says (host_check).
+        hosts = allowed_hosts(host, allowed_host_names)
+        self.app = create_app(core, max_body_bytes=max_body_bytes, allowed_hosts=hosts)
         self.host, self.port = host, port
         self._server: _Server | None = None
         self._task: asyncio.Task[None] | None = None

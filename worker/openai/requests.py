@@ -12,15 +12,47 @@ from dataclasses import dataclass
 from typing import Any
 
 from radixcache.worker.openai.errors import bad_request
+from radixcache.worker.openai.json_body import ArrayRule, BodyShape
 from radixcache.worker.openai.protocol import ChatCompletionRequest, ChatMessageIn, CompletionRequest
 from radixcache.worker.openai.tool_calls import tool_call_grammar
-from radixcache.worker.validation import PromptInput, SamplingValues
+from radixcache.worker.request import MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS
+from radixcache.worker.validation import (
+    MAX_CHAT_MESSAGES,
+    MAX_CONTENT_PARTS,
+    MAX_JSON_DEPTH,
+    MAX_JSON_ITEMS,
+    MAX_TOOL_CALLS,
+    MAX_TOOLS,
+    InvalidArgument,
+    ModelLimits,
+    PromptInput,
+    SamplingValues,
+    tool_call_arguments,
+)
 
 # Accepted and ignored: they never change what is generated.
 IGNORED_PARAMS = frozenset(
     {"user", "store", "metadata", "service_tier", "prompt_cache_key", "prompt_cache_retention", "safety_identifier"}
 )
 TOOL_CHOICES = ("auto", "none", "required")  # or {"type": "function", "function": {"name": ...}}
+
+
+def body_shape(limits: ModelLimits) -> BodyShape:
+    """What a chat or completions body may hold, by validation's limits, checked while it is parsed (json_body):
+    a body with more messages, tools, parts, stop strings or token ids than any request may have is refused before
+    it is built, naming the field."""
+    token_ids = ArrayRule(max(1, limits.max_prompt_tokens), "token ids")
+    rules = {
+        ("messages",): ArrayRule(MAX_CHAT_MESSAGES, "messages"),
+        ("messages", "*", "content"): ArrayRule(MAX_CONTENT_PARTS, "content parts"),
+        ("messages", "*", "tool_calls"): ArrayRule(MAX_TOOL_CALLS, "tool calls"),
+        ("tools",): ArrayRule(MAX_TOOLS, "tools"),
+        ("stop",): ArrayRule(MAX_STOP_STRINGS, "strings"),
+        ("stop_token_ids",): ArrayRule(MAX_STOP_TOKEN_IDS, "ids"),
+        ("prompt",): token_ids,  # or a batch of one prompt
+        ("prompt", "*"): token_ids,
+    }
+    return BodyShape(max_depth=MAX_JSON_DEPTH, max_items=MAX_JSON_ITEMS + limits.context_length, rules=rules)
 
 
 @dataclass(frozen=True)
@@ -140,12 +172,11 @@ def _content(message: ChatMessageIn, i: int) -> str:
     return "".join(texts)
 
 
-def _arguments(raw: str) -> Any:
-    """Tool-call arguments as chat templates expect them (an object), when the string is one; else as sent."""
+def _arguments(raw: str, name: str) -> Any:
     try:
-        return json.loads(raw)
-    except ValueError:
-        return raw
+        return tool_call_arguments(raw, f"{name}.function.arguments")
+    except InvalidArgument as e:
+        raise bad_request(str(e), f"{name}.function.arguments") from None
 
 
 def chat_messages(messages: list[ChatMessageIn]) -> list[dict[str, Any]]:
@@ -164,9 +195,12 @@ def chat_messages(messages: list[ChatMessageIn]) -> list[dict[str, Any]]:
                 {
                     "id": call.id,
                     "type": "function",
-                    "function": {"name": call.function.name, "arguments": _arguments(call.function.arguments)},
+                    "function": {
+                        "name": call.function.name,
+                        "arguments": _arguments(call.function.arguments, f"messages[{i}].tool_calls[{j}]"),
+                    },
                 }
-                for call in m.tool_calls
+                for j, call in enumerate(m.tool_calls)
             ]
         if m.tool_call_id is not None:
             message["tool_call_id"] = m.tool_call_id

@@ -1,0 +1,130 @@
+"""worker/openai/json_body.py: the same value as json.loads for any JSON, the body shape's limits enforced while
+parsing (naming the field), and long bodies parsed in slices that yield to the event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from radixcache.worker.openai import json_body
+from radixcache.worker.openai.json_body import ArrayRule, BodyError, BodyShape, parse_body
+
+ANY = BodyShape(max_depth=10_000, max_items=10**9)
+SHAPE = BodyShape(
+    max_depth=8,
+    max_items=200,
+    rules={("messages",): ArrayRule(3, "messages"), ("messages", "*", "content"): ArrayRule(2, "content parts")},
+)
+
+
+def slow_parse(text: str, shape: BodyShape = ANY, *, slices: list[int] | None = None, tiny: bool = False):
+    """The sliced parser alone (never json.loads), counting its yields in `slices`. tiny: slices of 7 characters
+    and 3 values, so that every string and container crosses slice boundaries."""
+    sizes = {"slice_chars": 7, "slice_items": 3} if tiny else {}
+    steps = json_body._Parser(text, shape, **sizes).parse()
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
+        if slices is not None:
+            slices.append(1)
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
+    max_leaves=25,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(value=JSON_VALUES, ascii_only=st.booleans(), indent=st.sampled_from([None, 0, 2]))
+def test_the_value_is_what_json_loads_gives(value, ascii_only, indent):
+    text = json.dumps(value, ensure_ascii=ascii_only, indent=indent)
+    assert json.dumps(slow_parse(text, tiny=True)) == json.dumps(json.loads(text))
+
+
+@settings(max_examples=600, deadline=None)
+@given(text=st.text(alphabet='{}[]",:0123456789.eE-+ \\\ntrufalsNIyu0dD8\x01', max_size=24))
+def test_what_json_loads_refuses_is_refused(text):
+    try:
+        expected = json.dumps(json.loads(text))
+    except (ValueError, RecursionError):
+        expected = None
+    try:
+        got = json.dumps(slow_parse(text, tiny=True))
+    except BodyError:
+        got = None
+    assert got == expected, text
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '"\\ud83d\\ude00 split \\ud83d\\ude00"',  # a surrogate pair across a slice boundary is one character again
+        '"abcdef\\u00e9\\ud800 lone"',
+        "[NaN, -Infinity, Infinity, 1e400, -0, 0.5, 12345678901234567890123]",
+        '{"a": 1, "a": 2}',
+        " \n\t[ ] ",
+    ],
+)
+def test_edge_cases_match_json_loads(text):
+    assert json.dumps(slow_parse(text, tiny=True)) == json.dumps(json.loads(text))
+
+
+def test_an_array_past_its_rule_is_refused_naming_the_field():
+    body = {"messages": [{"role": "user", "content": [{"text": "a"}, {"text": "b"}]}] * 3}
+    assert slow_parse(json.dumps(body), SHAPE) == body
+    with pytest.raises(BodyError) as e:
+        slow_parse(json.dumps(body | {"messages": body["messages"] * 2}), SHAPE)
+    assert e.value.param == "messages" and str(e.value) == "messages must hold at most 3 messages, got more"
+    deeper = {"messages": [{"content": []}, {"content": [1, 2, 3]}]}
+    with pytest.raises(BodyError) as e:
+        slow_parse(json.dumps(deeper), SHAPE)
+    assert e.value.param == "messages[1].content" and "at most 2 content parts" in str(e.value)
+    # other paths are not limited by the rules: only by max_items
+    assert slow_parse(json.dumps({"other": [[1] * 20]}), SHAPE) == {"other": [[1] * 20]}
+
+
+def test_depth_and_item_budgets():
+    assert slow_parse("[" * 8 + "]" * 8, SHAPE) == json.loads("[" * 8 + "]" * 8)
+    with pytest.raises(BodyError, match="more than 8 deep") as e:
+        slow_parse("[" * 100_000 + "]" * 100_000, SHAPE)
+    assert e.value.param is None
+    with pytest.raises(BodyError, match="more than 200 JSON values and keys"):
+        slow_parse(json.dumps({"k": list(range(300))}), SHAPE)
+    with pytest.raises(BodyError, match="more than 200 JSON values and keys"):  # keys count too
+        slow_parse(json.dumps({str(i): 0 for i in range(150)}), SHAPE)
+
+
+def test_the_work_before_a_refusal_is_bounded_by_the_limits_not_the_body():
+    huge = "[" + ",".join(['{"role":"u"}'] * 1_000_000) + "]"
+    slices: list[int] = []
+    with pytest.raises(BodyError, match="messages must hold at most 3"):
+        slow_parse('{"messages": ' + huge + "}", SHAPE, slices=slices)
+    assert len(slices) <= 1  # refused within the first slice of 512 values
+
+
+def test_long_strings_and_whitespace_are_parsed_in_slices():
+    text = "x\\n\u00e9\U0001f600" * 100_000  # escapes, non-ASCII and astral characters
+    raw = json.dumps({"content": text}, ensure_ascii=False) + " " * 300_000
+    slices: list[int] = []
+    assert slow_parse(raw, slices=slices) == {"content": text}
+    assert len(slices) >= (len(raw) // json_body.SLICE_CHARS) - 1
+
+
+def test_parse_body_decodes_utf8_and_answers_both_ways():
+    small = json.dumps({"messages": [{"content": "h\u00e9"}]}).encode()
+    assert asyncio.run(parse_body(small, SHAPE)) == {"messages": [{"content": "h\u00e9"}]}  # json.loads' path
+    large = json.dumps({"messages": [{"content": "h\u00e9" * 200_000}]}, ensure_ascii=False).encode()
+    assert asyncio.run(parse_body(large, SHAPE)) == {"messages": [{"content": "h\u00e9" * 200_000}]}
+    for raw in (b'{"a": "\xff"}', b'{"a": "' + b"x" * 400_000 + b'\xc3"}'):
+        with pytest.raises(BodyError, match="not valid UTF-8"):
+            asyncio.run(parse_body(raw, SHAPE))
+    with pytest.raises(BodyError, match="not valid JSON"):
+        asyncio.run(parse_body(b"{not json", SHAPE))
