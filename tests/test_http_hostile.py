@@ -1,8 +1,8 @@
-"""The HTTP front under hostile bodies (issue 22), in small form: a huge `n`, bodies of a million messages or tools,
-JSON nested 100,000 deep, bodies that are not said to be JSON, a foreign Host, lone surrogates in the tool-use
-fields. One worker process for the module, killed by a watchdog if its memory grows past a bound; each test checks
-that health (gRPC and HTTP) kept answering meanwhile, that a real request is still served and that no lease was
-left behind (`assert_unharmed`).
+"""The HTTP front under hostile bodies (issue 22), in small form: each of tests/hostile_bodies.py's requests (a huge
+`n`, bodies of a million messages or tools, JSON nested 100,000 deep, bodies not said to be JSON, a foreign Host,
+lone surrogates in the tool-use fields, ...) gets its answer. One worker process for the module, killed by a
+watchdog if its memory grows past a bound; each test checks that health (gRPC and HTTP) kept answering meanwhile,
+that a real request is still served and that no lease was left behind (`assert_unharmed`).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import grpc
 import httpx
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from hostile_bodies import HUGE_N, JSON, check_answer, hostile_requests
 from worker_process import WorkerProcess
 
 from radixcache.client import Client
@@ -25,8 +26,6 @@ MODEL = "random-seed0"
 HEALTH_P50_MS = 100.0  # health answers within this while hostile bodies arrive (the median probe)
 HEALTH_MAX_MS = 1000.0  # and no probe stalls (a 2-core machine shared with other jobs: the median is the promise)
 RSS_GROWTH_MB = 600.0  # the watchdog kills the worker past this (16 MB bodies are buffered whole, a few at once)
-JSON = {"Content-Type": "application/json"}
-HUGE_N = 1180591620717411303424
 
 
 @pytest.fixture(scope="module")
@@ -111,10 +110,25 @@ def error_of(r: httpx.Response, status: int) -> dict:
     return error
 
 
-@pytest.mark.parametrize("n", [HUGE_N, 3_000_000, 17])
+HOSTILE = {h.name: h for h in hostile_requests(MODEL) if h.status != 200}
+
+
+@pytest.mark.parametrize("name", list(HOSTILE))
+def test_a_hostile_request_gets_its_answer_at_once_without_a_stall(worker, name):
+    hostile = HOSTILE[name]
+    with HealthProbe(worker) as health:
+        started = time.monotonic()
+        r = httpx.request(hostile.method, worker.http_url + hostile.path, content=hostile.body or None,
+                          headers=hostile.headers, timeout=60)  # fmt: skip
+        assert check_answer(hostile, r) is None
+        assert time.monotonic() - started < 5.0
+        time.sleep(0.1)  # a few probes after the answer too
+    assert_unharmed(worker, health)
+
+
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
-def test_a_huge_n_is_refused_at_once_naming_n(worker, path, n):
-    body = {"model": MODEL, "max_tokens": 2, "n": n}
+def test_a_huge_n_is_refused_naming_n_streaming_or_not(worker, path):
+    body = {"model": MODEL, "max_tokens": 2, "n": HUGE_N}
     body |= {"messages": [{"role": "user", "content": "hi"}]} if "chat" in path else {"prompt": "hi"}
     with HealthProbe(worker) as health:
         for stream in (False, True):
@@ -125,125 +139,26 @@ def test_a_huge_n_is_refused_at_once_naming_n(worker, path, n):
     assert_unharmed(worker, health)
 
 
-def many(item: bytes, count: int) -> bytes:
-    return b"[" + b",".join([item] * count) + b"]"
-
-
-HUGE_BODIES = {
-    "messages": b'{"model": "m", "messages": ' + many(b'{"role":"u"}', 1_250_000) + b"}",
-    "tools": b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": '
-    + many(b'{"type": "function", "function": {"name": "f"}}', 300_000)
-    + b"}",
-    "messages[0].content": b'{"model": "m", "messages": [{"role": "user", "content": '
-    + many(b'{"type": "text", "text": "x"}', 500_000)
-    + b"}]}",
-    "stop": b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "stop": '
-    + many(b'"x"', 2_000_000)
-    + b"}",
-}
-
-
-@pytest.mark.parametrize("field", list(HUGE_BODIES))
-def test_a_body_holding_a_million_items_is_refused_naming_the_field_without_a_stall(worker, field):
-    raw = HUGE_BODIES[field]
-    assert 6 << 20 < len(raw) <= 16 << 20
-    with HealthProbe(worker) as health:
-        started = time.monotonic()
-        error = error_of(post(worker, "/v1/chat/completions", raw), 400)
-        assert time.monotonic() - started < 5.0
-        time.sleep(0.2)  # a few more probes after the answer
-    assert error["param"] == field and "must hold at most" in error["message"], error
-    assert_unharmed(worker, health)
-
-
-def test_a_15_mib_prompt_is_parsed_without_a_stall(worker):
-    text = "lorem ipsum, dolor {sit} amet\n" * (15 * (1 << 20) // 30)
-    body = {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": text}]}
-    with HealthProbe(worker) as health:
-        for _ in range(3):
-            error = error_of(post(worker, "/v1/chat/completions", body), 400)
-            assert error["code"] == "context_length_exceeded" and error["param"] == "messages", error
-        time.sleep(0.2)
-    assert_unharmed(worker, health)
-
-
-def test_json_nested_100000_deep_is_400_naming_the_body_with_one_short_log_line(worker):
+def test_json_nested_too_deep_is_named_in_one_short_log_line(worker):
     log_before = worker.log()
-    with HealthProbe(worker) as health:
-        for raw in (b"[" * 100_000 + b"]" * 100_000, b'{"model": "m", "messages": ' + b"[" * 1200 + b"]" * 1200 + b"}"):
-            error = error_of(post(worker, "/v1/chat/completions", raw), 400)
-            assert error["param"] is None and "nests objects and arrays more than 128 deep" in error["message"]
+    for raw in (b"[" * 100_000 + b"]" * 100_000, b'{"model": "m", "messages": ' + b"[" * 1200 + b"]" * 1200 + b"}"):
+        error = error_of(post(worker, "/v1/chat/completions", raw), 400)
+        assert error["param"] is None and "nests objects and arrays more than 128 deep" in error["message"]
     logged = worker.log()[len(log_before) :]
     assert "Traceback" not in logged and len(logged.splitlines()) <= 1 and len(logged) < 400, logged
-    assert_unharmed(worker, health)
 
 
-@pytest.mark.parametrize("content_type", [None, "text/plain", "application/x-www-form-urlencoded", "text/json"])
-def test_a_body_not_said_to_be_json_gets_415(worker, content_type):
-    body = {"model": MODEL, "prompt": "hi", "max_tokens": 1}
-    headers = {"Content-Type": content_type} if content_type else {}
-    with HealthProbe(worker) as health:
-        r = httpx.post(worker.http_url + "/v1/completions", content=json.dumps(body).encode(), headers=headers)
-        error = error_of(r, 415)
-        assert "application/json" in error["message"] and error["code"] == "unsupported_media_type"
-        r = post(worker, "/v1/completions", body, headers={"Content-Type": "Application/JSON; charset=utf-8"})
-        assert r.status_code == 200, r.text
-    assert_unharmed(worker, health)
-
-
-def test_a_foreign_host_is_refused_and_loopback_names_are_served(worker):
+def test_loopback_names_and_json_with_parameters_are_served(worker):
     port = worker.http_url.rsplit(":", 1)[1]
     body = {"model": MODEL, "prompt": "hi", "max_tokens": 1}
-    with HealthProbe(worker) as health:
-        for host in ("evil.example", f"evil.example:{port}", "localhost.evil.example", "127.0.0.1.nip.io"):
-            error = error_of(post(worker, "/v1/completions", body, headers=JSON | {"Host": host}), 400)
-            assert error["code"] == "invalid_host" and "--http-allowed-hosts" in error["message"], error
-            assert httpx.get(worker.http_url + "/v1/models", headers={"Host": host}).status_code == 400
-        for host in (f"localhost:{port}", "LOCALHOST", f"127.0.0.1:{port}", "app.localhost", f"[::1]:{port}"):
-            r = post(worker, "/v1/completions", body, headers=JSON | {"Host": host})
-            assert r.status_code == 200, (host, r.text)
-    assert_unharmed(worker, health)
-
-
-def test_a_wrong_method_is_an_openai_error(worker):
-    r = httpx.get(worker.http_url + "/v1/chat/completions")
-    error = error_of(r, 405)
-    assert "GET /v1/chat/completions" in error["message"]
-
-
-TOOL_TURNS = [
-    {"role": "user", "content": "weather?"},
-    {
-        "role": "assistant",
-        "content": None,
-        "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "get", "arguments": '{"c": "P"}'}}],
-    },
-    {"role": "tool", "tool_call_id": "call_1", "name": "get", "content": "sunny"},
-]
-
-
-@pytest.mark.parametrize(
-    ("where", "param"),
-    [
-        ((2, "tool_call_id"), "messages[2].tool_call_id"),
-        ((2, "name"), "messages[2].name"),
-        ((1, "tool_calls", 0, "id"), "messages[1].tool_calls[0].id"),
-        ((1, "tool_calls", 0, "function", "name"), "messages[1].tool_calls[0].function.name"),
-        ((1, "tool_calls", 0, "function", "arguments"), "messages[1].tool_calls[0].function.arguments"),
-    ],
-)
-def test_lone_surrogates_in_tool_use_fields_get_400_naming_them(worker, where, param):
-    messages = json.loads(json.dumps(TOOL_TURNS))
-    *path, last = where
-    target = messages
-    for step in path:
-        target = target[step]
-    target[last] = '{"c": "\\ud800"}' if last == "arguments" else "call_\ud800"
-    body = {"model": MODEL, "max_tokens": 1, "messages": messages}
-    raw = json.dumps(body).encode()  # ensure_ascii: the lone surrogate travels as the escape \ud800
-    with HealthProbe(worker) as health:
-        error = error_of(post(worker, "/v1/chat/completions", raw), 400)
-        assert error["param"] == param and "not valid Unicode" in error["message"], error
-        good = json.dumps(body | {"messages": TOOL_TURNS}).encode()
-        assert post(worker, "/v1/chat/completions", good).status_code == 200
-    assert_unharmed(worker, health)
+    for host in (f"localhost:{port}", "LOCALHOST", f"127.0.0.1:{port}", "app.localhost", f"[::1]:{port}"):
+        r = post(worker, "/v1/completions", body, headers=JSON | {"Host": host})
+        assert r.status_code == 200, (host, r.text)
+    for host in ("evil.example", f"evil.example:{port}", "localhost.evil.example", "127.0.0.1.nip.io"):
+        error = error_of(httpx.get(worker.http_url + "/v1/models", headers={"Host": host}), 400)
+        assert error["code"] == "invalid_host" and "--http-allowed-hosts" in error["message"], error
+    r = post(worker, "/v1/completions", body, headers={"Content-Type": "Application/JSON; charset=utf-8"})
+    assert r.status_code == 200, r.text
+    error = error_of(post(worker, "/v1/completions", body, headers={"Content-Type": "text/plain"}), 415)
+    assert "application/json" in error["message"] and error["code"] == "unsupported_media_type"
+    assert "GET /v1/chat/completions" in error_of(httpx.get(worker.http_url + "/v1/chat/completions"), 405)["message"]
