@@ -67,8 +67,8 @@ class EngineReplica:
         """Aborts the request if this replica runs it."""
         return self.engine.abort(request_id)
 
-    async def stats(self) -> tuple[str, Any]:
-        return self.replica_id, await asyncio.to_thread(self.engine.stats)
+    async def stats(self, namespace: str | None = None) -> tuple[str, Any]:
+        return self.replica_id, await asyncio.to_thread(self.engine.stats, namespace)
 
     async def flush_cache(self, namespace: str) -> int:
         return await asyncio.to_thread(self.engine.flush_cache, namespace)

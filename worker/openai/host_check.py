@@ -12,7 +12,8 @@ The rule (`allowed_hosts`): bound to a loopback address (the default, 127.0.0.1)
 and `*.localhost` (which browsers resolve to loopback themselves); with `--http-allowed-hosts` it answers those
 names too, whatever it binds ("*": any name). Bound beyond loopback without the flag, it answers any Host: the
 port is on the network then, and the names it is reached by (a load balancer's, a Kubernetes service's) are not
-known here; auth (`--auth-tokens`) is what protects it.
+known here; auth (`--auth-tokens`) is what protects it. `GET /health` answers any Host: what it tells ("serving")
+is harmless, and load balancers' probes name whatever they like.
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ class HostCheck:
         self.app, self.allowed = app, allowed
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and self.allowed is not None:
+        if scope["type"] == "http" and self.allowed is not None and scope["path"] != "/health":
             header = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"host"), None)
             if not host_allowed(header, self.allowed):
                 error = APIError(
