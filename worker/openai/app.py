@@ -88,7 +88,7 @@ def _pydantic_param(error: dict[str, Any]) -> str:
     return path
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
+async def _read_body(request: Request, limit: int) -> bytearray:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise APIError(413, f"the request body has {declared} bytes; at most {limit} are accepted", code="too_large")
@@ -97,7 +97,7 @@ async def _read_body(request: Request, limit: int) -> bytes:
         body += piece
         if len(body) > limit:
             raise APIError(413, f"the request body exceeds {limit} bytes", code="too_large")
-    return bytes(body)
+    return body  # not copied into bytes: 16 MB copied is milliseconds the loop serves no one
 
 
 def _require_json(request: Request) -> None:
