@@ -139,3 +139,20 @@ def test_parse_body_decodes_utf8_and_answers_both_ways():
             asyncio.run(parse_body(raw, SHAPE))
     with pytest.raises(BodyError, match="not valid JSON"):
         asyncio.run(parse_body(b"{not json", SHAPE))
+
+
+def test_a_large_body_breaking_a_limit_early_is_refused_by_its_first_mib():
+    messages = b'{"messages": [' + b",".join([b'{"role":"u"}'] * 200_000)
+    # the body's end is not even JSON (nor UTF-8): the first MiB decides
+    with pytest.raises(BodyError, match="messages must hold at most 3 messages") as e:
+        asyncio.run(parse_body([messages[:70_000], messages[70_000:], b"\xff garbage"], SHAPE))
+    assert e.value.limit and e.value.param == "messages"
+    # a prefix that ends mid-string is no error of the body's; a limit broken past the first MiB still is
+    text = "x" * (json_body.PREFIX_BYTES + 10)
+    shape = BodyShape(max_depth=8, max_items=10, rules=SHAPE.rules)
+    raw = json.dumps({"content": text}).encode()
+    pieces = [raw[i : i + 65536] for i in range(0, len(raw), 65536)]  # as it arrives: the first MiB ends mid-string
+    assert asyncio.run(parse_body(pieces, shape)) == {"content": text}
+    late = json.dumps({"content": text, "messages": [1, 2, 3, 4]}).encode()
+    with pytest.raises(BodyError, match="messages must hold at most 3"):
+        asyncio.run(parse_body([late[i : i + 65536] for i in range(0, len(late), 65536)], shape))

@@ -88,16 +88,19 @@ def _pydantic_param(error: dict[str, Any]) -> str:
     return path
 
 
-async def _read_body(request: Request, limit: int) -> bytearray:
+async def _read_body(request: Request, limit: int) -> list[bytes]:
+    """The body as the pieces it arrived in (json_body joins what it needs: 16 MB copied is milliseconds the loop
+    serves no one)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise APIError(413, f"the request body has {declared} bytes; at most {limit} are accepted", code="too_large")
-    body = bytearray()
+    pieces, size = [], 0
     async for piece in request.stream():
-        body += piece
-        if len(body) > limit:
+        pieces.append(piece)
+        size += len(piece)
+        if size > limit:
             raise APIError(413, f"the request body exceeds {limit} bytes", code="too_large")
-    return body  # not copied into bytes: 16 MB copied is milliseconds the loop serves no one
+    return pieces
 
 
 def _require_json(request: Request) -> None:
@@ -206,7 +209,8 @@ class OpenAIFront:
             data = await parse_body(raw, body_shape(self.core.limits))
         except BodyError as e:
             client = request.client.host if request.client else "?"
-            _refused_bodies.warn(f"refused an HTTP body from {client} ({len(raw)} bytes): {e.message[:200]}")
+            size = sum(len(piece) for piece in raw)
+            _refused_bodies.warn(f"refused an HTTP body from {client} ({size} bytes): {e.message[:200]}")
             raise bad_request(e.message, e.param) from None
         return _validate(model, data)
 
