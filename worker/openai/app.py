@@ -6,8 +6,9 @@ the OpenAI wire mapping only: bodies in (requests.py), chunks and responses out 
 errors (errors.py).
 
 A client that disconnects aborts its request at once, streaming or not: its pages are freed in the engine's next
-step. Errors are OpenAI's shape (errors.py): 400 bad input, 401 auth, 404 model or route, 413 too large, 503 while
-loading or draining, 500 for a failure inside one request.
+step. Errors are OpenAI's shape (errors.py): 400 bad input (a body past json_body's limits included) or a Host it
+does not answer to (host_check), 401 auth, 404 model or route, 405 method, 413 too large, 415 a body not said to be
+JSON, 503 while loading or draining, 500 for a failure inside one request.
 """
 
 from __future__ import annotations
