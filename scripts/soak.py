@@ -43,7 +43,7 @@ from worker_process import WorkerProcess  # noqa: E402
 from radixcache.client import Client  # noqa: E402
 
 TOKENS = {"tok-alice": "alice", "tok-bob": "bob"}
-ADMIN = "tok-ops"  # sees the whole worker's stats (a tenant sees its own): the leak and page checks read them
+ADMIN = "tok-ops"  # the whole worker's stats (leases, pages, preemptions); a tenant's show its own
 ALICE = (("authorization", "Bearer tok-alice"),)
 
 
@@ -141,11 +141,12 @@ def main() -> int:
             say(f"fuzz: {fuzz.calls} calls, statuses {dict(fuzz.statuses)}")
             stall = measure_loop_stall(worker.target, seconds=args.stall_seconds, metadata=ALICE)
             say(f"loop stall: {stall}")
-            s = wait_idle(worker.target, ADMIN)
+            leaks = {t: wait_idle(worker.target, t) for t in [*TOKENS, ADMIN]}
             rss_end = rss_mb(pid)
             worker.terminate()
             exit_code = worker.wait(60)
             log = worker.log()
+    s = leaks[ADMIN]
     leaked = int(s["live_leases"])
     pages_ok = s["pages_in_use"] == 0 and s["pages_free"] + s["pages_cached"] == s["pages_total"]
     broken = report.broken + warm.broken + [f"fuzz: {u}" for u in fuzz.unexpected]

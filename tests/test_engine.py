@@ -8,7 +8,7 @@ import random
 import threading
 
 import pytest
-from engine_fixtures import tiny_model
+from engine_fixtures import SLIDING, tiny_model
 
 from radixcache.worker.engine import Engine, EngineConfig, RequestTooLargeError
 from radixcache.worker.request import FinishReason, Request, RequestOutput, SamplingParams
@@ -107,6 +107,26 @@ def test_memory_pressure_preempts_and_still_gives_identical_answers(model):
     assert engine.stats().preemptions > 0
     for i, prompt in enumerate(prompts):
         assert sink.tokens(f"p{i}") == run_alone(model, prompt, params, page_size=page)
+    assert_clean(engine)
+
+
+def test_a_sliding_window_model_answers_as_with_the_cache_off_under_pressure():
+    """Prompts that share prefixes several windows long (window 8), hits, preemptions: every answer equals the
+    request run alone with the cache off. The window does not cap the context."""
+    model = tiny_model(**SLIDING)
+    prompts = workload(6, seed=2)
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    need = sum(-(-(len(p) + params.max_tokens) // 4) for p in prompts)
+    engine = make_engine(model, page_size=4, kv_pages=need // 3, max_step_tokens=64)
+    assert engine.context_length == 4096
+    sink = Collector()
+    for i, prompt in enumerate(prompts):
+        engine.submit(Request(f"s{i}", prompt, params), sink)
+        engine.step()
+    engine.run_until_idle()
+    assert engine.stats().preemptions > 0 and sum(sink.last(f"s{i}").cached_tokens for i in range(6)) > 8
+    for i, prompt in enumerate(prompts):
+        assert sink.tokens(f"s{i}") == run_alone(model, prompt, params), f"request s{i} changed"
     assert_clean(engine)
 
 

@@ -75,6 +75,8 @@ class ModelFacts:
     cache_enabled: bool = True
     eos_token_ids: tuple[int, ...] = ()
     max_pinned_pages: int = 0
+    layer_kinds: tuple[str, ...] = ()  # per layer "global" | "sliding"
+    sliding_window: int = 0  # tokens a sliding layer attends to; 0: none slides
 
     @property
     def kv_tokens(self) -> int:
@@ -90,6 +92,8 @@ class ModelFacts:
         values = {f.name: getattr(message, f.name) for f in fields(cls) if hasattr(message, f.name)}
         if "eos_token_ids" in values:
             values["eos_token_ids"] = tuple(int(t) for t in values["eos_token_ids"])
+        if "layer_kinds" in values:
+            values["layer_kinds"] = tuple(str(k) for k in values["layer_kinds"])
         return cls(**values)
 
 
