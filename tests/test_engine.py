@@ -409,6 +409,31 @@ def test_a_failure_between_lease_and_compute_leaks_nothing(model, monkeypatch):
     assert_clean(engine)
 
 
+def test_load_counts_the_prefill_still_queued_and_the_pages_held(model):
+    """What a cluster router weighs (Engine.load): tokens left to prefill, pages running requests hold."""
+    engine = make_engine(model, page_size=4, kv_pages=64, max_step_tokens=16)
+    idle = engine.load()
+    assert (idle.running, idle.waiting, idle.queued_prefill_tokens, idle.pages_busy) == (0, 0, 0, 0)
+    assert idle.pages_total == 64 and not engine.alive  # not started: no engine thread
+    sink = Collector()
+    engine.submit(Request("a", list(range(1, 41)), GREEDY), sink)  # 40 prompt tokens
+    engine.submit(Request("b", list(range(50, 60)), GREEDY), sink)  # 10
+    engine.step()  # takes both in; 16 tokens of prefill this step
+    mid = engine.load()
+    assert mid.running + mid.waiting == 2 and mid.steps == 1
+    assert mid.queued_prefill_tokens == 39 + 9 - 16  # a prompt's last token is computed by its first decode
+    assert mid.pages_busy == 4  # the 16 tokens computed, in pages of 4
+    engine.run_until_idle()
+    done = engine.load()
+    assert (done.running, done.waiting, done.queued_prefill_tokens, done.pages_busy) == (0, 0, 0, 0)
+    engine.start()
+    try:
+        assert engine.alive
+    finally:
+        engine.shutdown(drain=True, timeout=10)
+    assert not engine.alive
+
+
 def test_a_tenants_stats_show_its_own_figures_and_the_pools_capacity(model):
     # alice repeats a prompt (hits), pins it, and is squeezed out by bob's long prompts (evictions); bob never
     # repeats. Each tenant's view holds exactly its own traffic and pages; the worker's view is their sum.

@@ -137,6 +137,23 @@ def parser() -> argparse.ArgumentParser:
         help="comma-separated Host names the HTTP API answers besides localhost and IP addresses, e.g. "
         "api.example.com ('*': any). Default: bound to loopback, localhost only; bound beyond it, any",
     )
+    a = p.add_argument_group("agents (issue 28)")
+    a.add_argument(
+        "--remember-generated-mib", type=int, default=64,
+        help="memory for the token ids of what was generated, per tenant, so a history that sends a reply back "
+        "continues from the model's own tokens (default 64 MiB in all; 0: off)",
+    )  # fmt: skip
+    a.add_argument(
+        "--responses-store", type=int, default=1000, help="stored responses per tenant (default 1000; 0: none)"
+    )
+    a.add_argument("--responses-store-mib", type=int, default=64, help="stored responses' size per tenant (default 64)")
+    a.add_argument(
+        "--responses-ttl", type=float, default=3600.0, help="seconds a stored response is kept (default 3600)"
+    )
+    a.add_argument(
+        "--responses-pin-ttl", type=float, default=600.0,
+        help="seconds a stored response's pages stay pinned, inside --max-pinned (default 600; 0: not pinned)",
+    )  # fmt: skip
     s.add_argument("--grace-period", type=float, default=30.0, help="seconds to drain streams on SIGTERM")
     s.add_argument("--max-concurrent-rpcs", type=int, default=1024)
     s.add_argument("--max-message-mib", type=int, default=16, help="largest request/response message, MiB")
@@ -297,6 +314,11 @@ def main(argv: list[str]) -> int:
         http_max_connections=args.http_max_connections,
         http_head_timeout_s=args.http_head_timeout,
         http_allowed_hosts=args.http_allowed_hosts,
+        remember_generated_bytes=args.remember_generated_mib << 20,
+        responses_max=args.responses_store,
+        responses_max_bytes=args.responses_store_mib << 20,
+        responses_ttl_s=args.responses_ttl,
+        responses_pin_ttl_s=args.responses_pin_ttl,
     )
 
     def load_engine() -> tuple[Any, Any]:

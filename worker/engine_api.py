@@ -57,6 +57,18 @@ class EngineStats:
 
 
 @dataclass(frozen=True)
+class EngineLoad:
+    """How busy an engine is, for a cluster router and a health check (cheap: O(requests), no tree walk)."""
+
+    running: int
+    waiting: int
+    queued_prefill_tokens: int  # tokens live requests still have to prefill (a waiting one's cache hits included)
+    pages_busy: int  # KV pages neither free nor evictable: held by running requests, or pinned
+    pages_total: int
+    steps: int  # engine steps so far (a health check sees it advance while there is work)
+
+
+@dataclass(frozen=True)
 class ModelFacts:
     """What a front needs to know about the served model and its engine, without any wire format: the gRPC front
     sends it as `ModelInfo` (same field names), the OpenAI front reads the model name and context from it."""

@@ -78,6 +78,6 @@ def vllm_event(event: CacheEvent, page_size: int, layout: str = FORMAT_CURRENT) 
     return stored
 
 
-def event_batch(timestamp: float, events: list) -> list:
-    """An EventBatch (positional in both layouts): [ts, events, data_parallel_rank 0]."""
-    return [timestamp, events, 0]
+def event_batch(timestamp: float, events: list, data_parallel_rank: int = 0) -> list:
+    """An EventBatch (positional in both layouts): [ts, events, data_parallel_rank]."""
+    return [timestamp, events, data_parallel_rank]

@@ -10,7 +10,9 @@ There is no replay socket.
 Endpoints. vLLM's rule: a wildcard host (tcp://*:5557, tcp://[::]:5557), ipc:// and inproc:// are bound; any other
 endpoint (tcp://router:5557) is connected to, for a subscriber that binds. So by that rule TCP binds every interface
 or none; a "bind+" prefix binds the endpoint as written (bind+tcp://127.0.0.1:5557: loopback only), and "connect+"
-connects whatever the host.
+connects whatever the host. Several publishers of one deployment (a cluster's replicas; vLLM's data-parallel ranks)
+follow vLLM's rule too: rank r publishes on the endpoint's port + r (`rank_endpoint`; ipc:// and inproc:// get the
+suffix "_dp<r>") and tags its batches with data_parallel_rank r.
 
 Security. The events carry every tenant's token ids. With --auth-tokens, `check_security` refuses an endpoint that
 is not local (ipc://, inproc://) unless subscribers authenticate with ZMQ CURVE (`CurveKeys`: this worker's secret
@@ -85,6 +87,25 @@ def check_security(endpoint: str, *, auth: bool, curve: CurveKeys | None, insecu
         )
 
 
+def rank_endpoint(endpoint: str, rank: int) -> str:
+    """The endpoint of data-parallel rank `rank` (vLLM's rule): tcp port + rank; ipc/inproc "_dp<rank>" appended."""
+    if rank < 0:
+        raise ValueError(f"rank must be >= 0, got {rank}")
+    if rank == 0:
+        return endpoint
+    prefix = next((p for p in ("bind+", "connect+") if endpoint.startswith(p)), "")
+    if prefix:  # the prefix says bind or connect; the rank offsets what follows it
+        return prefix + rank_endpoint(endpoint.removeprefix(prefix), rank)
+    if endpoint.startswith(("ipc://", "inproc://")):
+        return f"{endpoint}_dp{rank}"
+    host, sep, port = endpoint.rpartition(":")
+    if not endpoint.startswith("tcp://") or not sep or not port.isdigit():
+        raise ValueError(f"--kv-events-endpoint {endpoint!r}: a tcp:// endpoint needs a port to offset by rank")
+    if int(port) + rank > 65535:
+        raise ValueError(f"--kv-events-endpoint {endpoint!r}: port {port} + rank {rank} is beyond 65535")
+    return f"{host}:{int(port) + rank}"
+
+
 class ZmqKvEventPublisher:
     """A cache event hub Publisher (radixcache.worker.cache_events) writing vLLM's format. Never blocks: at the
     socket's high-water mark a message is dropped (its sequence number is still used, so readers see the gap)."""
@@ -98,11 +119,13 @@ class ZmqKvEventPublisher:
         hwm: int = 100_000,
         layout: str = FORMAT_CURRENT,
         curve: CurveKeys | None = None,
+        data_parallel_rank: int = 0,
     ) -> None:
         zmq, msgpack = _modules()
         self._zmq, self._pack = zmq, msgpack.Packer(use_bin_type=True).pack
         self.endpoint, bind = parse_endpoint(endpoint)
         self.page_size = page_size
+        self.data_parallel_rank = data_parallel_rank
         self.layout = layout
         if layout not in FORMATS:
             raise ValueError(f"--kv-events-format {layout!r}: expected one of {', '.join(FORMATS)}")
@@ -157,7 +180,7 @@ class ZmqKvEventPublisher:
             self._send(out, timestamp)
 
     def _send(self, events: list, timestamp: float) -> None:
-        payload = self._pack(event_batch(timestamp, events))
+        payload = self._pack(event_batch(timestamp, events, self.data_parallel_rank))
         seq = self.sequence.to_bytes(8, "big")
         self.sequence += 1
         try:

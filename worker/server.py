@@ -27,6 +27,7 @@ from radixcache.worker.auth import Authenticator
 from radixcache.worker.decode_guard import UndecodableRequestInterceptor
 from radixcache.worker.engine_api import ModelFacts
 from radixcache.worker.front import FrontCore
+from radixcache.worker.generated import GeneratedTokens
 from radixcache.worker.metrics import WorkerMetrics
 from radixcache.worker.reflection import enable_reflection
 from radixcache.worker.servicer import RadixCacheServicer
@@ -58,6 +59,13 @@ class ServerOptions:
     http_max_connections: int = 512  # open HTTP connections at most; one more is answered 503
     http_head_timeout_s: float = 10.0  # an HTTP request's line and headers must arrive within this (else 408)
     http_allowed_hosts: tuple[str, ...] | None = None  # Host names HTTP answers (None: by the bind address)
+    # Agents' state (issue 28): the memory of generated token ids (worker/generated.py; 0: off) and the Responses
+    # API's stored responses per tenant (worker/openai/response_store.py; 0 responses: store nothing).
+    remember_generated_bytes: int = 64 * MiB
+    responses_max: int = 1000
+    responses_max_bytes: int = 64 * MiB
+    responses_ttl_s: float = 3600.0
+    responses_pin_ttl_s: float = 600.0
 
 
 def freeze_startup_objects() -> None:
@@ -92,7 +100,8 @@ class WorkerServer:
         # The metrics read the core's engine lazily (once attached), so they can be made first and handed to it.
         self.metrics = WorkerMetrics(lambda: self.core.engine.stats() if self.core.engine else None)
         # Both fronts (gRPC and HTTP) share this core: one engine, one Authenticator, one drain.
-        self.core = FrontCore(Authenticator(options.auth_tokens, options.admin_tokens or ()), self.metrics)
+        memory = GeneratedTokens(max_bytes=options.remember_generated_bytes)
+        self.core = FrontCore(Authenticator(options.auth_tokens, options.admin_tokens or ()), self.metrics, memory)
         self.servicer = RadixCacheServicer(self.core)
         self.health = health.aio.HealthServicer()
         self.port = 0
@@ -137,10 +146,22 @@ class WorkerServer:
         if o.http_port is not None:
             from radixcache.worker.openai.http_guard import HttpLimits  # fastapi/uvicorn: only when asked for
             from radixcache.worker.openai.http_server import HttpServer
+            from radixcache.worker.openai.response_store import ResponseStore
 
             limits = HttpLimits(max_connections=o.http_max_connections, head_timeout_s=o.http_head_timeout_s)
-            self.http = HttpServer(self.core, o.host, o.http_port, max_body_bytes=o.max_message_bytes, limits=limits,
-                                   allowed_host_names=o.http_allowed_hosts)  # fmt: skip
+            store = ResponseStore(
+                max_responses=o.responses_max, max_bytes=o.responses_max_bytes, ttl_s=o.responses_ttl_s,
+                pin_ttl_s=o.responses_pin_ttl_s,
+            )  # fmt: skip
+            self.http = HttpServer(
+                self.core,
+                o.host,
+                o.http_port,
+                max_body_bytes=o.max_message_bytes,
+                limits=limits,
+                store=store,
+                allowed_host_names=o.http_allowed_hosts,
+            )
             self.http_port = await self.http.start()
         if o.metrics_port is not None:
             self.metrics_port = self.metrics.serve_http(o.metrics_port, o.metrics_host or o.host)

@@ -308,20 +308,22 @@ class SubscribeCacheEventsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class CacheEventBatch(_message.Message):
-    __slots__ = ("kind", "sequence", "events", "snapshot_complete", "page_size", "timestamp")
+    __slots__ = ("kind", "sequence", "events", "snapshot_complete", "page_size", "timestamp", "replica_id")
     KIND_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     EVENTS_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_COMPLETE_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     kind: CacheEventBatchKind
     sequence: int
     events: _containers.RepeatedCompositeFieldContainer[CacheEvent]
     snapshot_complete: bool
     page_size: int
     timestamp: float
-    def __init__(self, kind: _Optional[_Union[CacheEventBatchKind, str]] = ..., sequence: _Optional[int] = ..., events: _Optional[_Iterable[_Union[CacheEvent, _Mapping]]] = ..., snapshot_complete: _Optional[bool] = ..., page_size: _Optional[int] = ..., timestamp: _Optional[float] = ...) -> None: ...
+    replica_id: str
+    def __init__(self, kind: _Optional[_Union[CacheEventBatchKind, str]] = ..., sequence: _Optional[int] = ..., events: _Optional[_Iterable[_Union[CacheEvent, _Mapping]]] = ..., snapshot_complete: _Optional[bool] = ..., page_size: _Optional[int] = ..., timestamp: _Optional[float] = ..., replica_id: _Optional[str] = ...) -> None: ...
 
 class CacheEvent(_message.Message):
     __slots__ = ("namespace", "stored", "removed", "cleared")

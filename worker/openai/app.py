@@ -1,4 +1,5 @@
-"""The OpenAI-compatible HTTP front (FastAPI): /v1/models, /v1/chat/completions, /v1/completions, /health.
+"""The OpenAI-compatible HTTP front (FastAPI): /v1/models, /v1/chat/completions, /v1/completions, /v1/responses
+(responses_api.py), /health.
 
 It serves the same engine as the gRPC servicer, through the same front core (worker/front.py: the bearer-token
 tenant = cache namespace, validation, tokenizing off the event loop, constraint compiling, submit); this module is
@@ -31,9 +32,10 @@ from radixcache.worker.engine_stream import EngineStream, StreamClosed
 from radixcache.worker.front import FrontCore, Refusal, RefusalKind
 from radixcache.worker.openai.errors import APIError, bad_request, param_of
 from radixcache.worker.openai.host_check import HostCheck
-from radixcache.worker.openai.json_body import BodyError, parse_body
+from radixcache.worker.openai.json_body import BodyError, BodyShape, parse_body
 from radixcache.worker.openai.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 from radixcache.worker.openai.requests import ParsedRequest, body_shape, parse_chat, parse_completion
+from radixcache.worker.openai.response_store import ResponseStore
 from radixcache.worker.openai.responses import ChatResponder, CompletionResponder
 from radixcache.worker.request import FinishReason, RequestOutput
 
@@ -138,6 +140,7 @@ class OpenAIFront:
     def __init__(self, core: FrontCore, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
         self.core = core
         self.max_body_bytes = max_body_bytes
+        self._background: set[asyncio.Future[Any]] = set()  # retain() pins running after their response
 
     # -- gates -------------------------------------------------------------------------------------------------
     def tenant(self, request: Request) -> str:
@@ -187,27 +190,41 @@ class OpenAIFront:
     ) -> Response:  # fmt: skip
         tenant = self.tenant(request)
         engine = self.engine()
-        body = await self._body(request, model)
+        body = await self.body(request, model)
         self.check_model(body.model)
         parsed = parse(body)
         request_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         stream = await self._open(tenant, request_id, parsed, prompt_param=prompt_param, chat=chat)
         try:  # only now, with every field valid, is anything sized by the request (one choice per sample)
-            responder = self._responder(engine, stream, request_id, parse_tools=parsed.parse_tools, chat=chat)
+            responder = self._responder(engine, stream, request_id, parsed, chat=chat)
         except BaseException:
             stream.close()
             raise
-        if parsed.stream:
-            return self._sse(stream, responder, parsed.include_usage)
-        return await self._whole(request, stream, responder)
 
-    async def _body(self, request: Request, model: type[BaseModel]) -> Any:
-        """The body as `model`: JSON said so, at most max_body_bytes, parsed within the body shape's limits without
-        stalling the loop (json_body), then typed by pydantic (cheap: the shape bounds what it holds)."""
+        def done() -> None:
+            if parsed.retention_s is not None:
+                self.retain(tenant, stream, parsed.retention_s)
+
+        if parsed.stream:
+            return self._sse(stream, responder, parsed.include_usage, done)
+        return await self._whole(request, stream, responder, done)
+
+    def retain(self, tenant: str, stream: EngineStream, ttl_s: float) -> None:
+        """Pin what a finished request computed (its prompt and first sample's reply but the last, uncomputed,
+        token) for ttl_s, in the background: the response is not held up by it."""
+        ids = list(stream.request.prompt_ids) + stream.generated[0][:-1]
+        task = asyncio.ensure_future(self.core.retain(tenant, ids, ttl_s))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def body(self, request: Request, model: type[BaseModel], shape: BodyShape | None = None) -> Any:
+        """The body as `model`: JSON said so, at most max_body_bytes, parsed within `shape`'s limits (chat's and
+        completions' by default) without stalling the loop (json_body), then typed by pydantic (cheap: the shape
+        bounds what it holds). Every route with a body reads it here."""
         _require_json(request)
         raw = await _read_body(request, self.max_body_bytes)
         try:
-            data = await parse_body(raw, body_shape(self.core.limits))
+            data = await parse_body(raw, shape or body_shape(self.core.limits))
         except BodyError as e:
             client = request.client.host if request.client else "?"
             size = sum(len(piece) for piece in raw)
@@ -217,14 +234,15 @@ class OpenAIFront:
 
     # -- the way through validation to the engine -------------------------------------------------------------
     def _responder(
-        self, engine: Any, stream: EngineStream, request_id: str, *, parse_tools: bool, chat: bool
+        self, engine: Any, stream: EngineStream, request_id: str, parsed: ParsedRequest, *, chat: bool
     ) -> ChatResponder | CompletionResponder:
         """The response builder of an admitted request, sized by its validated sampling (n, logprobs)."""
         sampling = stream.request.sampling
         common = {"request_id": request_id, "model": self.model_name, "n": sampling.n,
                   "token_text": self._token_text(engine), "logprobs": sampling.logprobs}  # fmt: skip
         if chat:
-            return ChatResponder(parse_tools=parse_tools, **common)
+            closes = bool(parsed.tool_choice.stop())
+            return ChatResponder(parse_tools=parsed.parse_tools, closes_at_stop=closes, **common)
         return CompletionResponder(**common)
 
     @staticmethod
@@ -245,8 +263,9 @@ class OpenAIFront:
         Chat's default max_tokens (OpenAI's) is as long as the reply can be: what the context and KV pool leave."""
         try:
             return await self.core.admit(
-                tenant, request_id, parsed.prompt, parsed.sampling, parsed.constraint, fill_max_tokens=chat
-            )
+                tenant, request_id, parsed.prompt, parsed.sampling, parsed.constraint, fill_max_tokens=chat,
+                cache_key=parsed.cache_key,
+            )  # fmt: skip
         except Refusal as r:
             renames = {"max_tokens": parsed.max_tokens_param, "top_logprobs": parsed.top_logprobs_param}
             raise api_error(
@@ -257,7 +276,9 @@ class OpenAIFront:
     def _failure(out: RequestOutput) -> APIError:
         return api_error(Refusal.of_failure(out.error_kind, f"the request failed: {out.error}"))
 
-    async def _whole(self, request: Request, stream: EngineStream, responder: Any) -> Response:
+    async def _whole(
+        self, request: Request, stream: EngineStream, responder: Any, done: Callable[[], None] | None = None
+    ) -> Response:
         """Non-streaming: nothing is sent until the end, so a watcher notices the client leaving and closes the
         stream (aborting the request) at once."""
 
@@ -276,9 +297,13 @@ class OpenAIFront:
         finally:
             watcher.cancel()
             stream.close()
+        if done is not None:
+            done()
         return JSONResponse(responder.response().model_dump())
 
-    def _sse(self, stream: EngineStream, responder: Any, include_usage: bool) -> StreamingResponse:
+    def _sse(
+        self, stream: EngineStream, responder: Any, include_usage: bool, done: Callable[[], None] | None = None
+    ) -> StreamingResponse:
         # Starlette cancels this generator when the client disconnects (it listens for http.disconnect while it
         # streams), which closes the stream: the request is aborted at once.
         async def events() -> AsyncIterator[str]:
@@ -294,6 +319,8 @@ class OpenAIFront:
                 else:
                     if include_usage:
                         yield f"data: {responder.usage_chunk().model_dump_json()}\n\n"
+                    if done is not None:
+                        done()
                 yield "data: [DONE]\n\n"
             finally:
                 stream.close()
@@ -311,11 +338,19 @@ class OpenAIFront:
 
 
 def create_app(
-    core: FrontCore, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, allowed_hosts: frozenset[str] | None = None
+    core: FrontCore,
+    *,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    allowed_hosts: frozenset[str] | None = None,
+    store: ResponseStore | None = None,
 ) -> FastAPI:
     """The FastAPI app of the OpenAI front over the front core (see the module docstring). allowed_hosts: the Host
-    names it answers (host_check.allowed_hosts; None: any, as behind the cluster's proxy)."""
+    names it answers (host_check.allowed_hosts; None: any, as behind the cluster's proxy). store: the Responses
+    API's stored responses (a default-sized one if None)."""
+    from radixcache.worker.openai.responses_api import ResponsesEndpoint  # it imports this module's helpers
+
     api = OpenAIFront(core, max_body_bytes=max_body_bytes)
+    responses = ResponsesEndpoint(api, store if store is not None else ResponseStore())
     app = FastAPI(title="radixcache", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(HostCheck, allowed=allowed_hosts)
 
@@ -337,4 +372,8 @@ def create_app(
     app.add_api_route("/v1/models", api.models, methods=["GET"])
     app.add_api_route("/v1/chat/completions", api.chat, methods=["POST"])
     app.add_api_route("/v1/completions", api.completions, methods=["POST"])
+    app.state.store = responses.store
+    app.add_api_route("/v1/responses", responses.create, methods=["POST"])
+    app.add_api_route("/v1/responses/{response_id}", responses.retrieve, methods=["GET"])
+    app.add_api_route("/v1/responses/{response_id}", responses.delete, methods=["DELETE"])
     return app

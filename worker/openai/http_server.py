@@ -38,10 +38,11 @@ class HttpServer:
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         limits: HttpLimits | None = None,
         allowed_host_names: Sequence[str] | None = None,
+        store: Any = None,
     ) -> None:
         # The Host names answered: by the bind address, or as --http-allowed-hosts says (host_check).
         hosts = allowed_hosts(host, allowed_host_names)
-        self.app = create_app(core, max_body_bytes=max_body_bytes, allowed_hosts=hosts)
+        self.app = create_app(core, max_body_bytes=max_body_bytes, allowed_hosts=hosts, store=store)
         self.host, self.port = host, port
         self.limits = limits or HttpLimits()
         self._server: _Server | None = None
