@@ -2,7 +2,7 @@
 tests/test_http_hostile.py and `make soak`'s HTTP phase.
 
 `hostile_requests(model)` lists them: a huge `n`, bodies of a million messages / tools / parts / stop strings
-(16 MB), JSON nested 100,000 deep, a 15 MiB prompt, bodies not said to be JSON, a foreign Host, lone surrogates in
+(16 MB; the Responses API's input items and tools too), JSON nested 100,000 deep, a 15 MiB prompt, bodies not said to be JSON, a foreign Host, lone surrogates in
 tool-use fields, invalid JSON and UTF-8, a wrong method, plus a valid request. `send_all` sends them round-robin
 from a few threads for a while and reports every answer that differs from the expected one.
 """
@@ -74,6 +74,15 @@ def hostile_requests(model: str) -> list[Hostile]:
         for path, body in ((chat, {"messages": hi}), (completions, {"prompt": "hi"}))
     ]
     out += [Hostile(f"a million {name}", chat, raw, 400, name) for name, raw in huge_bodies().items()]
+    responses = "/v1/responses"  # the Responses API reads its body through the same bounded parse
+    out += [
+        Hostile("a million input items", responses, b'{"model": "m", "input": ' + many(b'"x"', 1_000_000) + b"}",
+                400, "input"),
+        Hostile("a million Responses tools", responses, b'{"model": "m", "input": "hi", "tools": '
+                + many(b'{"type": "function", "name": "f"}', 300_000) + b"}", 400, "tools"),
+        Hostile("Responses nested 100000 deep", responses, b'{"input": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+                400, None),
+    ]  # fmt: skip
     text = "lorem ipsum, dolor {sit} amet\n" * (15 * (1 << 20) // 30)
     out += [
         Hostile(
