@@ -155,6 +155,12 @@ def parser() -> argparse.ArgumentParser:
         default=10.0,
         help="seconds an HTTP request's line and headers may take to arrive (default 10; then 408, closed)",
     )
+    s.add_argument(
+        "--http-allowed-hosts",
+        type=lambda text: tuple(text.split(",")),
+        help="comma-separated Host names the HTTP API answers besides localhost and IP addresses, e.g. "
+        "api.example.com ('*': any). Default: bound to loopback, localhost only; bound beyond it, any",
+    )
     a = p.add_argument_group("agents (issue 28)")
     a.add_argument(
         "--remember-generated-mib", type=int, default=64,
@@ -335,6 +341,7 @@ def main(argv: list[str]) -> int:
         http_port=args.http_port,
         http_max_connections=args.http_max_connections,
         http_head_timeout_s=args.http_head_timeout,
+        http_allowed_hosts=args.http_allowed_hosts,
         remember_generated_bytes=args.remember_generated_mib << 20,
         responses_max=args.responses_store,
         responses_max_bytes=args.responses_store_mib << 20,

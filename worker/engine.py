@@ -488,7 +488,7 @@ class Engine:
         log line (its message is short by construction); anything else is a bug and gets its traceback."""
         if isinstance(exc, ConstraintFailed):
             log.warning("request %s: %s", seq.name, exc)
-            self._end(seq, FinishReason.ERROR, str(exc))
+            self._end(seq, FinishReason.ERROR, str(exc), ErrorKind.CONSTRAINT)
             return
         log.error("request %s failed", seq.name, exc_info=exc)
         self._end(seq, FinishReason.ERROR, "internal error while sampling this request")

@@ -41,6 +41,7 @@ class ErrorKind(str, enum.Enum):
         "no_capacity"  # it cannot fit in the KV cache even alone, e.g. beside pinned pages (RESOURCE_EXHAUSTED)
     )
     UNAVAILABLE = "unavailable"  # the replica serving it went away mid-stream (cluster only; UNAVAILABLE)
+    CONSTRAINT = "constraint"  # its structured-output constraint compiled but could not go on (INVALID_ARGUMENT)
 
 
 @dataclass(frozen=True)

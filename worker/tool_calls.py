@@ -116,7 +116,7 @@ def parse_call(body: str) -> ToolCall | None:
     """The call a block's body describes, or None if it is not a valid call."""
     try:
         data = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: a generated block nested deeper than json.loads goes
         return None
     if not isinstance(data, dict) or not isinstance(data.get("name"), str) or not data["name"]:
         return None
@@ -124,7 +124,7 @@ def parse_call(body: str) -> ToolCall | None:
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments)
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
     if not isinstance(arguments, dict):
         return None
