@@ -58,6 +58,26 @@ class EventSink(Protocol):
         """A flush left `namespace` without any page (its removals were reported first)."""
 
 
+class FanOut:
+    """Several sinks seen as one: each record goes to every sink, in the order given (a RadixTree reports to its
+    event sink and its observers through one of these, so its hot path keeps a single None check)."""
+
+    def __init__(self, sinks: Sequence[EventSink]) -> None:
+        self.sinks = tuple(sinks)
+
+    def stored(self, namespace: str, after: int | None, pages: list[int], key: bytes) -> None:
+        for sink in self.sinks:
+            sink.stored(namespace, after, pages, key)
+
+    def removed(self, pages: list[int]) -> None:
+        for sink in self.sinks:
+            sink.removed(pages)
+
+    def cleared(self, namespace: str) -> None:
+        for sink in self.sinks:
+            sink.cleared(namespace)
+
+
 def namespace_prefix(namespace: str) -> bytes:
     """The namespace's part of every page hash's input: its UTF-8 length (4 bytes big-endian), then the bytes."""
     raw = namespace.encode("utf-8")

@@ -17,7 +17,9 @@ the pages it newly stores and `evict`/`flush` return the pages it dropped, and t
 Events: with an event sink (`set_event_sink`, see `radixcache.events.EventSink`), the tree also reports, by page
 id, every run of pages it starts storing (`stored`, with the page it continues and its key), the whole pages it
 drops (`removed`: eviction, flush; a partial tail is never reported, stored or removed) and a namespace a flush left
-empty (`cleared`). Without a sink the only cost is one None check where pages enter or leave.
+empty (`cleared`). Without a sink the only cost is one None check where pages enter or leave. Observers
+(`add_observer`) receive the same records after the event sink: a second hook for the tree's own process (the
+speculation index), so setting or clearing the event sink (the cache-event hub's slot) never touches them.
 
 Protection: a node is protected while its subtree holds a lock (`lock`, counted up to the root) or a pin
 (`pin_ref`). Only unprotected leaves are evictable; `radixcache.lru.LeafLRU` keeps them in LRU order incrementally
@@ -36,6 +38,7 @@ from typing import TYPE_CHECKING
 
 from sortedcontainers import SortedList
 
+from radixcache.events import FanOut
 from radixcache.keys import TOKEN_BYTES
 from radixcache.keys import common_prefix as _common
 from radixcache.lru import ID_BITS, RECENT, LeafLRU
@@ -64,7 +67,9 @@ class RadixTree:
         self.protected_pages = 0  # pages in nodes whose subtree is locked or pinned
         self.pinned_pages = 0
         self.partial_pages = 0  # cached pages that hold a partial tail
-        self._sink: EventSink | None = None
+        self._events: EventSink | None = None  # the event sink's slot (set_event_sink)
+        self._observers: tuple[EventSink, ...] = ()
+        self._sink: EventSink | None = None  # what the hot path calls: None, the one sink, or a FanOut of them
 
     # ---- queries -------------------------------------------------------------------------------------------
     @property
@@ -557,8 +562,24 @@ class RadixTree:
     # ---- events --------------------------------------------------------------------------------------------
     def set_event_sink(self, sink: EventSink | None) -> None:
         """Report stored/removed/cleared pages to `sink` from now on (None: stop). A sink attached to a tree that
-        already holds pages learns them from `page_records` (a snapshot), not from events."""
-        self._sink = sink
+        already holds pages learns them from `page_records` (a snapshot), not from events. Observers are kept."""
+        self._events = sink
+        self._rewire()
+
+    def add_observer(self, observer: EventSink) -> None:
+        """Report the same records to `observer` too, after the event sink, until `remove_observer`. Like the event
+        sink it learns what the tree already holds from `page_records`. Adding one twice adds it once."""
+        if observer not in self._observers:
+            self._observers += (observer,)
+            self._rewire()
+
+    def remove_observer(self, observer: EventSink) -> None:
+        self._observers = tuple(o for o in self._observers if o is not observer)
+        self._rewire()
+
+    def _rewire(self) -> None:
+        sinks = ((self._events,) if self._events is not None else ()) + self._observers
+        self._sink = None if not sinks else sinks[0] if len(sinks) == 1 else FanOut(sinks)
 
     def page_records(self) -> Iterator[PageRecord]:
         """(namespace, the page continued or None, pages, key) for every node, parents before children: what a
