@@ -19,7 +19,9 @@ id, every run of pages it starts storing (`stored`, with the page it continues a
 drops (`removed`: eviction, flush; a partial tail is never reported, stored or removed) and a namespace a flush left
 empty (`cleared`). Without a sink the only cost is one None check where pages enter or leave. Observers
 (`add_observer`) receive the same records after the event sink: a second hook for the tree's own process (the
-speculation index), so setting or clearing the event sink (the cache-event hub's slot) never touches them.
+speculation index), so setting or clearing the event sink (the cache-event hub's slot) never touches them. An
+observer also hears a partial tail leave (`removed([tail page])`: evicted, flushed, or replaced, before what
+replaces it is stored), so what it learnt from `stored` (whose key may end in a tail) it can forget exactly.
 
 Protection: a node is protected while its subtree holds a lock (`lock`, counted up to the root) or a pin
 (`pin_ref`). Only unprotected leaves are evictable; `radixcache.lru.LeafLRU` keeps them in LRU order incrementally
@@ -270,6 +272,7 @@ class RadixTree:
         its tokens), in place, so that locks on `node` stay valid. Returns the page the tree no longer stores."""
         bpp, keep = self.bpp, len(node.pages) - 1
         old = node.pages[keep]
+        self._tail_left(old)
         if self._sink is not None:  # the tail was never reported; what covers it is new
             after = node.pages[keep - 1] if keep else node.parent.pages[-1] if node.parent.pages else None
             self._sink.stored(namespace, after, pages, key)
@@ -495,6 +498,8 @@ class RadixTree:
                 freed += node.pages[keep:]
                 if self._sink is not None:
                     self._sink.removed(node.pages[keep : n - 1] if node.tail else node.pages[keep:])
+                if node.tail:
+                    self._tail_left(node.pages[-1])
                 node.pages, node.key, node.tail = node.pages[:keep], node.key[: keep * bpp], 0
                 self.cached_pages -= need
                 break
@@ -510,6 +515,7 @@ class RadixTree:
             self._sink.removed(node.pages[:-1] if node.tail else node.pages)
         if node.tail:
             self.partial_pages -= 1
+            self._tail_left(node.pages[-1])
         self.cached_pages -= len(node.pages)
         parent = node.parent
         del parent.children[node.first]
@@ -576,6 +582,11 @@ class RadixTree:
     def remove_observer(self, observer: EventSink) -> None:
         self._observers = tuple(o for o in self._observers if o is not observer)
         self._rewire()
+
+    def _tail_left(self, page: int) -> None:
+        """A partial tail page leaves the tree: only observers hear it (events never name tails)."""
+        for observer in self._observers:
+            observer.removed([page])
 
     def _rewire(self) -> None:
         sinks = ((self._events,) if self._events is not None else ()) + self._observers

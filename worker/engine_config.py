@@ -1,10 +1,13 @@
-"""EngineConfig: every knob of one engine (pool size, paging, batching, cache on/off, backend), validated once."""
+"""EngineConfig: every knob of one engine (pool size, paging, batching, cache on/off, backend, speculation),
+validated once."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 DEFAULT_KV_MEMORY = 512 * 2**20
+DEFAULT_SPECULATE = 8  # measured: BENCHMARKS.md, "Speculative decoding"
+MAX_SPECULATE = 64
 
 
 @dataclass(frozen=True)
@@ -18,6 +21,7 @@ class EngineConfig:
     backend: str = "auto"
     aging_steps: int = 64  # a request waiting this many steps is admitted before any later arrival
     max_pinned: float = 0.5  # share of the KV pool that pins may hold (PinPrefix beyond it: RESOURCE_EXHAUSTED)
+    speculate: int = DEFAULT_SPECULATE  # draft tokens per sequence per step at most (worker/speculation); 0: off
 
     def __post_init__(self) -> None:
         if self.page_size < 1:
@@ -30,5 +34,7 @@ class EngineConfig:
             raise ValueError(f"max_step_tokens must be >= 1, got {self.max_step_tokens}")
         if self.max_running < 1:
             raise ValueError(f"max_running must be >= 1, got {self.max_running}")
+        if not 0 <= self.speculate <= MAX_SPECULATE:
+            raise ValueError(f"speculate must be in [0, {MAX_SPECULATE}] draft tokens (0: off), got {self.speculate}")
         if not 0.0 <= self.max_pinned <= 1.0:
             raise ValueError(f"max_pinned must be a share of the KV pool in [0, 1], got {self.max_pinned}")
