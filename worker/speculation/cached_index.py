@@ -5,14 +5,15 @@ index of its own. This one is an observer of the tree (RadixTree.add_observer; t
 cache-event hub's): it sees every whole page the tree starts or stops storing, by page id, with its tokens and the
 page it continues, and keeps
 
-- per page: its namespace, its tokens, the page before it and the pages after it (the tree branches only between
-  pages), and the n-gram keys it registered;
+- per page: its namespace, its tokens (fewer than page_size for a tail), the page before it and the pages after it
+  (the tree branches only between pages), and the n-gram keys it registered;
 - per namespace: hash of MIN_MATCH tokens -> the newest MAX_OCCURRENCES positions (page, slot) where they end.
 
-Exactly the tree's whole pages and nothing else: partial tails are never reported removed, so they are not indexed
-(a flushed or evicted token can never be drafted, nor a page id reused by another namespace be read as this one's).
-A page leaves the index when the tree drops it, or, past `max_tokens` indexed tokens, when it is the oldest stored
-(the tree keeps it; it just stops being drafted from). Costs: per stored page, page_size dict updates; per lookup,
+Exactly the tree's pages, partial tails included (the last, unfinished page of a finished request: often most of a
+short answer), and nothing else: the tree tells its observers when any page leaves, a tail too, so a flushed or
+evicted token is never drafted, nor a page id reused by another namespace read as this one's. A page leaves the
+index when the tree drops it, or, past `max_tokens` indexed tokens, when it is the oldest stored (the tree keeps
+it; it just stops being drafted from). Costs: per stored page, page_size dict updates; per lookup,
 one dict get and a few token comparisons. Engine thread only (the tree's thread).
 """
 
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from radixcache.keys import TOKEN_BYTES, decode
+from radixcache.keys import decode
 from radixcache.worker.speculation.vote import MAX_MATCH, MAX_OCCURRENCES, MIN_MATCH, Candidate
 
 DEFAULT_MAX_TOKENS = 1 << 18  # tokens indexed at most (~60 MB; see BENCHMARKS.md, speculation)
@@ -34,7 +35,7 @@ class _Page:
         self.tokens = tokens
         self.parent = parent  # the page before this one, if indexed
         self.children: list[int] = []  # indexed pages continuing this one, oldest first
-        self.keys: list[int] = []  # n-gram keys ending at this page's last len(keys) slots
+        self.keys: list[int] = []  # n-gram keys ending at this page's last len(keys) tokens
         self.stamp = stamp
 
 
@@ -64,21 +65,18 @@ class CachedTokenIndex:
     # --- EventSink ----------------------------------------------------------------------------------------------
     def stored(self, namespace: str, after: int | None, pages: list[int], key: bytes) -> None:
         ps = self.page_size
-        whole = len(key) // (ps * TOKEN_BYTES)  # a trailing partial tail is not a page yet: never indexed
-        if not whole:
-            return
         history = self._tokens_before(after, MIN_MATCH - 1)
-        tokens = history + decode(key[: whole * ps * TOKEN_BYTES])
+        tokens = history + decode(key)  # a key ending mid-page: its last page is a tail of fewer tokens
         grams = self._grams.setdefault(namespace, {})
         parent = after if after in self._pages else None
         n = MIN_MATCH
-        for i, page in enumerate(pages[:whole]):
+        for i, page in enumerate(pages):
             if page in self._pages:  # never stored twice without a removal; stay exact if it happens
                 self._drop(page)
             self._stamp += 1
             start = len(history) + i * ps
             entry = _Page(namespace, tokens[start : start + ps], parent, self._stamp)
-            for end in range(max(start, n - 1), start + ps):
+            for end in range(max(start, n - 1), start + len(entry.tokens)):
                 gram = hash(tuple(tokens[end - n + 1 : end + 1]))
                 entry.keys.append(gram)
                 where = grams.get(gram)
@@ -109,7 +107,7 @@ class CachedTokenIndex:
         entry = self._pages.pop(page)
         grams = self._grams.get(entry.namespace, {})
         ps = self.page_size
-        first = ps - len(entry.keys)
+        first = len(entry.tokens) - len(entry.keys)
         for j, gram in enumerate(entry.keys, start=first):
             where = grams.get(gram)
             if where is not None and page * ps + j in where:
@@ -171,7 +169,7 @@ class CachedTokenIndex:
     def _follow(self, entry: _Page, slot: int, limit: int) -> list[int]:
         out: list[int] = []
         while len(out) < limit:
-            if slot >= self.page_size:
+            if slot >= len(entry.tokens):
                 if not entry.children:
                     break
                 entry, slot = self._pages[entry.children[-1]], 0
