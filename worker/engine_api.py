@@ -83,6 +83,7 @@ class ModelFacts:
     cache_enabled: bool = True
     eos_token_ids: tuple[int, ...] = ()
     max_pinned_pages: int = 0
+    speculate: int = 0  # draft tokens per sequence per step at most; 0: no speculative decoding
 
     @property
     def kv_tokens(self) -> int:

@@ -253,4 +253,5 @@ def describe(
         cache_enabled=bool(getattr(config, "cache_enabled", cache_enabled)),
         eos_token_ids=sorted(int(t) for t in eos),
         max_pinned_pages=int(getattr(engine, "max_pinned_pages", 0) or 0),
+        speculate=int(getattr(config, "speculate", 0) or 0),
     )
