@@ -15,6 +15,13 @@ generator), and keeps going to the next row only while the token sampled equals 
 emitted is one the request's own sampler drew, so the output is the same with speculation on or off. Only sampled
 tokens whose K/V the step computed count as computed, so only they are ever published; the K/V written for rejected
 draft tokens sits past num_computed and is overwritten by the next step.
+
+In process (tests, benchmarks), without the thread:
+
+    engine = Engine(load_checkpoint(path), EngineConfig(page_size=16, kv_pages=1024))
+    engine.submit(Request("r1", prompt_ids, SamplingParams(max_tokens=32)), outputs.append)
+    engine.run_until_idle()        # or engine.start() (warm-up, then the thread) and engine.shutdown(drain=True)
+    engine.cache.check(idle=True)  # nothing leaked
 """
 
 from __future__ import annotations
@@ -189,7 +196,7 @@ class Engine:
         With sampling.n > 1, on_output receives the outputs of n samples (RequestOutput.index), each ending with
         its own finish_reason; the prompt is computed once and its pages shared by the samples.
         """
-        self._validate(request)
+        check_engine_request(request, self)  # on the caller's thread: it reads only immutable facts
         stop_ids = set(request.sampling.stop_token_ids)
         if not request.sampling.ignore_eos:
             stop_ids |= self._eos_ids
@@ -258,16 +265,6 @@ class Engine:
 
     def unpin(self, token_ids: list[int], namespace: str = "") -> int:
         return self.call(lambda: self.cache.unpin(token_ids, namespace))
-
-    # --- validation (caller's thread; reads only immutable facts) -------------------------------------------
-    def _validate(self, request: Request) -> None:
-        check_engine_request(
-            request,
-            vocab_size=self.vocab_size,
-            context_length=self.context_length,
-            page_size=self.page_size,
-            num_pages=self.num_pages,
-        )
 
     # --- the engine thread -----------------------------------------------------------------------------------
     def _detokenizer(self) -> Any:
