@@ -9,8 +9,9 @@ schema. It runs on the trained embedded model (the headline: random weights repe
 speculation) and on the ~125M random-weight bench model (with the embedded model's tokenizer, for the schema).
 
 For each model: batch 1 (the sessions one after another), batch 8 (eight sessions at once) and unique prompts
-(random tokens: nothing to draft from), each run off, on, on, off on fresh caches; a figure is the sum of its two
-runs. Greedy throughout, so every output must be the same on and off (`greedy_identical`).
+(random tokens: nothing to draft from): one untimed run on each engine, then off, on, on, off (--reps times) on
+fresh caches; a figure is the sum of its runs. Greedy throughout, so every output must be the same on and off
+(`greedy_identical`).
 
 The LAST line is one JSON object: agentic_speedup_b1 / agentic_speedup_b8 (tokens per second on / off, embedded
 model), accepted_per_step (accepted draft tokens per verification, embedded model, batch 1), unique_overhead (on /
@@ -187,11 +188,12 @@ class Prompts:
 
 
 # --- measuring ---------------------------------------------------------------------------------------------------
-def side_by_side(off: Engine, on: Engine, make: Any, concurrency: int) -> tuple[Run, Run, bool]:
-    """off, on, on, off with fresh sources each time; (off total, on total, every output identical)."""
+def side_by_side(off: Engine, on: Engine, make: Any, concurrency: int, reps: int) -> tuple[Run, Run, bool]:
+    """One untimed run on each engine (the CPU kernels of this workload's shapes get built), then `reps` times off,
+    on, on, off, with fresh sources each time; (off total, on total, every output identical)."""
     totals = {"off": Run(), "on": Run()}
-    outputs: list[dict[str, list[int]]] = []
-    for name, engine in (("off", off), ("on", on), ("on", on), ("off", off)):
+    outputs: list[dict[str, list[int]]] = [drive(engine, make(), concurrency).outputs for engine in (off, on)]
+    for name, engine in (("off", off), ("on", on), ("on", on), ("off", off)) * reps:
         run = drive(engine, make(), concurrency)
         totals[name].add(run)
         outputs.append(run.outputs)
@@ -223,18 +225,18 @@ def measure_model(name: str, loaded: Any, args: argparse.Namespace, trace: dict[
     results: dict[str, Any] = {}
     identical = True
     for label, make, conc in (("b1", sessions, 1), ("b8", sessions, 8), ("unique", unique_source, 1)):
-        a, b, same = side_by_side(off, on, make, conc)
+        a, b, same = side_by_side(off, on, make, conc, args.reps)
         identical &= same
         results[label] = {
             "off_tps": round(a.tps, 2),
             "on_tps": round(b.tps, 2),
             "speedup": round(b.tps / a.tps, 3) if a.tps else 0.0,
             "time_ratio": round(b.wall / a.wall, 4) if a.wall else 0.0,
-            "tokens": b.tokens // 2,
-            "steps_off": a.steps // 2,
-            "steps_on": b.steps // 2,
-            "drafted": b.drafted // 2,
-            "accepted": b.accepted // 2,
+            "tokens": b.tokens // (2 * args.reps),
+            "steps_off": a.steps // (2 * args.reps),
+            "steps_on": b.steps // (2 * args.reps),
+            "drafted": b.drafted // (2 * args.reps),
+            "accepted": b.accepted // (2 * args.reps),
             "acceptance": round(b.accepted / b.drafted, 3) if b.drafted else 0.0,
             "accepted_per_step": round(b.accepted / b.draft_steps, 3) if b.draft_steps else 0.0,
             "identical": same,
@@ -254,16 +256,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--speculate", type=int, default=EngineConfig().speculate or 8, help="draft tokens (on)")
     parser.add_argument("--sessions", type=int, default=8, help="agent sessions of the trace (at most 8)")
-    parser.add_argument("--unique", type=int, default=8, help="unique prompts")
+    parser.add_argument("--unique", type=int, default=16, help="unique prompts")
     parser.add_argument("--unique-prompt", type=int, default=64, help="tokens per unique prompt")
     parser.add_argument("--unique-tokens", type=int, default=48, help="tokens generated per unique prompt")
     parser.add_argument("--kv-pages", type=int, default=2048)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--reps", type=int, default=2, help="off-on-on-off repetitions per figure")
     parser.add_argument("--models", default="embedded,125m", help="comma-separated: embedded, 125m")
-    parser.add_argument("--quick", action="store_true", help="3 sessions, 3 unique prompts")
+    parser.add_argument("--quick", action="store_true", help="3 sessions, 3 unique prompts, 1 repetition")
     args = parser.parse_args()
     if args.quick:
-        args.sessions, args.unique = 3, 3
+        args.sessions, args.unique, args.reps = 3, 3, 1
     torch.set_num_threads(args.threads)
     trace = json.loads(TRACE.read_text())
     embedded = load_checkpoint(default_model_path())

@@ -15,7 +15,9 @@ import pytest
 from engine_fixtures import tiny_model
 
 from radixcache.keys import decode
+from radixcache.worker.cli import default_model_path
 from radixcache.worker.engine import Engine, EngineConfig
+from radixcache.worker.model.loader import load_checkpoint
 from radixcache.worker.request import Constraint, FinishReason, Request, RequestOutput, SamplingParams
 
 GREEDY = SamplingParams(max_tokens=24, ignore_eos=True)
@@ -107,6 +109,24 @@ def test_greedy_output_is_the_same_with_speculation_on_and_off(model, page_size)
     # per request, in every output and the last: what the engine counts
     assert sum(o[-1].accepted_draft_tokens for o in on.by.values()) == stats.accepted_draft_tokens
     assert sum(o[-1].draft_tokens for o in on.by.values()) == stats.draft_tokens
+
+
+@pytest.fixture(scope="module")
+def embedded():
+    return load_checkpoint(default_model_path())
+
+
+def test_the_embedded_models_greedy_output_is_the_same_with_speculation_on_and_off(embedded):
+    """The trained model as shipped (bf16), at an odd page size (the tiny model covers 1, 7 and 16; spec_bench checks
+    the embedded model's agentic trace at 16)."""
+    tok = embedded.tokenizer
+    ps = [
+        tok.encode(tok.apply_chat_template([{"role": "user", "content": q}]), add_special_tokens=False)
+        for q in ("What does os.path.join do?", "How do I sort a list of tuples by the second item?")
+    ]
+    off, on, engine = both_ways(embedded, two_waves(ps, SamplingParams(max_tokens=16, ignore_eos=True)), page_size=7)
+    assert on.tokens() == off.tokens()
+    assert engine.stats().accepted_draft_tokens > 0
 
 
 def test_a_seeded_sampled_request_gives_the_same_tokens_and_logprobs_on_and_off(model):

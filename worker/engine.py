@@ -49,7 +49,7 @@ from radixcache.worker.request import Constraint, ErrorKind, FinishReason, Reque
 from radixcache.worker.samples import RequestSamples
 from radixcache.worker.scheduler import Chunk, Scheduler
 from radixcache.worker.sequence import SeqStatus, Sequence
-from radixcache.worker.speculation import CachedTokenIndex, Drafter
+from radixcache.worker.speculation import DEFAULT_INDEX_TOKENS, CachedTokenIndex, Drafter
 from radixcache.worker.step import ModelStep
 from radixcache.worker.validation import check_engine_request
 
@@ -92,7 +92,8 @@ class Engine:
         if self.config.speculate > 0:
             index = None
             if self.config.cache_enabled:
-                index = CachedTokenIndex(self.config.page_size, max_tokens=self.pool.num_pages * self.page_size)
+                pool_tokens = self.pool.num_pages * self.page_size
+                index = CachedTokenIndex(self.page_size, max_tokens=min(pool_tokens, DEFAULT_INDEX_TOKENS))
                 self.cache.add_observer(index)
             self.drafter = Drafter(index)
         self.scheduler = Scheduler(

@@ -10,9 +10,18 @@
   chunk, and each draft token is kept only if it equals the token the request's own sampler draws there.
 """
 
-from radixcache.worker.speculation.cached_index import CachedTokenIndex
+from radixcache.worker.speculation.cached_index import DEFAULT_INDEX_TOKENS, CachedTokenIndex
 from radixcache.worker.speculation.drafter import Drafter, DraftState
 from radixcache.worker.speculation.own_index import OwnTokenIndex
 from radixcache.worker.speculation.vote import MIN_MATCH, Candidate, vote
 
-__all__ = ["MIN_MATCH", "CachedTokenIndex", "Candidate", "DraftState", "Drafter", "OwnTokenIndex", "vote"]
+__all__ = [
+    "DEFAULT_INDEX_TOKENS",
+    "MIN_MATCH",
+    "CachedTokenIndex",
+    "Candidate",
+    "DraftState",
+    "Drafter",
+    "OwnTokenIndex",
+    "vote",
+]

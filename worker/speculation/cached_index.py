@@ -24,7 +24,8 @@ from collections.abc import Sequence
 from radixcache.keys import decode
 from radixcache.worker.speculation.vote import MAX_MATCH, MAX_OCCURRENCES, MIN_MATCH, Candidate
 
-DEFAULT_MAX_TOKENS = 1 << 18  # tokens indexed at most (~60 MB; see BENCHMARKS.md, speculation)
+# Tokens indexed at most by default: ~250 bytes each (measured, BENCHMARKS.md "Speculative decoding"), so ~64 MB.
+DEFAULT_INDEX_TOKENS = 1 << 18
 
 
 class _Page:
@@ -42,7 +43,7 @@ class _Page:
 class CachedTokenIndex:
     """An EventSink (radixcache.events) over one tree's page records; see the module docstring."""
 
-    def __init__(self, page_size: int, *, max_tokens: int = DEFAULT_MAX_TOKENS) -> None:
+    def __init__(self, page_size: int, *, max_tokens: int = DEFAULT_INDEX_TOKENS) -> None:
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
         self.page_size = page_size
