@@ -8,14 +8,17 @@ history; tool results quote the last tool call; retried steps resend a prompt un
 schema. It runs on the trained embedded model (the headline: random weights repeat themselves and flatter
 speculation) and on the ~125M random-weight bench model (with the embedded model's tokenizer, for the schema).
 
-For each model: batch 1 (the sessions one after another), batch 8 (eight sessions at once) and unique prompts
-(random tokens: nothing to draft from): one untimed run on each engine, then off, on, on, off (--reps times) on
-fresh caches; a figure is the sum of its runs. Greedy throughout, so every output must be the same on and off
-(`greedy_identical`).
+For each model: batch 1 (the sessions one after another), batch 8 (eight sessions at once) and unique prompts: one
+untimed run on each engine, then off, on, on, off (--reps times) on fresh caches; a figure is the sum of its runs.
+The trace is greedy, so every output must be the same on and off (`greedy_identical`).
+
+Unique prompts are random tokens, 16 requests one after another: `unique` sampled at temperature 1 with a seed each
+(nothing to draft from: the drafter looks every step and finds almost nothing; the same tokens on and off),
+`unique_greedy` greedy (a model may copy its prompt, and then drafts pay).
 
 The LAST line is one JSON object: agentic_speedup_b1 / agentic_speedup_b8 (tokens per second on / off, embedded
 model), accepted_per_step (accepted draft tokens per verification, embedded model, batch 1), unique_overhead (on /
-off time of unique prompts, embedded model), greedy_identical, and the same per model under "models".
+off time of `unique`, embedded model), greedy_identical, seeded_identical, and everything per model under "models".
 """
 
 from __future__ import annotations
@@ -175,10 +178,14 @@ def drive(engine: Engine, sources: list[Any], concurrency: int) -> Run:
 
 
 class Prompts:
-    """A source of independent requests (the unique-prompt workload)."""
+    """A source of independent requests (the unique-prompt workloads): greedy, or sampled at temperature 1 with a
+    seed per prompt (the same tokens on and off)."""
 
-    def __init__(self, prompts: list[list[int]], max_tokens: int) -> None:
-        self.items = [(p, SamplingParams(max_tokens=max_tokens, ignore_eos=True), None) for p in prompts]
+    def __init__(self, prompts: list[list[int]], max_tokens: int, sampled: bool) -> None:
+        self.items = [
+            (p, SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=float(sampled), seed=i), None)
+            for i, p in enumerate(prompts)
+        ]
 
     def next_request(self) -> tuple[list[int], SamplingParams, None] | None:
         return self.items.pop(0) if self.items else None
@@ -219,14 +226,23 @@ def measure_model(name: str, loaded: Any, args: argparse.Namespace, trace: dict[
     vocab = min(loaded.tokenizer.vocab_size, loaded.config.vocab_size)
     unique = [[rng.randrange(16, vocab) for _ in range(args.unique_prompt)] for _ in range(args.unique)]
 
-    def unique_source() -> list[Prompts]:
-        return [Prompts(unique, args.unique_tokens)]
+    def unique_sampled() -> list[Prompts]:
+        return [Prompts(unique, args.unique_tokens, sampled=True)]
+
+    def unique_greedy() -> list[Prompts]:
+        return [Prompts(unique, args.unique_tokens, sampled=False)]
 
     results: dict[str, Any] = {}
-    identical = True
-    for label, make, conc in (("b1", sessions, 1), ("b8", sessions, 8), ("unique", unique_source, 1)):
+    identical = {"greedy": True, "seeded": True}
+    workloads = (
+        ("b1", sessions, 1, "greedy"),
+        ("b8", sessions, 8, "greedy"),
+        ("unique", unique_sampled, 1, "seeded"),
+        ("unique_greedy", unique_greedy, 1, "greedy"),
+    )
+    for label, make, conc, kind in workloads:
         a, b, same = side_by_side(off, on, make, conc, args.reps)
-        identical &= same
+        identical[kind] &= same
         results[label] = {
             "off_tps": round(a.tps, 2),
             "on_tps": round(b.tps, 2),
@@ -243,12 +259,12 @@ def measure_model(name: str, loaded: Any, args: argparse.Namespace, trace: dict[
         }
         r = results[label]
         print(
-            f"{name:9} {label:7} off {r['off_tps']:8.1f} tok/s  on {r['on_tps']:8.1f} tok/s  x{r['speedup']:5.2f}  "
+            f"{name:9} {label:13} off {r['off_tps']:8.1f} tok/s  on {r['on_tps']:8.1f} tok/s  x{r['speedup']:5.2f}  "
             f"steps {r['steps_off']:5d} -> {r['steps_on']:5d}  drafted {r['drafted']:5d} accepted {r['accepted']:5d} "
             f"({r['acceptance']:.0%}, {r['accepted_per_step']:.2f}/verify)  identical {same}",
             flush=True,
         )
-    results["greedy_identical"] = identical
+    results["greedy_identical"], results["seeded_identical"] = identical["greedy"], identical["seeded"]
     return results
 
 
@@ -290,6 +306,7 @@ def main() -> None:
                 "accepted_per_step": head["b1"]["accepted_per_step"],
                 "unique_overhead": head["unique"]["time_ratio"],
                 "greedy_identical": all(m["greedy_identical"] for m in models.values()),
+                "seeded_identical": all(m["seeded_identical"] for m in models.values()),
                 "speculate": args.speculate,
                 "threads": args.threads,
                 "models": models,
