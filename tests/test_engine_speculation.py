@@ -12,7 +12,7 @@ import json
 import random
 
 import pytest
-from engine_fixtures import tiny_model
+from engine_fixtures import SLIDING, tiny_model
 
 from radixcache.keys import decode
 from radixcache.worker.cli import default_model_path
@@ -118,6 +118,15 @@ def test_greedy_output_is_the_same_with_speculation_on_and_off(model, page_size)
     # per request, in every output and the last: what the engine counts
     assert sum(o[-1].accepted_draft_tokens for o in on.by.values()) == stats.accepted_draft_tokens
     assert sum(o[-1].draft_tokens for o in on.by.values()) == stats.draft_tokens
+
+
+def test_a_sliding_window_models_greedy_output_is_the_same_with_speculation_on_and_off():
+    """Verification chunks through a sliding layer (window 8: a draft of 8 reaches past the window of its first
+    row) and a global one, answers several windows long."""
+    sliding = tiny_model(**SLIDING)
+    off, on, engine = both_ways(sliding, two_waves(prompts(3, seed=4), GREEDY, SAMPLED), page_size=4)
+    assert on.tokens() == off.tokens()
+    assert 0 < engine.stats().accepted_draft_tokens < engine.stats().draft_tokens
 
 
 @pytest.fixture(scope="module")
