@@ -10,6 +10,8 @@ speculation) and on the ~125M random-weight bench model (with the embedded model
 
 For each model: batch 1 (the sessions one after another), batch 8 (eight sessions at once) and unique prompts: one
 untimed run on each engine, then off, on, on, off (--reps times) on fresh caches; a figure is the sum of its runs.
+Tokens per second are per CPU second of this process (one torch thread: robust to the other load on a shared
+machine; on a quiet one it is the wall clock), the wall-clock ratios beside them.
 The trace is greedy, so every output must be the same on and off (`greedy_identical`).
 
 Unique prompts are random tokens, 16 requests one after another: `unique` sampled at temperature 1 with a seed each
@@ -103,6 +105,7 @@ class Session:
 @dataclass
 class Run:
     wall: float = 0.0
+    cpu: float = 0.0  # this process's CPU seconds (one torch thread: what the work costs, whatever else runs)
     tokens: int = 0
     outputs: dict[str, list[int]] = field(default_factory=dict)
     drafted: int = 0
@@ -112,6 +115,7 @@ class Run:
 
     def add(self, other: Run) -> None:
         self.wall += other.wall
+        self.cpu += other.cpu
         self.tokens += other.tokens
         self.drafted += other.drafted
         self.accepted += other.accepted
@@ -120,6 +124,11 @@ class Run:
 
     @property
     def tps(self) -> float:
+        """Generated tokens per CPU second (on a quiet machine, per wall second)."""
+        return self.tokens / self.cpu if self.cpu else 0.0
+
+    @property
+    def wall_tps(self) -> float:
         return self.tokens / self.wall if self.wall else 0.0
 
 
@@ -155,7 +164,7 @@ def drive(engine: Engine, sources: list[Any], concurrency: int) -> Run:
             if not start(index, source):
                 continue
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     fill()
     while active:
         engine.step()
@@ -167,7 +176,7 @@ def drive(engine: Engine, sources: list[Any], concurrency: int) -> Run:
             source.answer(tokens)
             if not start(index, source):
                 fill()
-    run.wall = time.perf_counter() - t0
+    run.wall, run.cpu = time.perf_counter() - t0, time.process_time() - c0
     after = engine.stats()
     run.drafted = after.draft_tokens - before.draft_tokens
     run.accepted = after.accepted_draft_tokens - before.accepted_draft_tokens
@@ -247,7 +256,9 @@ def measure_model(name: str, loaded: Any, args: argparse.Namespace, trace: dict[
             "off_tps": round(a.tps, 2),
             "on_tps": round(b.tps, 2),
             "speedup": round(b.tps / a.tps, 3) if a.tps else 0.0,
-            "time_ratio": round(b.wall / a.wall, 4) if a.wall else 0.0,
+            "time_ratio": round(b.cpu / a.cpu, 4) if a.cpu else 0.0,
+            "wall_speedup": round(b.wall_tps / a.wall_tps, 3) if a.wall_tps else 0.0,
+            "wall_time_ratio": round(b.wall / a.wall, 4) if a.wall else 0.0,
             "tokens": b.tokens // (2 * args.reps),
             "steps_off": a.steps // (2 * args.reps),
             "steps_on": b.steps // (2 * args.reps),
@@ -259,7 +270,8 @@ def measure_model(name: str, loaded: Any, args: argparse.Namespace, trace: dict[
         }
         r = results[label]
         print(
-            f"{name:9} {label:13} off {r['off_tps']:8.1f} tok/s  on {r['on_tps']:8.1f} tok/s  x{r['speedup']:5.2f}  "
+            f"{name:9} {label:13} off {r['off_tps']:8.1f} tok/cpu-s  on {r['on_tps']:8.1f}  x{r['speedup']:5.2f} "
+            f"(wall x{r['wall_speedup']:5.2f})  "
             f"steps {r['steps_off']:5d} -> {r['steps_on']:5d}  drafted {r['drafted']:5d} accepted {r['accepted']:5d} "
             f"({r['acceptance']:.0%}, {r['accepted_per_step']:.2f}/verify)  identical {same}",
             flush=True,
