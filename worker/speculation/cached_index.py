@@ -2,8 +2,8 @@
 
 The tree is keyed by whole prefixes from the root, so "what followed these k tokens anywhere in the cache" needs an
 index of its own. This one is an observer of the tree (RadixTree.add_observer; the event sink slot stays the
-cache-event hub's): it sees every whole page the tree starts or stops storing, by page id, with its tokens and the
-page it continues, and keeps
+cache-event hub's): it sees every page the tree starts or stops storing (a partial tail too), by page id, with its
+tokens and the page it continues, and keeps
 
 - per page: its namespace, its tokens (fewer than page_size for a tail), the page before it and the pages after it
   (the tree branches only between pages), and the n-gram keys it registered;
@@ -54,10 +54,8 @@ class CachedTokenIndex:
 
     @property
     def indexed_tokens(self) -> int:
+        """Token slots of the pages indexed (a tail counts as a whole page): what max_tokens bounds."""
         return len(self._pages) * self.page_size
-
-    def namespaces(self) -> list[str]:
-        return [ns for ns, grams in self._grams.items() if grams]
 
     def indexed_pages(self) -> dict[int, tuple[str, list[int]]]:
         """page id -> (namespace, tokens) of every page indexed (what a test compares with the tree's pages)."""
