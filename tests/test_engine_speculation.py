@@ -107,6 +107,17 @@ def two_waves(ps: list[list[int]], params: SamplingParams, also: SamplingParams 
 SAMPLED = SamplingParams(max_tokens=24, ignore_eos=True, temperature=0.7, seed=3)
 
 
+@pytest.mark.parametrize("kv_dtype", ["int8", "int4", "fp8_e4m3"])
+def test_greedy_output_is_the_same_with_speculation_on_and_off_at_every_kv_precision(model, kv_dtype):
+    # A draft token attends to the drafts before it in the same step: it must read them back from the quantized pool
+    # as a decode of one token at a time would, or the two disagree.
+    waves = two_waves(prompts(4, seed=5), GREEDY, SAMPLED)
+    off, on, engine = both_ways(model, waves, page_size=4, kv_dtype=kv_dtype)
+    assert on.tokens() == off.tokens()
+    stats = engine.stats()
+    assert stats.kv_dtype == kv_dtype and 0 < stats.accepted_draft_tokens < stats.draft_tokens
+
+
 @pytest.mark.parametrize("page_size", [1, 7, 16])
 def test_greedy_output_is_the_same_with_speculation_on_and_off(model, page_size):
     # Each prompt is also sampled before the retries: the tree's newest answers are then ones the retries agree with

@@ -24,10 +24,12 @@ def key_of(index: CachedTokenIndex, tokens: list[int]) -> int:
     return hash(tuple(tokens[-MIN_MATCH:]))
 
 
-@pytest.mark.parametrize("page_size", [1, 3, 4])
-def test_the_index_holds_exactly_the_trees_pages_through_inserts_tails_evictions_and_flushes(page_size):
+@pytest.mark.parametrize("page_size,demoted", [(1, 0), (3, 0), (4, 0), (3, 48), (4, 48)])
+def test_the_index_holds_exactly_the_trees_pages_through_inserts_tails_evictions_and_flushes(page_size, demoted):
+    """With --kv-demote (demoted > 0) pages also move to other ids and back: the index follows them (relocated)."""
     rng = random.Random(page_size)
-    cache = PrefixCache(64, page_size)
+    transcode = (lambda src, dst: None) if demoted else None  # no pool here: only the page ids matter
+    cache = PrefixCache(16 if demoted else 64, page_size, demoted_pages=demoted, transcode=transcode)
     index = CachedTokenIndex(page_size)
     cache.add_observer(index)
     stems = [[rng.randrange(50) for _ in range(12)] for _ in range(3)]
@@ -49,6 +51,8 @@ def test_the_index_holds_exactly_the_trees_pages_through_inserts_tails_evictions
             cache.flush(ns if rng.random() < 0.7 else None)
         assert index.indexed_pages() == tree_pages(cache.tree), f"step {step}"
     cache.check(idle=True)
+    if demoted:
+        assert cache.stats().demoted_pages > 0 and cache.stats().promoted_pages > 0  # both moves were exercised
 
 
 def test_a_continuation_runs_through_the_newest_page_after_it_and_a_match_back_across_pages():

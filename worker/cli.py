@@ -14,8 +14,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from radixcache.kv_dtypes import KV_DTYPES
 from radixcache.memory import parse_size
-from radixcache.worker.engine_config import DEFAULT_SPECULATE, MAX_SPECULATE
+from radixcache.worker.engine_config import DEFAULT_SPECULATE, DEMOTE_DTYPES, MAX_SPECULATE
 
 log = logging.getLogger("radixcache.serve")
 
@@ -60,6 +61,28 @@ def parser() -> argparse.ArgumentParser:
     kv = e.add_mutually_exclusive_group()
     kv.add_argument("--kv-memory", type=parse_size, help="KV pool size, e.g. 512MiB (default 512MiB)")
     kv.add_argument("--kv-pages", type=int, help="KV pool size in pages")
+    # KV page precision (issue 24): one block.
+    e.add_argument(
+        "--kv-dtype",
+        choices=("auto", *KV_DTYPES),
+        default="auto",
+        help="KV page precision (default auto: the model's dtype). int8 / fp8_e4m3 / int4 store 0.52x / 0.5x / "
+        "0.27x the bytes of fp16 per token, scales included, so --kv-memory holds that many more pages; quantized "
+        "pages cost quality (README: measured) and carry their own page hashes",
+    )
+    e.add_argument(
+        "--kv-demote",
+        choices=DEMOTE_DTYPES,
+        help="opt-in: under memory pressure rewrite cold cached prefixes as int4 (or int8) pages instead of "
+        "evicting them, and evict only those; a later hit brings them back. Lossy: a hit on a demoted prefix reads "
+        "its demoted values, so its answer may differ from a recompute (README: measured)",
+    )
+    e.add_argument(
+        "--kv-demote-share",
+        type=parse_share,
+        default=0.5,
+        help="with --kv-demote: the share of the KV memory given to demoted pages (default 50%%)",
+    )
     e.add_argument("--max-step-tokens", type=int, default=512, help="token budget of one engine step")
     e.add_argument("--max-running", type=int, default=64, help="requests in the batch at most")
     e.add_argument("--backend", choices=("auto", "torch", "flashinfer"), default="auto")
@@ -91,13 +114,79 @@ def parser() -> argparse.ArgumentParser:
     )
     s.add_argument(
         "--kv-events-endpoint",
-        help="publish cache events in vLLM's KV-event format on this ZMQ endpoint, e.g. tcp://*:5557 "
-        "(a wildcard host binds, another host is connected to); needs the 'events' extra",
+        help="publish cache events in vLLM's KV-event format on this ZMQ endpoint, e.g. bind+tcp://127.0.0.1:5557 "
+        "(bind+ binds that interface, connect+ connects; unprefixed, vLLM's rule: a wildcard host such as "
+        "tcp://*:5557 or ipc:// binds, another host is connected to); needs the 'events' extra",
     )
-    s.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port (0: a free one)")
+    s.add_argument(
+        "--kv-events-format",
+        choices=("vllm", "vllm-legacy"),
+        default="vllm",
+        help="vllm (default): events as tagged maps, as vLLM >= 0.26 publishes them; vllm-legacy: positional "
+        "arrays, for consumers of older vLLM",
+    )
+    s.add_argument(
+        "--kv-events-curve-secret",
+        type=Path,
+        help="ZMQ CURVE: this worker's key file (a .key_secret file, as zmq.auth.create_certificates writes); "
+        "subscribers must then authenticate (with --kv-events-curve-clients)",
+    )
+    s.add_argument(
+        "--kv-events-curve-clients",
+        type=Path,
+        help="ZMQ CURVE: a directory of the public key files (*.key) of the subscribers allowed to read the events",
+    )
+    s.add_argument(
+        "--kv-events-insecure",
+        action="store_true",
+        help="with --auth-tokens, publish the events over TCP without CURVE: the network is trusted (the events "
+        "hold every tenant's token ids)",
+    )
+    s.add_argument(
+        "--metrics-port",
+        type=int,
+        help="serve Prometheus /metrics on this port (0: a free one): the whole worker's counters, no auth, for "
+        "the operator's scraper only",
+    )
+    s.add_argument("--metrics-host", help="address the metrics port binds (default: --host), e.g. 127.0.0.1")
     s.add_argument(
         "--http-port", type=int, help="also serve the OpenAI-compatible HTTP API on this port (0: a free one)"
     )
+    s.add_argument(
+        "--http-max-connections",
+        type=int,
+        default=512,
+        help="open HTTP connections at most (default 512); one more is answered 503 and closed",
+    )
+    s.add_argument(
+        "--http-head-timeout",
+        type=float,
+        default=10.0,
+        help="seconds an HTTP request's line and headers may take to arrive (default 10; then 408, closed)",
+    )
+    s.add_argument(
+        "--http-allowed-hosts",
+        type=lambda text: tuple(text.split(",")),
+        help="comma-separated Host names the HTTP API answers besides localhost and IP addresses, e.g. "
+        "api.example.com ('*': any). Default: bound to loopback, localhost only; bound beyond it, any",
+    )
+    a = p.add_argument_group("agents (issue 28)")
+    a.add_argument(
+        "--remember-generated-mib", type=int, default=64,
+        help="memory for the token ids of what was generated, per tenant, so a history that sends a reply back "
+        "continues from the model's own tokens (default 64 MiB in all; 0: off)",
+    )  # fmt: skip
+    a.add_argument(
+        "--responses-store", type=int, default=1000, help="stored responses per tenant (default 1000; 0: none)"
+    )
+    a.add_argument("--responses-store-mib", type=int, default=64, help="stored responses' size per tenant (default 64)")
+    a.add_argument(
+        "--responses-ttl", type=float, default=3600.0, help="seconds a stored response is kept (default 3600)"
+    )
+    a.add_argument(
+        "--responses-pin-ttl", type=float, default=600.0,
+        help="seconds a stored response's pages stay pinned, inside --max-pinned (default 600; 0: not pinned)",
+    )  # fmt: skip
     s.add_argument("--grace-period", type=float, default=30.0, help="seconds to drain streams on SIGTERM")
     s.add_argument("--max-concurrent-rpcs", type=int, default=1024)
     s.add_argument("--max-message-mib", type=int, default=16, help="largest request/response message, MiB")
@@ -200,13 +289,17 @@ def build_engine(args: argparse.Namespace) -> tuple[Any, Any]:
         backend=args.backend,
         max_pinned=args.max_pinned,
         speculate=args.speculate,
+        kv_dtype=args.kv_dtype,
+        kv_demote=args.kv_demote,
+        kv_demote_share=args.kv_demote_share,
     )
     engine = Engine(loaded, config)
     engine.start()  # warm-up forward, then the engine thread
     info = describe(engine, model_name=name, model_path=path, cache_enabled=not args.no_cache)
     log.info(
-        "serving %s: %d KV pages of %d tokens (%.1f MiB), backend %s, %s on %s",
-        name, info.kv_pages, info.page_size, info.kv_bytes / 2**20, info.backend, info.dtype, info.device,
+        "serving %s: %d KV pages of %d tokens (%.1f MiB, %s, %d bytes per token), backend %s, %s on %s",
+        name, info.kv_pages, info.page_size, info.kv_bytes / 2**20, info.kv_dtype, info.kv_bytes_per_token,
+        info.backend, info.dtype, info.device,
     )  # fmt: skip
     return engine, info
 
@@ -225,12 +318,21 @@ def main(argv: list[str]) -> int:
     if bool(args.tls_cert) != bool(args.tls_key):
         print("radixcache serve: TLS needs both --tls-cert and --tls-key", file=sys.stderr)
         return 2
+    curve = None
+    if bool(args.kv_events_curve_secret) != bool(args.kv_events_curve_clients):
+        print("radixcache serve: CURVE needs both --kv-events-curve-secret and --kv-events-curve-clients",
+              file=sys.stderr)  # fmt: skip
+        return 2
     if args.kv_events_endpoint:  # fail before loading the model, not after
-        from radixcache.worker.kv_events_zmq import check_available
+        from radixcache.worker.kv_events_zmq import CurveKeys, check_available, check_security
 
+        if args.kv_events_curve_secret:
+            curve = CurveKeys(args.kv_events_curve_secret, args.kv_events_curve_clients)
         try:
             check_available()
-        except RuntimeError as e:
+            check_security(args.kv_events_endpoint, auth=tokens is not None, curve=curve,
+                           insecure=args.kv_events_insecure)  # fmt: skip
+        except (RuntimeError, ValueError) as e:
             print(f"radixcache serve: {e}", file=sys.stderr)
             return 2
     if args.http_port is not None:
@@ -249,11 +351,23 @@ def main(argv: list[str]) -> int:
         auth_tokens=tokens,
         admin_tokens=admins,
         kv_events_endpoint=args.kv_events_endpoint,
+        kv_events_format=args.kv_events_format,
+        kv_events_curve=curve,
+        kv_events_insecure=args.kv_events_insecure,
         metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host,
         grace_period=args.grace_period,
         max_message_bytes=args.max_message_mib << 20,
         max_concurrent_rpcs=args.max_concurrent_rpcs,
         http_port=args.http_port,
+        http_max_connections=args.http_max_connections,
+        http_head_timeout_s=args.http_head_timeout,
+        http_allowed_hosts=args.http_allowed_hosts,
+        remember_generated_bytes=args.remember_generated_mib << 20,
+        responses_max=args.responses_store,
+        responses_max_bytes=args.responses_store_mib << 20,
+        responses_ttl_s=args.responses_ttl,
+        responses_pin_ttl_s=args.responses_pin_ttl,
     )
 
     def load_engine() -> tuple[Any, Any]:

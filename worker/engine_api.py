@@ -53,6 +53,8 @@ class EngineStats:
     accepted_draft_tokens: int = 0  # of those, the ones the sampler drew too (emitted without a step of their own)
     draft_steps: int = 0  # sequence-steps that verified a draft
     cache: CacheStats = field(repr=False, default=None)  # type: ignore[assignment]
+    kv_dtype: str = ""  # the KV pages' precision (radixcache.kv_dtypes)
+    kv_bytes_per_token: int = 0  # what one token's K/V costs in a page, scales included
 
     @property
     def hit_rate(self) -> float:
@@ -98,6 +100,10 @@ class ModelFacts:
     speculate: int = 0  # draft tokens per sequence per step at most; 0: no speculative decoding
     layer_kinds: tuple[str, ...] = ()  # per layer "global" | "sliding"
     sliding_window: int = 0  # tokens a sliding layer attends to; 0: none slides
+    kv_dtype: str = ""
+    kv_bytes_per_token: int = 0
+    kv_demote: str = ""
+    kv_demoted_pages: int = 0
 
     @property
     def kv_tokens(self) -> int:
@@ -133,7 +139,7 @@ class EngineLike(Protocol):
 
     def abort(self, request_id: str) -> bool: ...
 
-    def stats(self) -> EngineStats: ...
+    def stats(self, namespace: str | None = None) -> EngineStats: ...
 
     def flush_cache(self, namespace: str | None = None) -> int: ...
 

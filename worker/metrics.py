@@ -54,6 +54,10 @@ def flatten_stats(stats: Any) -> dict[str, float]:
         "draft_tokens": e("draft_tokens"),
         "accepted_draft_tokens": e("accepted_draft_tokens"),
         "draft_steps": e("draft_steps"),
+        "kv_bytes_per_token": e("kv_bytes_per_token"),
+        "pages_demoted": c("pages_demoted"),
+        "demoted_pages": c("demoted_pages"),
+        "promoted_pages": c("promoted_pages"),
     }
 
 
@@ -93,6 +97,18 @@ class _EngineCollector(Collector):
         )
         yield CounterMetricFamily(
             "radixcache_spec_draft_steps", "sequence-steps that checked a draft", value=s["draft_steps"]
+        )
+        yield GaugeMetricFamily(
+            "radixcache_kv_bytes_per_token", "KV page bytes per token, scales included", value=s["kv_bytes_per_token"]
+        )
+        yield GaugeMetricFamily(
+            "radixcache_cache_pages_demoted", "cached pages held demoted (--kv-demote)", value=s["pages_demoted"]
+        )
+        yield CounterMetricFamily(
+            "radixcache_cache_demoted_pages", "pages demoted instead of evicted (--kv-demote)", value=s["demoted_pages"]
+        )
+        yield CounterMetricFamily(
+            "radixcache_cache_promoted_pages", "demoted pages brought back by a hit", value=s["promoted_pages"]
         )
 
 

@@ -9,12 +9,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import uvicorn
 
 from radixcache.worker.openai.app import DEFAULT_MAX_BODY_BYTES, create_app
+from radixcache.worker.openai.host_check import allowed_hosts
+from radixcache.worker.openai.http_guard import HttpLimits, protocol_for
 
 
 class _Server(uvicorn.Server):
@@ -25,11 +27,24 @@ class _Server(uvicorn.Server):
 
 class HttpServer:
     """start() binds host:port (0: a free port) and serves in a task; stop() closes it, waiting for open responses
-    up to `grace` seconds."""
+    up to `grace` seconds. `limits`: what a client may hold before its request is read (http_guard)."""
 
-    def __init__(self, core: Any, host: str, port: int, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
-        self.app = create_app(core, max_body_bytes=max_body_bytes)
+    def __init__(
+        self,
+        core: Any,
+        host: str,
+        port: int,
+        *,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        limits: HttpLimits | None = None,
+        allowed_host_names: Sequence[str] | None = None,
+        store: Any = None,
+    ) -> None:
+        # The Host names answered: by the bind address, or as --http-allowed-hosts says (host_check).
+        hosts = allowed_hosts(host, allowed_host_names)
+        self.app = create_app(core, max_body_bytes=max_body_bytes, allowed_hosts=hosts, store=store)
         self.host, self.port = host, port
+        self.limits = limits or HttpLimits()
         self._server: _Server | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -46,7 +61,14 @@ class HttpServer:
             raise OSError(f"could not bind the HTTP port {self.host}:{self.port}: {e}") from e
         self.port = sock.getsockname()[1]
         config = uvicorn.Config(
-            self.app, log_level="warning", lifespan="off", timeout_graceful_shutdown=5, access_log=False
+            self.app,
+            log_level="warning",
+            lifespan="off",
+            timeout_graceful_shutdown=5,
+            access_log=False,
+            http=protocol_for(self.limits),  # uvicorn's httptools protocol with the bounds it lacks (http_guard)
+            ws="none",  # no WebSocket routes: an Upgrade is not switched to another protocol
+            timeout_keep_alive=self.limits.keep_alive_s,  # type: ignore[arg-type]  # call_later takes a float
         )
         self._server = _Server(config)
         self._task = asyncio.ensure_future(self._server.serve(sockets=[sock]))

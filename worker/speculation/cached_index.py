@@ -102,6 +102,28 @@ class CachedTokenIndex:
             self._drop(page)
         self._grams.pop(namespace, None)
 
+    def relocated(self, old: list[int], new: list[int]) -> None:
+        """The tree moved these pages' tokens to other page ids (a --kv-demote demotion or its undoing): the same
+        entries under the new ids, their n-gram positions and links renamed (parents are renamed before children,
+        as the tree lists them)."""
+        ps = self.page_size
+        for was, now in zip(old, new, strict=True):
+            entry = self._pages.pop(was, None)
+            if entry is None:
+                continue
+            grams = self._grams.get(entry.namespace, {})
+            first = len(entry.tokens) - len(entry.keys)
+            for j, gram in enumerate(entry.keys, start=first):
+                where = grams.get(gram)
+                if where is not None and was * ps + j in where:
+                    where[where.index(was * ps + j)] = now * ps + j
+            if entry.parent is not None:
+                siblings = self._pages[entry.parent].children
+                siblings[siblings.index(was)] = now
+            for child in entry.children:
+                self._pages[child].parent = now
+            self._pages[now] = entry  # (now the newest stored: it leaves last when max_tokens is reached)
+
     def _drop(self, page: int) -> None:
         entry = self._pages.pop(page)
         grams = self._grams.get(entry.namespace, {})
