@@ -402,6 +402,13 @@ class PrefixCache:
         on the cache's thread; with a tree that already holds pages, follow it with a snapshot."""
         self.tree.set_event_sink(sink)
 
+    def add_observer(self, observer: EventSink) -> None:
+        """A second listener to the tree's page records (`RadixTree.add_observer`), beside the event sink."""
+        self.tree.add_observer(observer)
+
+    def remove_observer(self, observer: EventSink) -> None:
+        self.tree.remove_observer(observer)
+
     def leases(self) -> list[Lease]:
         return list(self._leases.values())
 

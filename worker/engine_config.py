@@ -1,4 +1,5 @@
-"""EngineConfig: every knob of one engine (pool size, paging, batching, cache on/off, backend), validated once."""
+"""EngineConfig: every knob of one engine (pool size, paging, batching, cache on/off, backend, speculation),
+validated once."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from dataclasses import dataclass
 from radixcache.kv_dtypes import KV_DTYPES
 
 DEFAULT_KV_MEMORY = 512 * 2**20
+DEFAULT_SPECULATE = 8  # measured: BENCHMARKS.md, "Speculative decoding"
+MAX_SPECULATE = 64
 DEMOTE_DTYPES = ("int4", "int8")  # what cold pages may be demoted to (smaller than the pages' own precision)
 
 
@@ -21,6 +24,7 @@ class EngineConfig:
     backend: str = "auto"
     aging_steps: int = 64  # a request waiting this many steps is admitted before any later arrival
     max_pinned: float = 0.5  # share of the KV pool that pins may hold (PinPrefix beyond it: RESOURCE_EXHAUSTED)
+    speculate: int = DEFAULT_SPECULATE  # draft tokens per sequence per step at most (worker/speculation); 0: off
     kv_dtype: str = "auto"  # KV page precision (radixcache.kv_codec): auto = the model's dtype
     kv_demote: str | None = None  # demote cold leaves to this precision instead of evicting them (None: off)
     kv_demote_share: float = 0.5  # with kv_demote: the share of the KV memory that holds demoted pages
@@ -36,6 +40,8 @@ class EngineConfig:
             raise ValueError(f"max_step_tokens must be >= 1, got {self.max_step_tokens}")
         if self.max_running < 1:
             raise ValueError(f"max_running must be >= 1, got {self.max_running}")
+        if not 0 <= self.speculate <= MAX_SPECULATE:
+            raise ValueError(f"speculate must be in [0, {MAX_SPECULATE}] draft tokens (0: off), got {self.speculate}")
         if self.kv_dtype not in ("auto", *KV_DTYPES):
             raise ValueError(f"kv_dtype must be one of auto, {', '.join(KV_DTYPES)}; got {self.kv_dtype!r}")
         if self.kv_demote is not None and self.kv_demote not in DEMOTE_DTYPES:

@@ -12,6 +12,7 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -68,6 +69,10 @@ class Sequence:
     lcp_cache: weakref.WeakKeyDictionary[Sequence, int] = field(default_factory=weakref.WeakKeyDictionary)
     # Structured output: the grammar state after the generated tokens (kept through preemption with them)
     matcher: GrammarMatcher | None = None
+    # Speculation: the drafter's state (worker/speculation), and draft tokens verified / accepted so far
+    draft_state: Any = None
+    draft_tokens: int = 0
+    accepted_draft_tokens: int = 0
 
     def __post_init__(self) -> None:
         self.tokens = list(self.request.prompt_ids)
@@ -171,6 +176,8 @@ class Sequence:
             error=self.error,
             error_kind=self.error_kind,
             index=self.index,
+            draft_tokens=self.draft_tokens,
+            accepted_draft_tokens=self.accepted_draft_tokens,
         )
         if self.pending_ids and self.first_token_at is not None and self.num_generated == len(self.pending_ids):
             out.time_to_first_token = self.first_token_at - self.arrival

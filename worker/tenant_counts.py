@@ -18,6 +18,9 @@ class TenantCounts:
     preemptions: int = 0
     generated_tokens: int = 0
     finished_requests: int = 0
+    draft_tokens: int = 0  # speculative draft tokens checked
+    accepted_draft_tokens: int = 0  # of those, the sampled token
+    draft_steps: int = 0  # sequence-steps that checked a draft
 
 
 def tenant_table() -> defaultdict[str, TenantCounts]:

@@ -131,6 +131,7 @@ class SamplingValues:
     n: int | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
+    speculate: bool | None = None  # False: no draft tokens for this request
 
 
 def check_request_id(request_id: str) -> None:
@@ -458,7 +459,7 @@ def sampling_params(values: SamplingValues, *, prompt_tokens: int | None, limits
     }
     for name in (
         "temperature", "top_k", "top_p", "min_p", "seed", "ignore_eos", "logprobs", "top_logprobs", "n",
-        "presence_penalty", "frequency_penalty",
+        "presence_penalty", "frequency_penalty", "speculate",
     ):  # fmt: skip
         value = getattr(values, name)
         if value is not None:
