@@ -6,8 +6,9 @@ Which tokens a breakpoint marks: its cut conversation (requests.Breakpoint.promp
 including the marked block) is rendered and tokenized as the request's own prompt is (the chat template, the
 tenant's remembered replies), and the breakpoint's prefix is what those ids share with the request's prompt ids.
 That is the prompt up to the end of the marked block, wherever the template writes it, and always a prefix of what
-the request computes. This runs in a worker thread while the request's prompt is computed; the pins are set once the
-first output shows that it is (its whole pages are then in the tree), before the request ends.
+the request computes. This runs in a worker thread while the request is computed; the pins are set when it has
+finished (its pages are in the tree then, and no longer promised to it: a pin never takes pages a running request
+was promised, so pinning during the request could fail where pinning after it succeeds), before its usage is sent.
 
 Never fails the request: a breakpoint past the pin budget, or one the template cannot render on its own, is not
 pinned (logged); its tokens then count as input_tokens, not cache_creation_input_tokens. Usage, as Anthropic counts
@@ -36,18 +37,14 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 class BreakpointPins:
     """The pins of one request's breakpoints. Made right after the request is admitted (its prompt ids known);
-    `computed()` when its first output arrives; `creation(cached_tokens)` at its end; `cancel()` if it is abandoned.
-    Without breakpoints it does nothing."""
+    `creation(cached_tokens)` once it has finished pins them; `cancel()` if it is abandoned. Without breakpoints it
+    does nothing."""
 
     def __init__(self, core: FrontCore, tenant: str, breakpoints: Sequence[Breakpoint], prompt_ids: Sequence[int]):
         self.core, self.tenant, self.prompt_ids = core, tenant, prompt_ids
-        self._computed = asyncio.Event()
+        self._finished = asyncio.Event()
         self.pinned: list[tuple[Breakpoint, int]] = []  # (breakpoint, tokens pinned), longest prefix last
         self._task = asyncio.ensure_future(self._run(list(breakpoints))) if breakpoints else None
-
-    def computed(self) -> None:
-        """The request's prompt is computed (its first output arrived): its pages can be pinned."""
-        self._computed.set()
 
     def cancel(self) -> None:
         if self._task is not None:
@@ -70,7 +67,7 @@ class BreakpointPins:
 
     async def _pin(self, breakpoints: list[Breakpoint]) -> None:
         lengths = [await self._prefix(b) for b in breakpoints]
-        await self._computed.wait()
+        await self._finished.wait()
         for breakpoint, length in sorted(zip(breakpoints, lengths, strict=True), key=lambda bl: bl[1]):
             if length == 0:
                 continue
@@ -83,10 +80,10 @@ class BreakpointPins:
             self.pinned.append((breakpoint, pinned))
 
     async def creation(self, cached_tokens: int) -> CacheCreation:
-        """Wait for the pins; the tokens each TTL newly holds: of each pinned prefix, those past what the cache
-        served and past the shorter pinned prefixes."""
+        """Pin (the request has finished); the tokens each TTL newly holds: of each pinned prefix, those past what
+        the cache served and past the shorter pinned prefixes."""
         if self._task is not None:
-            self.computed()  # a request that ended without an output (it failed) has nothing left to wait for
+            self._finished.set()
             try:
                 await self._task
             except asyncio.CancelledError:

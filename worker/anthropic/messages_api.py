@@ -66,7 +66,6 @@ class MessagesEndpoint:
             message_id=message_id, model=self.front.model_name, parse_tools=parsed.tool_choice.parses(parsed.specs),
             closes_at_stop=bool(parsed.tool_choice.stop()), stop_sequences=parsed.stop_sequences,
             prewarm=parsed.prewarm, generated_text=lambda: tokenizer.decode(stream.generated[0]),
-            on_started=pins.computed,
         )  # fmt: skip
         if parsed.stream:
             return self._sse(stream, responder, pins)

@@ -44,17 +44,15 @@ def tool_input(call: ToolCall, partial: bool) -> dict[str, Any]:
 class MessagesResponder:
     """parse_tools / closes_at_stop: as ReplyParts takes them. stop_sequences: the request's (stop_sequence names the
     one that ended the reply). prewarm (max_tokens 0): the one computed token is not shown. generated_text: the
-    decoded text of every generated token (a stop sequence included), read once at the end. on_started: called with
-    the first output (the prompt is computed)."""
+    decoded text of every generated token (a stop sequence included), read once at the end."""
 
     def __init__(
         self, *, message_id: str, model: str, parse_tools: bool, closes_at_stop: bool, stop_sequences: tuple[str, ...],
-        prewarm: bool, generated_text: Callable[[], str], on_started: Callable[[], None] = lambda: None,
+        prewarm: bool, generated_text: Callable[[], str],
     ) -> None:  # fmt: skip
         self.message = Message(id=message_id, model=model, content=[], usage=Usage(input_tokens=0, output_tokens=0))
         self.parts = ReplyParts(parse_tools=parse_tools, closes_at_stop=closes_at_stop)
         self.stop_sequences, self.prewarm, self.generated_text = stop_sequences, prewarm, generated_text
-        self.on_started = on_started
         self.started = False
         self.finish_reason: FinishReason | None = None
         self.prompt_tokens = self.cached_tokens = 0
@@ -70,7 +68,6 @@ class MessagesResponder:
             self.prompt_tokens, self.cached_tokens = out.prompt_tokens, out.cached_tokens
             self.message.usage = self._usage(0, CacheCreation())
             events += [{"type": "message_start", "message": self.message.model_dump()}, {"type": "ping"}]
-            self.on_started()
         self._raw.append(out.text)
         self.message.usage.output_tokens = 0 if self.prewarm else out.completion_tokens
         for part in [] if self.prewarm else self.parts.add(out):
