@@ -37,14 +37,15 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 class BreakpointPins:
     """The pins of one request's breakpoints. Made right after the request is admitted (its prompt ids known);
-    `creation(cached_tokens)` once it has finished pins them; `cancel()` if it is abandoned. Without breakpoints it
-    does nothing."""
+    `creation(cached_tokens)` once it has finished pins them; `cancel()` if it is abandoned. Without breakpoints, or
+    on a worker that caches nothing or pins nothing (--no-cache, --max-pinned 0), it does nothing."""
 
     def __init__(self, core: FrontCore, tenant: str, breakpoints: Sequence[Breakpoint], prompt_ids: Sequence[int]):
         self.core, self.tenant, self.prompt_ids = core, tenant, prompt_ids
         self._finished = asyncio.Event()
         self.pinned: list[tuple[Breakpoint, int]] = []  # (breakpoint, tokens pinned), longest prefix last
-        self._task = asyncio.ensure_future(self._run(list(breakpoints))) if breakpoints else None
+        pinning = breakpoints and core.facts.cache_enabled and core.facts.max_pinned_pages > 0
+        self._task = asyncio.ensure_future(self._run(list(breakpoints))) if pinning else None
 
     def cancel(self) -> None:
         if self._task is not None:
