@@ -191,9 +191,9 @@ def test_a_call_cut_by_max_tokens_keeps_what_parses_and_stop_sequences_are_named
     responder.add(output('<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": "x', FinishReason.LENGTH))
     (call,) = responder.response().content
     assert call.name == "add" and call.input == {"a": 1} and responder.response().stop_reason == "max_tokens"
-    responder = responder_for("Hello END more", stop_sequences=("STOP", "END"), parse_tools=False)
-    responder.add(output("Hello ", FinishReason.STOP_STRING))
-    assert (responder.response().stop_reason, responder.response().stop_sequence) == ("stop_sequence", "END")
+    responder = responder_for("Hello STOP, then END", stop_sequences=("END", "STOP"), parse_tools=False)
+    responder.add(output("Hello ", FinishReason.STOP_STRING))  # the one right after the text, not any that occurs
+    assert (responder.response().stop_reason, responder.response().stop_sequence) == ("stop_sequence", "STOP")
 
 
 def test_refusals_read_as_anthropic_errors():
