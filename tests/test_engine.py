@@ -7,7 +7,7 @@ import random
 import threading
 
 import pytest
-from engine_fixtures import tiny_model
+from engine_fixtures import SLIDING, tiny_model
 
 from radixcache.worker.engine import Engine, EngineConfig, RequestTooLargeError
 from radixcache.worker.request import FinishReason, Request, RequestOutput, SamplingParams
@@ -98,6 +98,26 @@ def test_memory_pressure_preempts_and_still_gives_identical_answers(model):
     assert engine.stats().preemptions > 0
     for i, prompt in enumerate(prompts):
         assert sink.tokens(f"p{i}") == run_alone(model, prompt, params, page_size=page)
+    assert_clean(engine)
+
+
+def test_a_sliding_window_model_answers_as_with_the_cache_off_under_pressure():
+    """Prompts that share prefixes several windows long (window 8), hits, preemptions: every answer equals the
+    request run alone with the cache off. The window does not cap the context."""
+    model = tiny_model(**SLIDING)
+    prompts = workload(6, seed=2)
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    need = sum(-(-(len(p) + params.max_tokens) // 4) for p in prompts)
+    engine = make_engine(model, page_size=4, kv_pages=need // 3, max_step_tokens=64)
+    assert engine.context_length == 4096
+    sink = Collector()
+    for i, prompt in enumerate(prompts):
+        engine.submit(Request(f"s{i}", prompt, params), sink)
+        engine.step()
+    engine.run_until_idle()
+    assert engine.stats().preemptions > 0 and sum(sink.last(f"s{i}").cached_tokens for i in range(6)) > 8
+    for i, prompt in enumerate(prompts):
+        assert sink.tokens(f"s{i}") == run_alone(model, prompt, params), f"request s{i} changed"
     assert_clean(engine)
 
 
@@ -378,3 +398,28 @@ def test_a_failure_between_lease_and_compute_leaks_nothing(model, monkeypatch):
     engine.run_until_idle()
     assert sink.last("second").finish_reason is FinishReason.ERROR
     assert_clean(engine)
+
+
+def test_load_counts_the_prefill_still_queued_and_the_pages_held(model):
+    """What a cluster router weighs (Engine.load): tokens left to prefill, pages running requests hold."""
+    engine = make_engine(model, page_size=4, kv_pages=64, max_step_tokens=16)
+    idle = engine.load()
+    assert (idle.running, idle.waiting, idle.queued_prefill_tokens, idle.pages_busy) == (0, 0, 0, 0)
+    assert idle.pages_total == 64 and not engine.alive  # not started: no engine thread
+    sink = Collector()
+    engine.submit(Request("a", list(range(1, 41)), GREEDY), sink)  # 40 prompt tokens
+    engine.submit(Request("b", list(range(50, 60)), GREEDY), sink)  # 10
+    engine.step()  # takes both in; 16 tokens of prefill this step
+    mid = engine.load()
+    assert mid.running + mid.waiting == 2 and mid.steps == 1
+    assert mid.queued_prefill_tokens == 39 + 9 - 16  # a prompt's last token is computed by its first decode
+    assert mid.pages_busy == 4  # the 16 tokens computed, in pages of 4
+    engine.run_until_idle()
+    done = engine.load()
+    assert (done.running, done.waiting, done.queued_prefill_tokens, done.pages_busy) == (0, 0, 0, 0)
+    engine.start()
+    try:
+        assert engine.alive
+    finally:
+        engine.shutdown(drain=True, timeout=10)
+    assert not engine.alive

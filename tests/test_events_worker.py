@@ -434,3 +434,33 @@ def test_records_lost_inside_the_worker_reset_every_reader() -> None:
         loop.call_soon_threadsafe(loop.stop)
         thread.join(5)
         loop.close()
+
+
+def test_each_rank_publishes_on_its_own_port_and_tags_its_batches() -> None:
+    """vLLM's data-parallel rule, which a cluster's replicas follow: rank r on the port + r, data_parallel_rank r."""
+    from radixcache.worker.kv_events_zmq import ZmqKvEventPublisher, rank_endpoint
+
+    assert rank_endpoint("tcp://*:5557", 0) == "tcp://*:5557"
+    assert rank_endpoint("tcp://*:5557", 3) == "tcp://*:5560"
+    assert rank_endpoint("tcp://[::]:5557", 1) == "tcp://[::]:5558"
+    assert rank_endpoint("ipc:///tmp/kv", 2) == "ipc:///tmp/kv_dp2"
+    for bad in ("tcp://host", "tcp://*:65535"):
+        with pytest.raises(ValueError, match="--kv-events-endpoint"):
+            rank_endpoint(bad, 1)
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.setsockopt(zmq.LINGER, 0)
+    port = sub.bind_to_random_port("tcp://127.0.0.1", min_port=20000, max_port=40000)
+    endpoint = rank_endpoint(f"tcp://127.0.0.1:{port - 2}", 2)  # rank 2 of a base 2 below: where we listen
+    assert endpoint == f"tcp://127.0.0.1:{port}"
+    publisher = ZmqKvEventPublisher(endpoint, 4, data_parallel_rank=2)
+    try:
+        while not sub.poll(200):  # a PUB drops what it sends before the subscription reaches it
+            publisher.reset([])
+        _, _, payload = sub.recv_multipart()
+        assert msgpack.unpackb(payload)[2] == 2
+    finally:
+        publisher.close()
+        sub.close(linger=0)
+        ctx.term()

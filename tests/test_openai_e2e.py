@@ -251,7 +251,7 @@ BAD_CHAT = [
     ({"response_format": {"type": "xml"}}, "response_format"),
     ({"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "objekt"}}}}, "response_format"),
     ({"tool_choice": "required"}, "tool_choice"),  # no tools to call
-    ({"parallel_tool_calls": False}, "parallel_tool_calls"),
+    ({"parallel_tool_calls": "maybe"}, "parallel_tool_calls"),  # false is served (issue 28); not a bool is not
     ({"stream_options": {"include_usage": True}}, "stream_options"),
     ({"top_k": 0}, "top_k"),
     ({"min_p": 2}, "min_p"),

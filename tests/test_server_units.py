@@ -75,3 +75,20 @@ def test_rate_limited_warning_says_how_many_it_held_back(caplog):
     now[0] += 10.0
     assert warning.warn("bad again")
     assert [r.getMessage() for r in caplog.records] == ["bad 0", "bad again (and 4 more in the last 10 s)"]
+
+
+@pytest.mark.parametrize(
+    ("config", "kinds", "window"), [({}, ["global", "global"], 0), ("sliding", ["sliding", "global"], 8)]
+)
+def test_model_info_names_each_layers_attention_and_the_window(config, kinds, window):
+    from engine_fixtures import SLIDING, tiny_model
+
+    from radixcache.worker.engine import Engine, EngineConfig
+    from radixcache.worker.engine_api import ModelFacts
+    from radixcache.worker.server import describe
+
+    engine = Engine(tiny_model(**(SLIDING if config == "sliding" else {})), EngineConfig(page_size=4, kv_pages=16))
+    info = describe(engine, model_name="tiny")
+    assert (list(info.layer_kinds), info.sliding_window) == (kinds, window)
+    facts = ModelFacts.from_message(info)  # the front-side mirror keeps them, as plain values
+    assert (facts.layer_kinds, facts.sliding_window) == (tuple(kinds), window)

@@ -31,6 +31,7 @@ import torch
 from radixcache.cache import PrefixCache
 from radixcache.worker.engine_api import (
     DuplicateRequestError,
+    EngineLoad,
     EngineStats,
     EngineStoppedError,
     RequestTooLargeError,
@@ -234,6 +235,15 @@ class Engine:
     def stats(self) -> EngineStats:
         return self.call(self._stats)
 
+    def load(self) -> EngineLoad:
+        return self.call(self._load)
+
+    @property
+    def alive(self) -> bool:
+        """The engine thread runs (False before start(), after shutdown(), or if the loop died)."""
+        thread = self._thread
+        return thread is not None and thread.is_alive()
+
     def flush_cache(self, namespace: str | None = None) -> int:
         """Drop what no running request reads: one tenant's namespace, or (None) every namespace."""
         return self.call(lambda: self.cache.flush(namespace))
@@ -362,6 +372,18 @@ class Engine:
             generated_tokens=self._generated,
             inflight_shared_tokens=self.scheduler.inflight_shared_tokens,
             cache=self.cache.stats(),
+        )
+
+    def _load(self) -> EngineLoad:
+        sched = self.scheduler
+        live = (*sched.running, *sched.waiting)
+        return EngineLoad(
+            running=len(sched.running),
+            waiting=len(sched.waiting),
+            queued_prefill_tokens=sum(max(0, len(s.tokens) - 1 - s.num_computed) for s in live),
+            pages_busy=self.pool.num_pages - self.cache.available_pages(),
+            pages_total=self.pool.num_pages,
+            steps=self._steps,
         )
 
     # --- one step ----------------------------------------------------------------------------------------------

@@ -169,6 +169,7 @@ class FrontCore:
         *,
         fill_max_tokens: bool = False,
         cache_key: str = "",
+        remember: bool | None = None,
     ) -> EngineStream:
         """Validate, tokenize, compile the constraint and submit: an open EngineStream (close it in a finally);
         its `prompt_text` is the rendered prompt ("" for token ids).
@@ -176,8 +177,9 @@ class FrontCore:
         request_id None: a fresh one. wanted: the structured-output constraint as (kind, text) (see
         validation.constraint). fill_max_tokens: an unset max_tokens means as long as the reply can be (OpenAI
         chat's default: what the context and the KV pool leave), instead of validation's default. cache_key: the
-        routing hint of Request.cache_key. Chat histories are tokenized with the tenant's remembered replies, and
-        every finished sample is remembered.
+        routing hint of Request.cache_key. Chat histories are tokenized with the tenant's remembered replies;
+        remember: whether the finished samples are remembered (None: for chat prompts, the only ones a reply comes
+        back in; a front that turned a conversation into token ids says True).
         """
         engine = self.ready()
         request_id = request_id or uuid.uuid4().hex
@@ -206,7 +208,12 @@ class FrontCore:
             engine_request_id(tenant, request_id), ids, sampling, namespace=tenant, constraint=wanted_constraint,
             cache_key=cache_key,
         )  # fmt: skip
-        stream = self._open(engine, request, request_id, self._remembering(engine, tenant, sampling))
+        remembering = (
+            self._remembering(engine, tenant, sampling)
+            if (remember is None and prompt.kind == "messages") or remember
+            else None
+        )
+        stream = self._open(engine, request, request_id, remembering)
         stream.prompt_text = text
         return stream
 

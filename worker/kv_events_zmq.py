@@ -5,7 +5,7 @@ the same way. Each message is multipart [topic, sequence, payload]: the topic (d
 sequence number as 8 bytes big-endian (0, 1, 2, ... per publisher; a gap means messages were dropped), and a
 msgpack EventBatch in the layout of vLLM's msgspec structs (array_like, tagged union: the tag is the class name):
 
-    EventBatch       = [ts (float, Unix seconds), [event, ...], data_parallel_rank (0)]
+    EventBatch       = [ts (float, Unix seconds), [event, ...], data_parallel_rank (0; a cluster replica's rank)]
     BlockStored      = ["BlockStored", block_hashes, parent_block_hash (None: first page), token_ids, block_size,
                         lora_id (None), medium ("GPU"), lora_name (None)]
     BlockRemoved     = ["BlockRemoved", block_hashes, medium ("GPU")]
@@ -17,7 +17,9 @@ publisher first sends AllBlocksCleared and then the whole cache as BlockStored, 
 were lost. NamespaceCleared has no counterpart (its pages' BlockRemoved come first). There is no replay socket.
 
 Endpoint rule (vLLM's): a wildcard host (tcp://*:5557, tcp://[::]:5557), ipc:// and inproc:// are bound; any other
-endpoint (tcp://router:5557) is connected to, for a subscriber that binds. pyzmq and msgpack are the `events` extra,
+endpoint (tcp://router:5557) is connected to, for a subscriber that binds. Several publishers of one deployment (a
+cluster's replicas; vLLM's data-parallel ranks) follow vLLM's rule too: rank r publishes on the endpoint's port + r
+(`rank_endpoint`; ipc:// and inproc:// get the suffix "_dp<r>") and tags its batches with data_parallel_rank r. pyzmq and msgpack are the `events` extra,
 imported here only.
 """
 
@@ -64,15 +66,34 @@ def binds(endpoint: str) -> bool:
     return "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://"))
 
 
+def rank_endpoint(endpoint: str, rank: int) -> str:
+    """The endpoint of data-parallel rank `rank` (vLLM's rule): tcp port + rank; ipc/inproc "_dp<rank>" appended."""
+    if rank < 0:
+        raise ValueError(f"rank must be >= 0, got {rank}")
+    if rank == 0:
+        return endpoint
+    if endpoint.startswith(("ipc://", "inproc://")):
+        return f"{endpoint}_dp{rank}"
+    host, sep, port = endpoint.rpartition(":")
+    if not endpoint.startswith("tcp://") or not sep or not port.isdigit():
+        raise ValueError(f"--kv-events-endpoint {endpoint!r}: a tcp:// endpoint needs a port to offset by rank")
+    if int(port) + rank > 65535:
+        raise ValueError(f"--kv-events-endpoint {endpoint!r}: port {port} + rank {rank} is beyond 65535")
+    return f"{host}:{int(port) + rank}"
+
+
 class ZmqKvEventPublisher:
     """A cache event hub Publisher (radixcache.worker.cache_events) writing vLLM's format. Never blocks: at the
     socket's high-water mark a message is dropped (its sequence number is still used, so readers see the gap)."""
 
-    def __init__(self, endpoint: str, page_size: int, *, topic: str = "", hwm: int = 100_000) -> None:
+    def __init__(
+        self, endpoint: str, page_size: int, *, topic: str = "", hwm: int = 100_000, data_parallel_rank: int = 0
+    ) -> None:
         zmq, msgpack = _modules()
         self._zmq, self._pack = zmq, msgpack.Packer(use_bin_type=True).pack
         self.endpoint = endpoint
         self.page_size = page_size
+        self.data_parallel_rank = data_parallel_rank
         self.topic = topic.encode("utf-8")
         self.sequence = 0  # of the next message
         self.dropped = 0
@@ -102,7 +123,7 @@ class ZmqKvEventPublisher:
             self._send(out, timestamp)
 
     def _send(self, events: list, timestamp: float) -> None:
-        payload = self._pack([timestamp, events, 0])
+        payload = self._pack([timestamp, events, self.data_parallel_rank])
         seq = self.sequence.to_bytes(8, "big")
         self.sequence += 1
         try:

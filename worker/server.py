@@ -256,6 +256,7 @@ def describe(
     if model is not None:
         dtype = str(next(model.parameters()).dtype)
     config = getattr(engine, "config", None)
+    kinds = tuple(getattr(cfg, "layer_kinds", None) or ())
     return ModelFacts(
         model_name=model_name,
         model_path=model_path,
@@ -271,4 +272,6 @@ def describe(
         cache_enabled=bool(getattr(config, "cache_enabled", cache_enabled)),
         eos_token_ids=tuple(sorted(int(t) for t in eos)),
         max_pinned_pages=int(getattr(engine, "max_pinned_pages", 0) or 0),
+        layer_kinds=kinds,
+        sliding_window=int(getattr(cfg, "sliding_window", None) or 0) if "sliding" in kinds else 0,
     )

@@ -68,12 +68,13 @@ def response_format(rf: dict[str, Any] | None, param: str = "response_format") -
         if not isinstance(schema, (dict, bool)):
             raise bad_request(f"{where}.schema must be a JSON schema (an object)", where)
         if isinstance(spec, dict) and spec.get("strict") is True:
-            _strict(schema, f"{param} {spec.get('name', '')!r}", param)
+            strict_schema(schema, f"{param} {spec.get('name', '')!r}", param)
         return "json_schema", json.dumps(schema)
     raise bad_request(f"{param}.type must be one of text, json_object, json_schema; got {kind!r}", param)
 
 
-def _strict(schema: Any, owner: str, param: str) -> None:
+def strict_schema(schema: Any, owner: str, param: str) -> None:
+    """validation.check_strict_schema, as a 400 naming `param`."""
     try:
         check_strict_schema(schema, owner)
     except InvalidArgument as e:
@@ -86,7 +87,7 @@ def tool_specs(tools: list[Tool] | None) -> list[ToolSpec]:
     for i, tool in enumerate(tools or ()):
         f = tool.function
         if f.strict:
-            _strict(f.parameters or {}, f"function {f.name!r}", f"tools[{i}].function.parameters")
+            strict_schema(f.parameters or {}, f"function {f.name!r}", f"tools[{i}].function.parameters")
         specs.append(ToolSpec(f.name, f.description, f.parameters, bool(f.strict)))
     return specs
 
@@ -175,7 +176,7 @@ def _content(message: ChatMessageIn, i: int) -> str:
     return "".join(texts)
 
 
-def _arguments(raw: str) -> Any:
+def template_arguments(raw: str) -> Any:
     """Tool-call arguments as chat templates expect them (an object), when the string is one; else as sent."""
     try:
         return json.loads(raw)
@@ -199,7 +200,7 @@ def chat_messages(messages: list[ChatMessageIn]) -> list[dict[str, Any]]:
                 {
                     "id": call.id,
                     "type": "function",
-                    "function": {"name": call.function.name, "arguments": _arguments(call.function.arguments)},
+                    "function": {"name": call.function.name, "arguments": template_arguments(call.function.arguments)},
                 }
                 for call in m.tool_calls
             ]

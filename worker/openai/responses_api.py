@@ -61,7 +61,7 @@ class ResponsesEndpoint:
             response_id = "resp_" + uuid.uuid4().hex
             stream = await self.front.core.admit(
                 tenant, response_id, prompt, parsed.sampling, parsed.constraint, fill_max_tokens=True,
-                cache_key=parsed.cache_key,
+                cache_key=parsed.cache_key, remember=True,
             )  # fmt: skip
         except Refusal as r:
             raise self._error(r, parsed) from None

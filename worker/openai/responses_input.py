@@ -10,15 +10,20 @@ model wrote them: content, then calls) and function_call_output items (tool mess
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
 from radixcache.worker.openai.errors import bad_request
-from radixcache.worker.openai.requests import RETENTION_S, response_format, tool_choice
+from radixcache.worker.openai.requests import (
+    RETENTION_S,
+    response_format,
+    strict_schema,
+    template_arguments,
+    tool_choice,
+)
 from radixcache.worker.openai.responses_protocol import ResponsesRequest
 from radixcache.worker.tool_calls import ToolChoice, ToolSpec
-from radixcache.worker.validation import InvalidArgument, SamplingValues, check_strict_schema
+from radixcache.worker.validation import SamplingValues
 
 # Accepted and ignored: they never change what is generated here.
 IGNORED = frozenset({"user", "safety_identifier", "service_tier", "metadata", "include", "stream_options"})
@@ -65,10 +70,7 @@ def _text(content: Any, where: str) -> str:
 def _arguments(raw: Any, where: str) -> Any:
     if not isinstance(raw, str):
         raise bad_request(f"{where}.arguments must be a string of JSON", f"{where}.arguments")
-    try:
-        return json.loads(raw)  # chat templates render arguments as an object
-    except ValueError:
-        return raw
+    return template_arguments(raw)
 
 
 def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -120,10 +122,7 @@ def tool_specs(tools: list[dict[str, Any]] | None) -> list[ToolSpec]:
         if parameters is not None and not isinstance(parameters, dict):
             raise bad_request(f"{where}.parameters must be a JSON schema (an object)", f"{where}.parameters")
         if tool.get("strict") is True:
-            try:
-                check_strict_schema(parameters or {}, f"function {name!r}")
-            except InvalidArgument as e:
-                raise bad_request(str(e), f"{where}.parameters") from None
+            strict_schema(parameters or {}, f"function {name!r}", f"{where}.parameters")
         specs.append(ToolSpec(name, tool.get("description"), parameters, tool.get("strict") is True))
     return specs
 

@@ -19,6 +19,7 @@ import time
 import uuid
 from typing import Any
 
+from radixcache.worker.openai.requests import template_arguments
 from radixcache.worker.openai.responses_protocol import (
     FunctionCall,
     IncompleteDetails,
@@ -184,15 +185,8 @@ class ResponsesResponder:
                 {
                     "id": c.call_id,
                     "type": "function",
-                    "function": {"name": c.name, "arguments": _arguments(c.arguments)},
+                    "function": {"name": c.name, "arguments": template_arguments(c.arguments)},
                 }  # fmt: skip
                 for c in calls
             ]
         return message
-
-
-def _arguments(raw: str) -> Any:
-    try:
-        return json.loads(raw)
-    except ValueError:
-        return raw
