@@ -38,7 +38,7 @@ import random
 import resource
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -172,22 +172,34 @@ def conversation(rng: random.Random, words: int) -> list[dict[str, str]]:
     ]
 
 
+async def timed_events(
+    client: LeanSSEClient, body: dict, first_delta: str, tokens: Callable[[dict], int | None]
+) -> Timing:
+    """Stream `body` through LeanSSEClient: TTFT at the first event of type `first_delta`, the output tokens from
+    the event that `tokens` reads them from (None for the others)."""
+    t0 = time.perf_counter()
+    first, n = None, 0
+    async for event in client.events(body):
+        if event["type"] == first_delta and first is None:
+            first = time.perf_counter()
+        n = tokens(event) or n
+    end = time.perf_counter()
+    first = first or end
+    return Timing(first - t0, (end - first) / (n - 1) if n > 1 else None, n)
+
+
 async def responses_lean_one(client: LeanSSEClient, model: str, messages: list[dict[str, str]], max_tokens: int) -> Timing:  # fmt: skip
     """POST /v1/responses, streamed, through LeanSSEClient (the instructions and input of the same conversation)."""
     body = {
         "model": model, "instructions": messages[0]["content"], "input": messages[1:], "max_output_tokens": max_tokens,
         "stream": True, "store": False,
     }  # fmt: skip
-    t0 = time.perf_counter()
-    first, n = None, 0
-    async for event in client.events(body):
-        if event["type"] == "response.output_text.delta" and first is None:
-            first = time.perf_counter()
-        if event["type"] in ("response.completed", "response.incomplete"):
-            n = event["response"]["usage"]["output_tokens"]
-    end = time.perf_counter()
-    first = first or end
-    return Timing(first - t0, (end - first) / (n - 1) if n > 1 else None, n)
+
+    def tokens(event: dict) -> int | None:
+        done = event["type"] in ("response.completed", "response.incomplete")
+        return event["response"]["usage"]["output_tokens"] if done else None
+
+    return await timed_events(client, body, "response.output_text.delta", tokens)
 
 
 async def messages_lean_one(client: LeanSSEClient, model: str, messages: list[dict[str, str]], max_tokens: int) -> Timing:  # fmt: skip
@@ -197,16 +209,11 @@ async def messages_lean_one(client: LeanSSEClient, model: str, messages: list[di
         "model": model, "system": messages[0]["content"], "messages": messages[1:], "max_tokens": max_tokens,
         "stream": True,
     }  # fmt: skip
-    t0 = time.perf_counter()
-    first, n = None, 0
-    async for event in client.events(body):
-        if event["type"] == "content_block_delta" and first is None:
-            first = time.perf_counter()
-        if event["type"] == "message_delta":
-            n = event["usage"]["output_tokens"]
-    end = time.perf_counter()
-    first = first or end
-    return Timing(first - t0, (end - first) / (n - 1) if n > 1 else None, n)
+
+    def tokens(event: dict) -> int | None:
+        return event["usage"]["output_tokens"] if event["type"] == "message_delta" else None
+
+    return await timed_events(client, body, "content_block_delta", tokens)
 
 
 async def agent_loop(base_url: str, model: str, turns: int, output: int, chained: bool) -> list[dict[str, float]]:
