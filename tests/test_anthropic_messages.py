@@ -112,6 +112,9 @@ def test_a_tool_use_round_trip_reuses_the_models_own_tokens(served, pins):
     (call,) = first.content
     assert first.stop_reason == "tool_use" and call.type == "tool_use" and call.name == "add"
     assert set(call.input) == {"a", "b"} and call.id.startswith("toolu_")
+    with client.messages.stream(model=MODEL, max_tokens=64, tools=[TOOL], tool_choice={"type": "any"}, messages=messages) as stream:  # fmt: skip
+        (streamed,) = stream.get_final_message().content  # the client assembles input_json_delta into the input
+    assert (streamed.type, streamed.name, streamed.input) == ("tool_use", "add", call.input)
     messages += [
         {"role": "assistant", "content": [block.model_dump(exclude_none=True) for block in first.content]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id, "content": str(call.input["a"])}]},
@@ -128,7 +131,7 @@ def test_claude_codes_bodies_are_served(served, pins):
     _, root, engine, _ = served
     headers = {"x-api-key": "key-alice", "anthropic-version": "2023-06-01", "anthropic-beta": "claude-code-20250219"}
     first = fixture("claude_code_first_turn.json")
-    # As sent (max_tokens 32000): the overflow in the words Claude Code acts on (it retries with less).
+    # As sent (max_tokens 32000): the overflow in Anthropic's own words, which clients match.
     r = httpx.post(root + "/v1/messages", json=first, headers=headers)
     error = r.json()["error"]
     assert r.status_code == 400 and error["type"] == "invalid_request_error"

@@ -2,9 +2,9 @@
 
 The HTTP app raises one APIError (worker/openai/errors.py: status, message, param) for both APIs; its handlers
 write it in this shape for the Messages API's paths (`anthropic_path`). Anthropic's error has no param: the message
-names the field. A context overflow is said in Anthropic's words, which clients act on: Claude Code compacts the
-conversation on "prompt is too long: N tokens > M maximum" and retries with a smaller max_tokens on "input length
-and `max_tokens` exceed context limit: P + T > C".
+names the field. A context overflow is said in Anthropic's own words ("prompt is too long: N tokens > M maximum",
+"input length and `max_tokens` exceed context limit: P + T > C, ..."), so a client that matches them to compact a
+conversation or lower max_tokens recognises it.
 """
 
 from __future__ import annotations

@@ -57,7 +57,10 @@ class MessagesEndpoint:
         message_id = "msg_" + uuid.uuid4().hex
         core = self.front.core
         try:
-            stream = await core.admit(tenant, message_id, parsed.prompt, parsed.sampling, parsed.constraint)
+            stream = await core.admit(
+                tenant, message_id, parsed.prompt, parsed.sampling, parsed.constraint,
+                remember=False if parsed.prewarm else None,  # a pre-warm's one token is no reply to remember
+            )  # fmt: skip
         except Refusal as r:
             raise refusal_error(r, constraint_param=parsed.constraint_param) from None
         pins = BreakpointPins(core, tenant, parsed.breakpoints, stream.request.prompt_ids)
