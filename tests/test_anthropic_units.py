@@ -111,6 +111,7 @@ def test_breakpoints_cut_the_conversation_right_after_the_marked_block():
     assert refused(system=many).message.startswith("A maximum of 4 blocks with cache_control may be provided.")
     bad = refused(system=[{"type": "text", "text": "S", "cache_control": {"type": "ephemeral", "ttl": "1d"}}])
     assert bad.param == "system[0].cache_control.ttl"
+    assert refused(cache_control={"type": "persistent"}).param == "cache_control"
 
 
 @pytest.mark.parametrize(

@@ -63,13 +63,18 @@ class MessagesEndpoint:
             )  # fmt: skip
         except Refusal as r:
             raise refusal_error(r, constraint_param=parsed.constraint_param) from None
-        pins = BreakpointPins(core, tenant, parsed.breakpoints, stream.request.prompt_ids)
         tokenizer = engine.tokenizer
-        responder = MessagesResponder(
-            message_id=message_id, model=self.front.model_name, parse_tools=parsed.tool_choice.parses(parsed.specs),
-            closes_at_stop=bool(parsed.tool_choice.stop()), stop_sequences=parsed.stop_sequences,
-            prewarm=parsed.prewarm, generated_text=lambda: tokenizer.decode(stream.generated[0]),
-        )  # fmt: skip
+        try:  # the stream is open: whatever fails now must close it
+            pins = BreakpointPins(core, tenant, parsed.breakpoints, stream.request.prompt_ids)
+            responder = MessagesResponder(
+                message_id=message_id, model=self.front.model_name,
+                parse_tools=parsed.tool_choice.parses(parsed.specs), closes_at_stop=bool(parsed.tool_choice.stop()),
+                stop_sequences=parsed.stop_sequences, prewarm=parsed.prewarm,
+                generated_text=lambda: tokenizer.decode(stream.generated[0]),
+            )  # fmt: skip
+        except BaseException:
+            stream.close()
+            raise
         if parsed.stream:
             return self._sse(stream, responder, pins)
         return await self._whole(request, stream, responder, pins)

@@ -91,7 +91,7 @@ def _ttl(value: Any, where: str) -> str | None:
     """A cache_control value's TTL ("5m" when unset); None for no cache_control."""
     if value is None:
         return None
-    param = f"{where}.cache_control"
+    param = f"{where}.cache_control" if where else "cache_control"
     if not isinstance(value, dict) or value.get("type") != "ephemeral":
         raise bad_request(f"{param} must be {{'type': 'ephemeral', 'ttl': '5m' | '1h'}}, got {value!r}", param)
     ttl = value.get("ttl", "5m")
@@ -326,7 +326,7 @@ def parse_prompt(body: CountTokensRequest) -> tuple[PromptInput, list[ToolSpec],
     system, turns = _system(body.system), _turns(body.messages)
     if not turns:
         raise bad_request("messages must hold at least one message", "messages")
-    top_level = _ttl(body.cache_control, "body")
+    top_level = _ttl(body.cache_control, "")
     breakpoints = _breakpoints(system, turns, specs, tool_ttls, top_level)
     return PromptInput(messages=_chat(system, turns), tools=template_tools(specs)), specs, choice, breakpoints
 
