@@ -117,15 +117,16 @@ class FleetEngine:
                 return
 
     # -- fleet-wide calls, made from a worker thread ------------------------------------------------------------
-    def stats(self) -> EngineStats:
-        return sum_stats([s for _, s in self.per_replica_stats()])
+    def stats(self, namespace: str | None = None) -> EngineStats:
+        """Every replica's figures added up (one tenant's, with a namespace: see Engine.stats)."""
+        return sum_stats([s for _, s in self.per_replica_stats(namespace)])
 
     async def replica_ids(self) -> list[str]:
         """The replicas that answer now."""
         return sorted(await self._broadcast_async("whoami"))
 
-    def per_replica_stats(self) -> list[tuple[str, EngineStats]]:
-        return sorted(self._broadcast("stats"))
+    def per_replica_stats(self, namespace: str | None = None) -> list[tuple[str, EngineStats]]:
+        return sorted(self._broadcast("stats", namespace))
 
     def flush_cache(self, namespace: str | None = None) -> int:
         return sum(self._broadcast("flush_cache", namespace or ""))

@@ -108,8 +108,9 @@ class Ingress:
     async def GetCacheStats(self, request: pb.GetCacheStatsRequest, grpc_context: Any) -> pb.CacheStats:
         from radixcache.worker.servicer import cache_stats_message
 
-        total = await self._unary("GetCacheStats", request, grpc_context)
-        for replica, stats in await asyncio.to_thread(self.fleet.per_replica_stats):
+        total = await self._unary("GetCacheStats", request, grpc_context)  # authenticated: it raised otherwise
+        view = self.core.stats_view(grpc_context.invocation_metadata())  # a tenant sees its own figures
+        for replica, stats in await asyncio.to_thread(self.fleet.per_replica_stats, view):
             total.replicas.add(replica_id=replica, stats=cache_stats_message(stats))
         return total
 

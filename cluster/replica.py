@@ -115,8 +115,8 @@ class EngineReplica:
             self.drain.aborted_by_client.add(request_id)
         return self.engine.abort(request_id)
 
-    async def stats(self) -> tuple[str, Any]:
-        return self.replica_id, await asyncio.to_thread(self.engine.stats)
+    async def stats(self, namespace: str | None = None) -> tuple[str, Any]:
+        return self.replica_id, await asyncio.to_thread(self.engine.stats, namespace)
 
     async def flush_cache(self, namespace: str) -> int:
         return await asyncio.to_thread(self.engine.flush_cache, namespace)

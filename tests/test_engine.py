@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import random
 import threading
@@ -56,6 +57,14 @@ def run_alone(model, prompt: list[int], params: SamplingParams, page_size: int =
     engine.submit(Request("alone", prompt, params), sink)
     engine.run_until_idle()
     return sink.tokens("alone")
+
+
+def run_requests(engine: Engine, requests: list[Request]) -> Collector:
+    sink = Collector()
+    for r in requests:
+        engine.submit(r, sink)
+    engine.run_until_idle()
+    return sink
 
 
 def workload(n: int, seed: int = 0) -> list[list[int]]:
@@ -423,3 +432,35 @@ def test_load_counts_the_prefill_still_queued_and_the_pages_held(model):
     finally:
         engine.shutdown(drain=True, timeout=10)
     assert not engine.alive
+
+
+def test_a_tenants_stats_show_its_own_figures_and_the_pools_capacity(model):
+    # alice repeats a prompt (hits), pins it, and is squeezed out by bob's long prompts (evictions); bob never
+    # repeats. Each tenant's view holds exactly its own traffic and pages; the worker's view is their sum.
+    engine = make_engine(model, kv_pages=24, page_size=4)
+    alice_prompt = list(range(3, 43))
+    run_requests(engine, [Request("a1", alice_prompt, SamplingParams(max_tokens=2), namespace="alice")])
+    run_requests(engine, [Request("a2", alice_prompt, SamplingParams(max_tokens=2), namespace="alice")])
+    engine.pin(alice_prompt[:8], "alice")
+    bob = [Request(f"b{i}", [(i * 37 + j) % 250 + 3 for j in range(60)], SamplingParams(max_tokens=3), namespace="bob")
+           for i in range(3)]  # fmt: skip
+    run_requests(engine, bob)
+    everyone, alice, bob_view = engine.stats(), engine.stats("alice"), engine.stats("bob")
+    nobody = engine.stats("carol")
+    assert (alice.prompt_tokens, bob_view.prompt_tokens) == (80, 180) and alice.cached_tokens >= 36
+    assert bob_view.cached_tokens == 0 and alice.generated_tokens == 4 and bob_view.generated_tokens == 9
+    assert (alice.finished_requests, bob_view.finished_requests, nobody.finished_requests) == (2, 3, 0)
+    assert alice.cache.queried_tokens == 80 and bob_view.cache.queried_tokens == 180
+    assert alice.cache.hit_tokens == alice.cached_tokens and bob_view.cache.hit_tokens == 0
+    assert alice.cache.pages_pinned == 2 and bob_view.cache.pages_pinned == 0
+    held = engine.call(lambda: collections.Counter(ns for ns, _, _ in engine.cache.tree.items()))
+    assert alice.cache.pages_cached == held.get("alice", 0) and bob_view.cache.pages_cached == held["bob"]
+    assert alice.cache.evicted_pages > 0 and bob_view.cache.evicted_pages + alice.cache.evicted_pages == (
+        everyone.cache.evicted_pages
+    )
+    for field in ("prompt_tokens", "cached_tokens", "generated_tokens", "finished_requests"):
+        assert getattr(everyone, field) == getattr(alice, field) + getattr(bob_view, field), field
+    for view in (alice, bob_view, nobody):  # the pool's capacity is everyone's
+        assert (view.cache.pages_total, view.cache.pages_free) == (24, everyone.cache.pages_free)
+    assert nobody.cache.pages_cached == nobody.cache.queried_tokens == nobody.cache.live_leases == 0
+    assert_clean(engine)

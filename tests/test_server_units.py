@@ -8,7 +8,7 @@ import random
 import pytest
 
 from radixcache.memory import parse_size
-from radixcache.worker.auth import Authenticator, load_tokens
+from radixcache.worker.auth import Authenticator, load_token_file, load_tokens
 from radixcache.worker.cli import char_tokenizer
 
 
@@ -28,6 +28,18 @@ def test_load_tokens_json_and_lines(tmp_path):
     t.write_text("# nothing\n")
     with pytest.raises(ValueError, match="no tokens"):
         load_tokens(t)
+
+
+def test_tokens_file_lines_with_trailing_blanks_load_as_the_bare_tenant(tmp_path):
+    # Files written by hand or on Windows end lines with spaces, tabs or "\r": the tenant is still the bare name,
+    # and the token still authenticates (as that tenant, in that tenant's namespace).
+    t = tmp_path / "t.txt"
+    t.write_bytes(b"s3cret alice   \nother\tbob\t\r\nroot ops admin  \r\n")
+    tokens, admins = load_token_file(t)
+    assert tokens == {"s3cret": "alice", "other": "bob", "root": "ops"} and admins == {"root"}
+    auth = Authenticator(tokens, admins)
+    assert auth.tenant([("authorization", "Bearer s3cret")]) == "alice"
+    assert auth.is_admin([("authorization", "Bearer root")]) and not auth.is_admin([("authorization", "Bearer other")])
 
 
 def test_authenticator():

@@ -18,6 +18,7 @@ In process (tests, benchmarks), without the thread:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import threading
@@ -43,6 +44,8 @@ from radixcache.worker.samples import RequestSamples
 from radixcache.worker.scheduler import Chunk, Scheduler
 from radixcache.worker.sequence import SeqStatus, Sequence
 from radixcache.worker.step import ModelStep
+from radixcache.worker.structured import ConstraintFailed
+from radixcache.worker.tenant_counts import TenantCounts
 from radixcache.worker.validation import check_engine_request
 
 __all__ = ["DuplicateRequestError", "Engine", "EngineConfig", "EngineStats", "RequestTooLargeError"]
@@ -232,8 +235,10 @@ class Engine:
                 if not thread.is_alive() and not future.done():
                     return fn()  # the loop ended before taking our call; nothing else touches the cache now
 
-    def stats(self) -> EngineStats:
-        return self.call(self._stats)
+    def stats(self, namespace: str | None = None) -> EngineStats:
+        """The whole worker's figures, or (namespace given) that tenant's own: its requests, tokens and cache view
+        (PrefixCache.stats(namespace)), with the pool's capacity and the step count, which are the worker's."""
+        return self.call(lambda: self._stats(namespace))
 
     def load(self) -> EngineLoad:
         return self.call(self._load)
@@ -297,6 +302,7 @@ class Engine:
         if samples is not None and samples.done:
             self._requests.pop(seq.request_id, None)
             self._finished += 1
+            self.scheduler.tenants[seq.request.namespace].finished_requests += 1
             with self._ids_lock:
                 self._live_ids.discard(seq.request_id)
         self._emit(seq)
@@ -360,18 +366,29 @@ class Engine:
         except queue.Empty:
             pass
 
-    def _stats(self) -> EngineStats:
+    def _stats(self, namespace: str | None = None) -> EngineStats:
+        sched = self.scheduler
+        if namespace is None:
+            counts = TenantCounts(
+                prompt_tokens=sched.prompt_tokens,
+                cached_tokens=sched.cached_tokens,
+                inflight_shared_tokens=sched.inflight_shared_tokens,
+                preemptions=sched.preemptions,
+                generated_tokens=self._generated,
+                finished_requests=self._finished,
+            )
+        else:
+            counts = sched.tenants.get(namespace) or TenantCounts()
+
+        def count(seqs: list[Sequence]) -> int:
+            return len(seqs) if namespace is None else sum(seq.request.namespace == namespace for seq in seqs)
+
         return EngineStats(
-            running=len(self.scheduler.running),
-            waiting=len(self.scheduler.waiting),
-            preemptions=self.scheduler.preemptions,
+            running=count(sched.running),
+            waiting=count(sched.waiting),
             steps=self._steps,
-            finished_requests=self._finished,
-            prompt_tokens=self.scheduler.prompt_tokens,
-            cached_tokens=self.scheduler.cached_tokens,
-            generated_tokens=self._generated,
-            inflight_shared_tokens=self.scheduler.inflight_shared_tokens,
-            cache=self.cache.stats(),
+            cache=self.cache.stats(namespace),
+            **dataclasses.asdict(counts),
         )
 
     def _load(self) -> EngineLoad:
@@ -430,9 +447,8 @@ class Engine:
                         # the forks' matchers are at the start too: the same mask holds for them
                         self._fork(seq, group.take_forks(), logits[row], allowed.get(row))
                 self._end_or_emit(seq)
-            except Exception:
-                log.exception("request %s failed", seq.name)
-                self._end(seq, FinishReason.ERROR, "internal error while sampling this request")
+            except Exception as exc:
+                self._sampling_failed(seq, exc)
 
     def _end_or_emit(self, seq: Sequence) -> None:
         if seq.finish_reason is not None:
@@ -451,10 +467,20 @@ class Engine:
                 if self.scheduler.fork(first, seq):
                     self._sample(seq, logits, allowed)
                     self._end_or_emit(seq)
-            except Exception:
-                log.exception("request %s failed", seq.name)
-                self._end(seq, FinishReason.ERROR, "internal error while sampling this request")
+            except Exception as exc:
+                self._sampling_failed(seq, exc)
+
+    def _sampling_failed(self, seq: Sequence, exc: Exception) -> None:
+        """End a request whose sampling raised; the others go on. A constraint that failed mid-generation is one
+        log line (its message is short by construction); anything else is a bug and gets its traceback."""
+        if isinstance(exc, ConstraintFailed):
+            log.warning("request %s: %s", seq.name, exc)
+            self._end(seq, FinishReason.ERROR, str(exc))
+            return
+        log.error("request %s failed", seq.name, exc_info=exc)
+        self._end(seq, FinishReason.ERROR, "internal error while sampling this request")
 
     def _sample(self, seq: Sequence, logits: torch.Tensor, allowed: torch.Tensor | None = None) -> None:
         self.runner.sample(seq, logits, allowed)
         self._generated += 1
+        self.scheduler.tenants[seq.request.namespace].generated_tokens += 1

@@ -26,6 +26,7 @@ from radixcache.cache import CacheFullError, Lease, PrefixCache
 from radixcache.pool import KVPool
 from radixcache.worker.request import FinishReason
 from radixcache.worker.sequence import SeqStatus, Sequence
+from radixcache.worker.tenant_counts import tenant_table
 
 # Past this many waiting requests, ordering by cached prefix costs more than it saves: fall back to arrival order.
 MAX_SORTED_WAITING = 128
@@ -64,6 +65,7 @@ class Scheduler:
         self.inflight_shared_tokens = 0  # prompt tokens hit while the request that computed them still ran
         self.prompt_tokens = 0  # over first admissions (a preempted request's recompute is not counted again)
         self.cached_tokens = 0
+        self.tenants = tenant_table()  # the counters above, per namespace (and the engine's, per worker.tenant_counts)
         self._admitted = 0
 
     # --- bookkeeping -------------------------------------------------------------------------------------
@@ -103,6 +105,7 @@ class Scheduler:
         seq.waited_steps = self.aging_steps  # it was already admitted once: don't make it queue again
         self.waiting.insert(0, seq)
         self.preemptions += 1
+        self.tenants[seq.request.namespace].preemptions += 1
 
     def published(self, seq: Sequence) -> None:
         """After a step: put newly completed pages into the tree so concurrent requests can share them."""
@@ -289,11 +292,15 @@ class Scheduler:
             seq.cached_tokens = min(lease.cached_tokens, seq.num_prompt)
             self.prompt_tokens += seq.num_prompt
             self.cached_tokens += seq.cached_tokens
+            mine = self.tenants[seq.request.namespace]
+            mine.prompt_tokens += seq.num_prompt
+            mine.cached_tokens += seq.cached_tokens
             if lease.cached_tokens > 0 and any(
                 other.request.namespace == seq.request.namespace and other.common_prefix(seq) >= lease.cached_tokens
                 for other in self.running
             ):
                 self.inflight_shared_tokens += seq.cached_tokens
+                mine.inflight_shared_tokens += seq.cached_tokens
         self.waiting.remove(seq)
         self._run(seq, lease)
 

@@ -233,15 +233,22 @@ def tool_call_grammar(specs: Sequence[ToolSpec], *, text_allowed: bool = False) 
     function); text_allowed: or else a text that holds no <tool_call> block at all ("auto" limited to `specs`)."""
     from radixcache.worker.structured import JSON_LAYOUT
 
-    calls = [
-        {
-            "type": "object",
-            "properties": {"name": {"const": s.name}, "arguments": dict(s.parameters or {"type": "object"})},
-            "required": ["name", "arguments"],
-            "additionalProperties": False,
-        }
-        for s in specs
-    ]
+    calls = []
+    for i, s in enumerate(specs):
+        # The parameters move from a document's root to .../properties/arguments: their "#/..." refs (pydantic's
+        # "#/$defs/Model", a recursive "#") are rebased to keep pointing into them.
+        at = ("" if len(specs) == 1 else f"/anyOf/{i}") + "/properties/arguments"
+        calls.append(
+            {
+                "type": "object",
+                "properties": {
+                    "name": {"const": s.name},
+                    "arguments": rebase_refs(dict(s.parameters or {"type": "object"}), at),
+                },  # fmt: skip
+                "required": ["name", "arguments"],
+                "additionalProperties": False,
+            }
+        )
     schema = (calls[0] if len(calls) == 1 else {"anyOf": calls}) | {"x-guidance": JSON_LAYOUT}
     grammar = f"call: {json.dumps(OPEN + chr(10))} %json {json.dumps(schema)} {json.dumps(chr(10) + CLOSE)}\n"
     if not text_allowed:
@@ -250,3 +257,33 @@ def tool_call_grammar(specs: Sequence[ToolSpec], *, text_allowed: bool = False) 
     # inside free text, which llguidance's greedy lexer could not find).
     text = f"TEXT: /(?s:.+)/ & ~/(?s:.*){re.escape(OPEN)}(?s:.*)/\n"
     return "start: TEXT | call\n" + text + grammar
+
+
+# Keywords whose values are data, not schemas: a {"$ref": ...} inside them is a value to match, left as it is.
+_DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples"})
+
+
+def rebase_refs(schema: Any, at: str) -> Any:
+    """A copy of `schema` with every local reference ("#" or "#/pointer") moved under the JSON pointer `at` (where
+    the schema now sits inside a bigger document); other references (anchors, URLs) are left as they are.
+
+    Below MAX_SCHEMA_DEPTH levels the rest is kept as it is, with no recursion: such a schema is past what
+    llguidance reads (128 levels) and is refused when it compiles."""
+    from radixcache.worker.validation import MAX_SCHEMA_DEPTH  # validation imports generated, which imports this
+
+    def rebase(node: Any, depth: int) -> Any:
+        if depth > MAX_SCHEMA_DEPTH or not isinstance(node, (dict, list)):
+            return node
+        if isinstance(node, list):
+            return [rebase(item, depth + 1) for item in node]
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            if key == "$ref" and isinstance(value, str) and (value == "#" or value.startswith("#/")):
+                out[key] = "#" + at + value[1:]
+            elif key in _DATA_KEYWORDS:
+                out[key] = value
+            else:
+                out[key] = rebase(value, depth + 1)
+        return out
+
+    return rebase(schema, 0)
