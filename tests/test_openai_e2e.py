@@ -307,10 +307,9 @@ def test_errors_in_openai_shape_and_nothing_lost(worker, client):
     big = {"model": MODEL, "messages": [{"role": "user", "content": "x" * (2 << 20)}]}
     r = httpx.post(worker.base_url + "/chat/completions", json=big, headers={"Authorization": "Bearer key-alice"})
     assert r.status_code == 413 and r.json()["error"]["type"] == "invalid_request_error"
-    r = httpx.post(
-        worker.base_url + "/chat/completions", content=b"{not json", headers={"Authorization": "Bearer key-alice"}
-    )
-    assert r.status_code == 400
+    headers = {"Authorization": "Bearer key-alice", "Content-Type": "application/json"}
+    r = httpx.post(worker.base_url + "/chat/completions", content=b"{not json", headers=headers)
+    assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
     # Nothing stalled, nothing leaked: the worker still answers.
     assert client.chat.completions.create(model=MODEL, messages=MSG, max_tokens=2).usage.completion_tokens >= 1
     wait_idle(worker)

@@ -50,6 +50,8 @@ class EngineStats:
     generated_tokens: int
     inflight_shared_tokens: int  # cached tokens that a still-running request had just computed
     cache: CacheStats = field(repr=False, default=None)  # type: ignore[assignment]
+    kv_dtype: str = ""  # the KV pages' precision (radixcache.kv_dtypes)
+    kv_bytes_per_token: int = 0  # what one token's K/V costs in a page, scales included
 
     @property
     def hit_rate(self) -> float:
@@ -89,6 +91,10 @@ class ModelFacts:
     max_pinned_pages: int = 0
     layer_kinds: tuple[str, ...] = ()  # per layer "global" | "sliding"
     sliding_window: int = 0  # tokens a sliding layer attends to; 0: none slides
+    kv_dtype: str = ""
+    kv_bytes_per_token: int = 0
+    kv_demote: str = ""
+    kv_demoted_pages: int = 0
 
     @property
     def kv_tokens(self) -> int:

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from radixcache.kv_dtypes import KV_DTYPES
+
 DEFAULT_KV_MEMORY = 512 * 2**20
+DEMOTE_DTYPES = ("int4", "int8")  # what cold pages may be demoted to (smaller than the pages' own precision)
 
 
 @dataclass(frozen=True)
@@ -18,6 +21,9 @@ class EngineConfig:
     backend: str = "auto"
     aging_steps: int = 64  # a request waiting this many steps is admitted before any later arrival
     max_pinned: float = 0.5  # share of the KV pool that pins may hold (PinPrefix beyond it: RESOURCE_EXHAUSTED)
+    kv_dtype: str = "auto"  # KV page precision (radixcache.kv_codec): auto = the model's dtype
+    kv_demote: str | None = None  # demote cold leaves to this precision instead of evicting them (None: off)
+    kv_demote_share: float = 0.5  # with kv_demote: the share of the KV memory that holds demoted pages
 
     def __post_init__(self) -> None:
         if self.page_size < 1:
@@ -30,5 +36,15 @@ class EngineConfig:
             raise ValueError(f"max_step_tokens must be >= 1, got {self.max_step_tokens}")
         if self.max_running < 1:
             raise ValueError(f"max_running must be >= 1, got {self.max_running}")
+        if self.kv_dtype not in ("auto", *KV_DTYPES):
+            raise ValueError(f"kv_dtype must be one of auto, {', '.join(KV_DTYPES)}; got {self.kv_dtype!r}")
+        if self.kv_demote is not None and self.kv_demote not in DEMOTE_DTYPES:
+            raise ValueError(f"kv_demote must be one of {', '.join(DEMOTE_DTYPES)} (or unset); got {self.kv_demote!r}")
+        if self.kv_demote is not None and not self.cache_enabled:
+            raise ValueError("kv_demote needs the prefix cache (it demotes cached pages); drop one of the two")
+        if self.kv_demote is not None and self.kv_demote == self.kv_dtype:
+            raise ValueError(f"kv_demote {self.kv_demote} is the KV dtype itself: demoting would save nothing")
+        if not 0.0 < self.kv_demote_share < 1.0:
+            raise ValueError(f"kv_demote_share must be in (0, 1), got {self.kv_demote_share}")
         if not 0.0 <= self.max_pinned <= 1.0:
             raise ValueError(f"max_pinned must be a share of the KV pool in [0, 1], got {self.max_pinned}")

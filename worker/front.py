@@ -82,6 +82,7 @@ ERROR_KINDS = {
     ErrorKind.INTERNAL: RefusalKind.INTERNAL,
     ErrorKind.NO_CAPACITY: RefusalKind.NO_CAPACITY,
     ErrorKind.UNAVAILABLE: RefusalKind.UNAVAILABLE,
+    ErrorKind.CONSTRAINT: RefusalKind.INVALID_ARGUMENT,  # the client's grammar hit a limit: its request, not ours
     None: RefusalKind.INTERNAL,
 }
 
@@ -100,7 +101,8 @@ class Refusal(Exception):
     @classmethod
     def of_failure(cls, error_kind: ErrorKind | None, message: str) -> Refusal:
         """A request that failed after it was admitted (its last output has FinishReason.ERROR)."""
-        return cls(ERROR_KINDS[error_kind], message)
+        subject = "constraint" if error_kind is ErrorKind.CONSTRAINT else None
+        return cls(ERROR_KINDS[error_kind], message, subject=subject)
 
 
 def _invalid(e: InvalidArgument) -> Refusal:

@@ -52,7 +52,7 @@ def _canonical_arguments(arguments: Any) -> str:
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments)
-        except ValueError:
+        except (ValueError, RecursionError):  # (a client's arguments string may nest deeper than json.loads goes)
             return arguments
     return json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 

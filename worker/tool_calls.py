@@ -29,6 +29,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from radixcache.worker.request import MAX_SCHEMA_DEPTH
+
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 TOOL_CHOICE_MODES = ("auto", "none", "required")
 
@@ -114,7 +116,7 @@ def parse_call(body: str) -> ToolCall | None:
     """The call a block's body describes, or None if it is not a valid call."""
     try:
         data = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: a generated block nested deeper than json.loads goes
         return None
     if not isinstance(data, dict) or not isinstance(data.get("name"), str) or not data["name"]:
         return None
@@ -122,7 +124,7 @@ def parse_call(body: str) -> ToolCall | None:
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments)
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
     if not isinstance(arguments, dict):
         return None
@@ -233,22 +235,23 @@ def tool_call_grammar(specs: Sequence[ToolSpec], *, text_allowed: bool = False) 
     function); text_allowed: or else a text that holds no <tool_call> block at all ("auto" limited to `specs`)."""
     from radixcache.worker.structured import JSON_LAYOUT
 
-    calls = []
-    for i, s in enumerate(specs):
-        # The parameters move from a document's root to .../properties/arguments: their "#/..." refs (pydantic's
-        # "#/$defs/Model", a recursive "#") are rebased to keep pointing into them.
-        at = ("" if len(specs) == 1 else f"/anyOf/{i}") + "/properties/arguments"
-        calls.append(
-            {
-                "type": "object",
-                "properties": {
-                    "name": {"const": s.name},
-                    "arguments": rebase_refs(dict(s.parameters or {"type": "object"}), at),
-                },  # fmt: skip
-                "required": ["name", "arguments"],
-                "additionalProperties": False,
-            }
-        )
+    calls = [
+        {
+            "type": "object",
+            # The parameters move from a document's root to .../properties/arguments: their "#/..." refs (pydantic's
+            # "#/$defs/Model", a recursive "#") are rebased to keep pointing into them.
+            "properties": {
+                "name": {"const": s.name},
+                "arguments": rebase_refs(
+                    dict(s.parameters or {"type": "object"}),
+                    ("" if len(specs) == 1 else f"/anyOf/{i}") + "/properties/arguments",
+                ),
+            },
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+        }
+        for i, s in enumerate(specs)
+    ]
     schema = (calls[0] if len(calls) == 1 else {"anyOf": calls}) | {"x-guidance": JSON_LAYOUT}
     grammar = f"call: {json.dumps(OPEN + chr(10))} %json {json.dumps(schema)} {json.dumps(chr(10) + CLOSE)}\n"
     if not text_allowed:
@@ -263,27 +266,22 @@ def tool_call_grammar(specs: Sequence[ToolSpec], *, text_allowed: bool = False) 
 _DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples"})
 
 
-def rebase_refs(schema: Any, at: str) -> Any:
+def rebase_refs(schema: Any, at: str, depth: int = 0) -> Any:
     """A copy of `schema` with every local reference ("#" or "#/pointer") moved under the JSON pointer `at` (where
     the schema now sits inside a bigger document); other references (anchors, URLs) are left as they are.
 
     Below MAX_SCHEMA_DEPTH levels the rest is kept as it is, with no recursion: such a schema is past what
     llguidance reads (128 levels) and is refused when it compiles."""
-    from radixcache.worker.validation import MAX_SCHEMA_DEPTH  # validation imports generated, which imports this
-
-    def rebase(node: Any, depth: int) -> Any:
-        if depth > MAX_SCHEMA_DEPTH or not isinstance(node, (dict, list)):
-            return node
-        if isinstance(node, list):
-            return [rebase(item, depth + 1) for item in node]
-        out: dict[str, Any] = {}
-        for key, value in node.items():
-            if key == "$ref" and isinstance(value, str) and (value == "#" or value.startswith("#/")):
-                out[key] = "#" + at + value[1:]
-            elif key in _DATA_KEYWORDS:
-                out[key] = value
-            else:
-                out[key] = rebase(value, depth + 1)
-        return out
-
-    return rebase(schema, 0)
+    if depth > MAX_SCHEMA_DEPTH or not isinstance(schema, (dict, list)):
+        return schema
+    if isinstance(schema, list):
+        return [rebase_refs(item, at, depth + 1) for item in schema]
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key == "$ref" and isinstance(value, str) and (value == "#" or value.startswith("#/")):
+            out[key] = "#" + at + value[1:]
+        elif key in _DATA_KEYWORDS:
+            out[key] = value
+        else:
+            out[key] = rebase_refs(value, at, depth + 1)
+    return out

@@ -23,14 +23,21 @@ from typing import Any, Protocol
 
 from radixcache.worker.engine_api import RequestTooLargeError
 from radixcache.worker.generated import Reply, encode_rendered
-from radixcache.worker.request import Constraint, Request, SamplingParams
+from radixcache.worker.request import MAX_CONSTRAINT_CHARS, MAX_SCHEMA_DEPTH, Constraint, Request, SamplingParams
 
 CHAT_ROLES = ("system", "user", "assistant", "tool")
 MAX_REQUEST_ID_CHARS = 128
-MAX_CHAT_MESSAGES = 1024
-# JSON containers a json_schema may nest (a pydantic model nested 10 deep uses ~25). llguidance's own reader stops at
-# 128 with a message naming a column; the tool-call grammar adds 5 levels around a tool's parameters.
-MAX_SCHEMA_DEPTH = 64
+MAX_CHAT_MESSAGES = 1024  # (stop strings and stop token ids: request.py's SamplingParams has their limits)
+MAX_TOOLS = 128  # tool (function) definitions of one request, as OpenAI allows
+MAX_TOOL_CALLS = 64  # tool calls of one assistant message
+MAX_TOOL_ARGUMENTS_BYTES = 1 << 16  # one tool call's arguments as JSON
+MAX_CONTENT_PARTS = 64  # parts of one message's content (the HTTP front's [{"type": "text", "text": ...}, ...])
+MAX_SCHEMA_BYTES = MAX_CONSTRAINT_CHARS  # one tool's parameters as compact JSON (a response format: the constraint's)
+# A request body (HTTP) nests objects and arrays at most this deep (a schema inside it ~5 levels down), and holds at
+# most this many JSON values and keys beside its prompt's token ids; both are checked while it is parsed
+# (worker/openai/json_body.py), so what a body costs to parse and validate is bounded by these, not by its size.
+MAX_JSON_DEPTH = 2 * MAX_SCHEMA_DEPTH  # a refused schema is named by its own check
+MAX_JSON_ITEMS = 1 << 15
 DEFAULT_MAX_TOKENS = SamplingParams().max_tokens
 
 
@@ -183,6 +190,7 @@ def chat_messages(messages: Sequence[Mapping[str, Any]], limits: ModelLimits) ->
             raise InvalidArgument(f"messages[{i}].role must be one of {', '.join(CHAT_ROLES)}; got {role!r}")
         if not isinstance(content, str):
             raise InvalidArgument(f"messages[{i}].content must be a string, got {type(content).__name__}")
+        _message_fields(m, f"messages[{i}]")
         chars += len(content)
         out.append(dict(m))
     # Characters <= UTF-8 bytes: too many characters is too many bytes, without encoding megabytes to count them.
@@ -199,6 +207,70 @@ def chat_messages(messages: Sequence[Mapping[str, Any]], limits: ModelLimits) ->
             limits.context_length,
         )
     return out
+
+
+def _message_fields(message: Mapping[str, Any], name: str) -> None:
+    """A message's fields beside role and content (tool use: name, tool_call_id, tool_calls) are valid text."""
+    for key in ("name", "tool_call_id"):
+        if isinstance(message.get(key), str):
+            _utf8_size(message[key], f"{name}.{key}")
+    calls = message.get("tool_calls") or ()
+    if len(calls) > MAX_TOOL_CALLS:
+        raise InvalidArgument(f"{name}.tool_calls must hold at most {MAX_TOOL_CALLS} tool calls, got {len(calls)}")
+    for j, call in enumerate(calls):
+        if isinstance(call.get("id"), str):
+            _utf8_size(call["id"], f"{name}.tool_calls[{j}].id")
+        function = call.get("function") or {}
+        if isinstance(function.get("name"), str):
+            _utf8_size(function["name"], f"{name}.tool_calls[{j}].function.name")
+        if "arguments" in function:  # JSON text, or the object it holds
+            _tool_arguments_size(_json_size(function["arguments"], f"{name}.tool_calls[{j}].function.arguments"),
+                                 f"{name}.tool_calls[{j}].function.arguments")  # fmt: skip
+
+
+def _tool_arguments_size(size: int, name: str) -> None:
+    if size > MAX_TOOL_ARGUMENTS_BYTES:
+        raise InvalidArgument(f"{name} must have at most {MAX_TOOL_ARGUMENTS_BYTES} bytes as JSON, got {size}")
+
+
+def tool_call_arguments(text: str, name: str) -> Any:
+    """A tool call's arguments (JSON text, as OpenAI sends them) as chat templates expect them: the object the text
+    holds, or the text itself when it is not JSON. Its size is checked before it is parsed."""
+    _tool_arguments_size(len(text), name)  # characters <= bytes: a cheap first bound
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):  # not JSON, or nested deeper than json.loads goes
+        return text
+
+
+def check_tools(tools: Sequence[Mapping[str, Any]]) -> None:
+    """Tool definitions: at most MAX_TOOLS, names and descriptions valid text, parameters at most MAX_SCHEMA_BYTES
+    of JSON."""
+    if len(tools) > MAX_TOOLS:
+        raise InvalidArgument(f"tools must hold at most {MAX_TOOLS} tools, got {len(tools)}")
+    for i, tool in enumerate(tools):
+        function = tool.get("function") or {}
+        for key in ("name", "description"):
+            if isinstance(function.get(key), str):
+                _utf8_size(function[key], f"tools[{i}].function.{key}")
+        if function.get("parameters") is not None:
+            size = _json_size(function["parameters"], f"tools[{i}].function.parameters")
+            if size > MAX_SCHEMA_BYTES:
+                raise InvalidArgument(
+                    f"tools[{i}].function.parameters must have at most {MAX_SCHEMA_BYTES} bytes as JSON, got {size}"
+                )
+
+
+def _json_size(value: Any, name: str) -> int:
+    """The UTF-8 size of `value` as compact JSON (a string as itself); a lone surrogate anywhere in it is an
+    InvalidArgument naming `name`."""
+    if isinstance(value, str):
+        return _utf8_size(value, name)
+    try:
+        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    except (TypeError, ValueError, RecursionError) as e:
+        raise InvalidArgument(f"{name} must be JSON: {e}") from None
+    return _utf8_size(text, name)
 
 
 def check_prompt_input(prompt: PromptInput, tokenizer: TokenizerLike | None, limits: ModelLimits) -> int:
@@ -221,6 +293,7 @@ def check_prompt_input(prompt: PromptInput, tokenizer: TokenizerLike | None, lim
         return len(ids)
     if kind == "messages":
         chat_messages(prompt.messages or (), limits)
+        check_tools(prompt.tools or ())
         return 1  # a template may drop or trim content: no tighter bound is certain
     text = prompt.text or ""
     if not text:
@@ -442,6 +515,23 @@ def constraint(kind: str | None, text: str = "") -> Constraint | None:
     return wanted
 
 
+def json_depth(value: Any, limit: int) -> int:
+    """How deeply `value` (parsed JSON) nests lists and dicts (a scalar: 0, [] or {}: 1), counted up to limit + 1:
+    iterative, so a hostile depth costs no recursion and stops at the first path past the limit."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        deepest = max(deepest, depth)
+        if depth > limit:
+            return depth
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return deepest
+
+
 def check_strict_schema(schema: Any, owner: str) -> None:
     """OpenAI's strict mode (`strict: true` on a json_schema response format or a function): every object schema
     says `additionalProperties: false` and lists each of its properties in `required`. InvalidArgument naming the
@@ -479,20 +569,3 @@ def check_strict_schema(schema: Any, owner: str) -> None:
                 visit(node[key], (*context, key))
 
     visit(schema, ())
-
-
-def json_depth(value: Any, limit: int) -> int:
-    """How deeply `value` (parsed JSON) nests lists and dicts (a scalar: 0, [] or {}: 1), counted up to limit + 1:
-    iterative, so a hostile depth costs no recursion and stops at the first path past the limit."""
-    deepest = 0
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
-        if children is None:
-            continue
-        deepest = max(deepest, depth)
-        if depth > limit:
-            return depth
-        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
-    return deepest

@@ -22,10 +22,10 @@ from radixcache.worker.anthropic.cache_control import BreakpointPins
 from radixcache.worker.anthropic.errors import error_body, refusal_error
 from radixcache.worker.anthropic.output import MessagesResponder, sse
 from radixcache.worker.anthropic.protocol import CountTokensRequest, MessagesRequest, TokensCount
-from radixcache.worker.anthropic.requests import parse_messages, parse_prompt
+from radixcache.worker.anthropic.requests import messages_body_shape, parse_messages, parse_prompt
 from radixcache.worker.engine_stream import EngineStream
 from radixcache.worker.front import Refusal, RefusalKind
-from radixcache.worker.openai.app import OpenAIFront, _parse, _read_body
+from radixcache.worker.openai.app import OpenAIFront
 from radixcache.worker.openai.errors import APIError
 from radixcache.worker.request import FinishReason, RequestOutput
 
@@ -51,7 +51,7 @@ class MessagesEndpoint:
     async def create(self, request: Request) -> Response:
         tenant = self.tenant(request)
         engine = self.front.engine()
-        body = _parse(MessagesRequest, await _read_body(request, self.front.max_body_bytes))
+        body = await self.front.body(request, MessagesRequest, messages_body_shape(self.front.core.limits))
         self.front.check_model(body.model)
         parsed = parse_messages(body)
         message_id = "msg_" + uuid.uuid4().hex
@@ -82,7 +82,7 @@ class MessagesEndpoint:
     async def count_tokens(self, request: Request) -> Response:
         tenant = self.tenant(request)
         self.front.engine()
-        body = _parse(CountTokensRequest, await _read_body(request, self.front.max_body_bytes))
+        body = await self.front.body(request, CountTokensRequest, messages_body_shape(self.front.core.limits))
         self.front.check_model(body.model)
         prompt, _, _, _ = parse_prompt(body)
         try:

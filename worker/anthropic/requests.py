@@ -25,8 +25,19 @@ from typing import Any
 
 from radixcache.worker.anthropic.protocol import CountTokensRequest, MessagesRequest
 from radixcache.worker.openai.errors import bad_request
+from radixcache.worker.openai.json_body import ArrayRule, BodyShape
+from radixcache.worker.request import MAX_STOP_STRINGS
 from radixcache.worker.tool_calls import ToolChoice, ToolSpec, template_tools
-from radixcache.worker.validation import PromptInput, SamplingValues
+from radixcache.worker.validation import (
+    MAX_CHAT_MESSAGES,
+    MAX_CONTENT_PARTS,
+    MAX_JSON_DEPTH,
+    MAX_JSON_ITEMS,
+    MAX_TOOLS,
+    ModelLimits,
+    PromptInput,
+    SamplingValues,
+)
 
 # Accepted and ignored: they never change what is generated here.
 IGNORED = frozenset({
@@ -85,6 +96,20 @@ class _Block:
 class _Turn:
     role: str
     blocks: tuple[_Block, ...]
+
+
+def messages_body_shape(limits: ModelLimits) -> BodyShape:
+    """What a Messages (or count_tokens) body may hold, checked while it is parsed (worker/openai/json_body.py, as
+    for the OpenAI routes): messages, their content blocks (a turn of parallel tool results holds many: 4x the
+    OpenAI parts' limit), system blocks, tools, stop sequences."""
+    rules = {
+        ("messages",): ArrayRule(MAX_CHAT_MESSAGES, "messages"),
+        ("messages", "*", "content"): ArrayRule(4 * MAX_CONTENT_PARTS, "content blocks"),
+        ("system",): ArrayRule(MAX_CONTENT_PARTS, "system blocks"),
+        ("tools",): ArrayRule(MAX_TOOLS, "tools"),
+        ("stop_sequences",): ArrayRule(MAX_STOP_STRINGS, "stop sequences"),
+    }
+    return BodyShape(max_depth=MAX_JSON_DEPTH, max_items=MAX_JSON_ITEMS + limits.context_length, rules=rules)
 
 
 def _ttl(value: Any, where: str) -> str | None:

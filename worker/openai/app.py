@@ -8,8 +8,9 @@ the OpenAI wire mapping only: bodies in (requests.py), chunks and responses out 
 errors (errors.py).
 
 A client that disconnects aborts its request at once, streaming or not: its pages are freed in the engine's next
-step. Errors are OpenAI's shape (errors.py): 400 bad input, 401 auth, 404 model or route, 413 too large, 503 while
-loading or draining, 500 for a failure inside one request.
+step. Errors are OpenAI's shape (errors.py): 400 bad input (a body past json_body's limits included) or a Host it
+does not answer to (host_check), 401 auth, 404 model or route, 405 method, 413 too large, 415 a body not said to be
+JSON, 503 while loading or draining, 500 for a failure inside one request.
 """
 
 from __future__ import annotations
@@ -29,16 +30,20 @@ from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from radixcache.worker.anthropic.errors import anthropic_path, error_body
+from radixcache.worker.decode_guard import RateLimitedWarning
 from radixcache.worker.engine_stream import EngineStream, StreamClosed
 from radixcache.worker.front import FrontCore, Refusal, RefusalKind
 from radixcache.worker.openai.errors import APIError, bad_request, param_of
+from radixcache.worker.openai.host_check import HostCheck
+from radixcache.worker.openai.json_body import BodyError, BodyShape, parse_body
 from radixcache.worker.openai.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
-from radixcache.worker.openai.requests import ParsedRequest, parse_chat, parse_completion
+from radixcache.worker.openai.requests import ParsedRequest, body_shape, parse_chat, parse_completion
 from radixcache.worker.openai.response_store import ResponseStore
 from radixcache.worker.openai.responses import ChatResponder, CompletionResponder
 from radixcache.worker.request import FinishReason, RequestOutput
 
 log = logging.getLogger("radixcache.openai")
+_refused_bodies = RateLimitedWarning(log)  # one short line, not one per hostile request
 
 DEFAULT_MAX_BODY_BYTES = 16 << 20
 # A front-core refusal's HTTP status (request ids are made here, so a duplicate one is the server's fault: 500).
@@ -89,23 +94,33 @@ def _pydantic_param(error: dict[str, Any]) -> str:
     return path
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
+async def _read_body(request: Request, limit: int) -> list[bytes]:
+    """The body as the pieces it arrived in (json_body joins what it needs: 16 MB copied is milliseconds the loop
+    serves no one)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise APIError(413, f"the request body has {declared} bytes; at most {limit} are accepted", code="too_large")
-    body = bytearray()
+    pieces, size = [], 0
     async for piece in request.stream():
-        body += piece
-        if len(body) > limit:
+        pieces.append(piece)
+        size += len(piece)
+        if size > limit:
             raise APIError(413, f"the request body exceeds {limit} bytes", code="too_large")
-    return bytes(body)
+    return pieces
 
 
-def _parse(model: type[BaseModel], raw: bytes) -> Any:
-    try:
-        data = json.loads(raw)
-    except ValueError as e:
-        raise bad_request(f"the request body is not valid JSON: {e}", None) from None
+def _require_json(request: Request) -> None:
+    """Bodies are JSON, said so: a browser page on another site can POST text/plain or a form to a worker on
+    localhost without asking first (no CORS preflight), but not application/json."""
+    content_type = request.headers.get("content-type", "")
+    if content_type.split(";", 1)[0].strip().lower() != "application/json":
+        raise APIError(
+            415, f"Content-Type must be application/json, got {content_type or 'none'!r}",
+            code="unsupported_media_type",
+        )  # fmt: skip
+
+
+def _validate(model: type[BaseModel], data: Any) -> Any:
     if not isinstance(data, dict):
         raise bad_request("the request body must be a JSON object", None)
     try:
@@ -178,24 +193,16 @@ class OpenAIFront:
     ) -> Response:  # fmt: skip
         tenant = self.tenant(request)
         engine = self.engine()
-        body = _parse(model, await _read_body(request, self.max_body_bytes))
+        body = await self.body(request, model)
         self.check_model(body.model)
         parsed = parse(body)
-        common = {
-            "model": self.model_name,
-            "n": parsed.sampling.n or 1,
-            "token_text": self._token_text(engine),
-            "logprobs": bool(parsed.sampling.logprobs),
-        }
-        responder: ChatResponder | CompletionResponder
-        if chat:
-            responder = ChatResponder(
-                request_id="chatcmpl-" + uuid.uuid4().hex, parse_tools=parsed.parse_tools,
-                closes_at_stop=bool(parsed.tool_choice.stop()), **common,
-            )  # fmt: skip
-        else:
-            responder = CompletionResponder(request_id="cmpl-" + uuid.uuid4().hex, **common)
-        stream = await self._open(tenant, responder.id, parsed, prompt_param=prompt_param, chat=chat)
+        request_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        stream = await self._open(tenant, request_id, parsed, prompt_param=prompt_param, chat=chat)
+        try:  # only now, with every field valid, is anything sized by the request (one choice per sample)
+            responder = self._responder(engine, stream, request_id, parsed, chat=chat)
+        except BaseException:
+            stream.close()
+            raise
 
         def done() -> None:
             if parsed.retention_s is not None:
@@ -213,7 +220,34 @@ class OpenAIFront:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
+    async def body(self, request: Request, model: type[BaseModel], shape: BodyShape | None = None) -> Any:
+        """The body as `model`: JSON said so, at most max_body_bytes, parsed within `shape`'s limits (chat's and
+        completions' by default) without stalling the loop (json_body), then typed by pydantic (cheap: the shape
+        bounds what it holds). Every route with a body reads it here."""
+        _require_json(request)
+        raw = await _read_body(request, self.max_body_bytes)
+        try:
+            data = await parse_body(raw, shape or body_shape(self.core.limits))
+        except BodyError as e:
+            client = request.client.host if request.client else "?"
+            size = sum(len(piece) for piece in raw)
+            _refused_bodies.warn(f"refused an HTTP body from {client} ({size} bytes): {e.message[:200]}")
+            raise bad_request(e.message, e.param) from None
+        return _validate(model, data)
+
     # -- the way through validation to the engine -------------------------------------------------------------
+    def _responder(
+        self, engine: Any, stream: EngineStream, request_id: str, parsed: ParsedRequest, *, chat: bool
+    ) -> ChatResponder | CompletionResponder:
+        """The response builder of an admitted request, sized by its validated sampling (n, logprobs)."""
+        sampling = stream.request.sampling
+        common = {"request_id": request_id, "model": self.model_name, "n": sampling.n,
+                  "token_text": self._token_text(engine), "logprobs": sampling.logprobs}  # fmt: skip
+        if chat:
+            closes = bool(parsed.tool_choice.stop())
+            return ChatResponder(parse_tools=parsed.parse_tools, closes_at_stop=closes, **common)
+        return CompletionResponder(**common)
+
     @staticmethod
     def _token_text(engine: Any) -> Callable[[int], str]:
         tokenizer = engine.tokenizer
@@ -309,9 +343,14 @@ class OpenAIFront:
 
 
 def create_app(
-    core: FrontCore, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, store: ResponseStore | None = None
+    core: FrontCore,
+    *,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    allowed_hosts: frozenset[str] | None = None,
+    store: ResponseStore | None = None,
 ) -> FastAPI:
-    """The FastAPI app of the OpenAI front over the front core (see the module docstring). store: the Responses
+    """The FastAPI app of the OpenAI front over the front core (see the module docstring). allowed_hosts: the Host
+    names it answers (host_check.allowed_hosts; None: any, as behind the cluster's proxy). store: the Responses
     API's stored responses (a default-sized one if None)."""
     # These import this module's helpers: imported when the app is built.
     from radixcache.worker.anthropic.messages_api import MessagesEndpoint
@@ -321,6 +360,7 @@ def create_app(
     responses = ResponsesEndpoint(api, store if store is not None else ResponseStore())
     messages = MessagesEndpoint(api)
     app = FastAPI(title="radixcache", docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(HostCheck, allowed=allowed_hosts)
 
     def error(request: Request, e: APIError) -> JSONResponse:
         """An error in the shape of the API the path belongs to (Anthropic's for /v1/messages, else OpenAI's)."""

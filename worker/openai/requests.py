@@ -12,15 +12,48 @@ from dataclasses import dataclass
 from typing import Any
 
 from radixcache.worker.openai.errors import bad_request
+from radixcache.worker.openai.json_body import ArrayRule, BodyShape
 from radixcache.worker.openai.protocol import ChatCompletionRequest, ChatMessageIn, CompletionRequest, Tool
+from radixcache.worker.request import MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS
 from radixcache.worker.tool_calls import TOOL_CHOICE_MODES, ToolChoice, ToolSpec, template_tools
-from radixcache.worker.validation import InvalidArgument, PromptInput, SamplingValues, check_strict_schema
+from radixcache.worker.validation import (
+    MAX_CHAT_MESSAGES,
+    MAX_CONTENT_PARTS,
+    MAX_JSON_DEPTH,
+    MAX_JSON_ITEMS,
+    MAX_TOOL_CALLS,
+    MAX_TOOLS,
+    InvalidArgument,
+    ModelLimits,
+    PromptInput,
+    SamplingValues,
+    check_strict_schema,
+    tool_call_arguments,
+)
 
 # Accepted and ignored: they never change what is generated.
 IGNORED_PARAMS = frozenset({"user", "store", "metadata", "service_tier", "safety_identifier"})
 # prompt_cache_retention -> how long what a request computed stays pinned (inside the pin budget; None: not pinned).
 # The disk tier (issue 25) will keep "24h" there instead, where one is configured.
 RETENTION_S = {None: None, "in_memory": None, "24h": 24 * 3600.0}
+
+
+def body_shape(limits: ModelLimits) -> BodyShape:
+    """What a chat or completions body may hold, by validation's limits, checked while it is parsed (json_body):
+    a body with more messages, tools, parts, stop strings or token ids than any request may have is refused before
+    it is built, naming the field."""
+    token_ids = ArrayRule(max(1, limits.max_prompt_tokens), "token ids")
+    rules = {
+        ("messages",): ArrayRule(MAX_CHAT_MESSAGES, "messages"),
+        ("messages", "*", "content"): ArrayRule(MAX_CONTENT_PARTS, "content parts"),
+        ("messages", "*", "tool_calls"): ArrayRule(MAX_TOOL_CALLS, "tool calls"),
+        ("tools",): ArrayRule(MAX_TOOLS, "tools"),
+        ("stop",): ArrayRule(MAX_STOP_STRINGS, "strings"),
+        ("stop_token_ids",): ArrayRule(MAX_STOP_TOKEN_IDS, "ids"),
+        ("prompt",): token_ids,  # or a batch of one prompt
+        ("prompt", "*"): token_ids,
+    }
+    return BodyShape(max_depth=MAX_JSON_DEPTH, max_items=MAX_JSON_ITEMS + limits.context_length, rules=rules)
 
 
 @dataclass(frozen=True)
@@ -177,11 +210,21 @@ def _content(message: ChatMessageIn, i: int) -> str:
 
 
 def template_arguments(raw: str) -> Any:
-    """Tool-call arguments as chat templates expect them (an object), when the string is one; else as sent."""
+    """Tool-call arguments as chat templates expect them (an object), when the string is one; else as sent (text
+    that is not JSON, or nests deeper than json.loads goes). For what the model generated; a client's: client_arguments."""
     try:
         return json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         return raw
+
+
+def client_arguments(raw: str, param: str) -> Any:
+    """A client's tool-call arguments, the field `param` (validation.tool_call_arguments: size-checked before they
+    are parsed), or a 400 naming it."""
+    try:
+        return tool_call_arguments(raw, param)
+    except InvalidArgument as e:
+        raise bad_request(str(e), param) from None
 
 
 def chat_messages(messages: list[ChatMessageIn]) -> list[dict[str, Any]]:
@@ -200,9 +243,14 @@ def chat_messages(messages: list[ChatMessageIn]) -> list[dict[str, Any]]:
                 {
                     "id": call.id,
                     "type": "function",
-                    "function": {"name": call.function.name, "arguments": template_arguments(call.function.arguments)},
+                    "function": {
+                        "name": call.function.name,
+                        "arguments": client_arguments(
+                            call.function.arguments, f"messages[{i}].tool_calls[{j}].function.arguments"
+                        ),
+                    },
                 }
-                for call in m.tool_calls
+                for j, call in enumerate(m.tool_calls)
             ]
         if m.tool_call_id is not None:
             message["tool_call_id"] = m.tool_call_id

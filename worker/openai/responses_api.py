@@ -24,10 +24,10 @@ from starlette.background import BackgroundTask
 
 from radixcache.worker.engine_stream import EngineStream
 from radixcache.worker.front import Refusal
-from radixcache.worker.openai.app import OpenAIFront, _parse, _read_body, api_error
+from radixcache.worker.openai.app import OpenAIFront, api_error
 from radixcache.worker.openai.errors import APIError
 from radixcache.worker.openai.response_store import ResponseStore, StoredResponse
-from radixcache.worker.openai.responses_input import ResponsesInput, parse_responses
+from radixcache.worker.openai.responses_input import ResponsesInput, parse_responses, responses_body_shape
 from radixcache.worker.openai.responses_output import ResponsesResponder, sse
 from radixcache.worker.openai.responses_protocol import DeletedResponse, ResponsesRequest
 from radixcache.worker.request import FinishReason
@@ -46,7 +46,7 @@ class ResponsesEndpoint:
     async def create(self, request: Request) -> Response:
         tenant = self.front.tenant(request)
         engine = self.front.engine()
-        body = _parse(ResponsesRequest, await _read_body(request, self.front.max_body_bytes))
+        body = await self.front.body(request, ResponsesRequest, responses_body_shape(self.front.core.limits))
         self.front.check_model(body.model)
         parsed = parse_responses(body)
         previous = self._previous(tenant, parsed)

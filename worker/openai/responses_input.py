@@ -14,20 +14,43 @@ from dataclasses import dataclass
 from typing import Any
 
 from radixcache.worker.openai.errors import bad_request
+from radixcache.worker.openai.json_body import ArrayRule, BodyShape
 from radixcache.worker.openai.requests import (
     RETENTION_S,
+    client_arguments,
     response_format,
     strict_schema,
-    template_arguments,
     tool_choice,
 )
 from radixcache.worker.openai.responses_protocol import ResponsesRequest
 from radixcache.worker.tool_calls import ToolChoice, ToolSpec
-from radixcache.worker.validation import SamplingValues
+from radixcache.worker.validation import (
+    MAX_CHAT_MESSAGES,
+    MAX_CONTENT_PARTS,
+    MAX_JSON_DEPTH,
+    MAX_JSON_ITEMS,
+    MAX_TOOLS,
+    ModelLimits,
+    SamplingValues,
+)
 
 # Accepted and ignored: they never change what is generated here.
 IGNORED = frozenset({"user", "safety_identifier", "service_tier", "metadata", "include", "stream_options"})
 ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
+
+
+def responses_body_shape(limits: ModelLimits) -> BodyShape:
+    """What a Responses body may hold (requests.body_shape's rules, by the Responses API's field names), checked
+    while it is parsed: input items, their content parts, tools."""
+    rules = {
+        # messages, and the function_call items that join an assistant turn (the messages are counted again later)
+        ("input",): ArrayRule(2 * MAX_CHAT_MESSAGES, "input items"),
+        ("input", "*", "content"): ArrayRule(MAX_CONTENT_PARTS, "content parts"),
+        ("tools",): ArrayRule(MAX_TOOLS, "tools"),
+    }
+    return BodyShape(max_depth=MAX_JSON_DEPTH, max_items=MAX_JSON_ITEMS + limits.context_length, rules=rules)
+
+
 TEXT_PARTS = ("input_text", "output_text", "text")
 
 
@@ -70,7 +93,7 @@ def _text(content: Any, where: str) -> str:
 def _arguments(raw: Any, where: str) -> Any:
     if not isinstance(raw, str):
         raise bad_request(f"{where}.arguments must be a string of JSON", f"{where}.arguments")
-    return template_arguments(raw)
+    return client_arguments(raw, f"{where}.arguments")
 
 
 def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
