@@ -159,10 +159,12 @@ def generate_request(
     token_ids: Sequence[int] | None = None,
     messages: Sequence[Message] | None = None,
     request_id: str = "",
+    cache_key: str = "",
     **sampling: Any,
 ) -> pb.GenerateRequest:
     """A GenerateRequest; sampling keywords left out (or None) take the worker's defaults. The keywords also take
-    one constraint: json_schema (a dict or JSON text), json_object=True, regex or ebnf."""
+    one constraint: json_schema (a dict or JSON text), json_object=True, regex or ebnf. cache_key: the routing hint
+    (a cluster sends a tenant's requests with one key to one replica while load allows)."""
     known = _SAMPLING + _CONSTRAINTS
     unknown = set(sampling) - set(known)
     if unknown:
@@ -170,7 +172,7 @@ def generate_request(
     constraints = [name for name in _CONSTRAINTS if sampling.get(name) is not None]
     if len(constraints) > 1:
         raise ValueError(f"give at most one constraint; got {', '.join(constraints)}")
-    req = pb.GenerateRequest(request_id=request_id)
+    req = pb.GenerateRequest(request_id=request_id, cache_key=cache_key)
     _set_input(req, text, token_ids, messages)
     for name, value in sampling.items():
         if value is None:
@@ -268,8 +270,8 @@ class Client(_Base):
     ) -> Iterator[Chunk]:
         """Stream a completion, one Chunk per engine step. Sampling keywords: max_tokens, temperature, top_k, top_p,
         min_p, seed, stop, stop_token_ids, ignore_eos, logprobs, top_logprobs, n, presence_penalty,
-        frequency_penalty, speculate; and at most one constraint: json_schema (dict or JSON text), json_object=True,
-        regex, ebnf."""
+        frequency_penalty, speculate; cache_key (the routing hint); and at most one constraint: json_schema (dict or
+        JSON text), json_object=True, regex, ebnf."""
         req = generate_request(text, token_ids=token_ids, messages=messages, request_id=request_id, **sampling)
         call = self._stub.Generate(req, timeout=timeout, metadata=self._metadata)
         return self._iterate(call)

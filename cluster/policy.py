@@ -20,6 +20,11 @@ picks one at random. With the default weights a cached prefix keeps its requests
 queue there is longer than recomputing it elsewhere: 1,024 cached tokens outweigh 1,024 queued ones, or 256 running
 requests (the imbalance rule below steps in long before).
 
+A request with a cache key (OpenAI's prompt_cache_key, Request.cache_key) goes to its key's home replica unless
+the fleet is imbalanced: `key_home` picks it by rendezvous hashing of (tenant, key, replica) over the candidates,
+so every router agrees on it without sharing state, and a replica joining or leaving moves only the keys it wins
+or held. The client asked for the key's requests to stay together: its conversation's pages are then where it goes.
+
 Two rules of SGLang's cache-aware router come first. When the request counts are imbalanced (the busiest and the
 idlest differ by more than `balance_abs` AND the busiest has more than `balance_rel` times the idlest's), the cache
 is ignored and load alone decides (the eviction term too: it weighs cached pages). A match shorter than `min_match_pages` pages counts as none.
@@ -31,6 +36,7 @@ import dataclasses
 import random
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from hashlib import blake2b
 
 DEFAULT_BALANCE_ABS = 8
 DEFAULT_BALANCE_REL = 1.5
@@ -138,6 +144,19 @@ def choose(
     return (rng or random).choice(cheapest(candidates, prompt_tokens, page_size, t, w))
 
 
+def key_home(namespace: str, cache_key: str, replicas: Sequence[Hashable]) -> Hashable:
+    """The replica a tenant's cache key belongs on: the one whose hash with the key is highest (rendezvous hashing;
+    replicas must not be empty)."""
+    if not replicas:
+        raise ValueError("no candidate replicas")
+    key = f"{len(namespace)}:{namespace}{cache_key}".encode()
+
+    def score(replica: Hashable) -> bytes:
+        return blake2b(key + b"\0" + str(replica).encode(), digest_size=8).digest()
+
+    return max(replicas, key=score)
+
+
 class Policy:
     """The router's decision: thresholds, weights, and whose turn it is among tied candidates. Not thread-safe."""
 
@@ -146,7 +165,14 @@ class Policy:
         self.weights = weights or LoadWeights()
         self.ties = 0  # decisions that had several cheapest candidates
 
-    def pick(self, candidates: Sequence[Candidate], prompt_tokens: int, page_size: int) -> Candidate:
+    def pick(
+        self, candidates: Sequence[Candidate], prompt_tokens: int, page_size: int, *, namespace: str = "",
+        cache_key: str = "",
+    ) -> Candidate:  # fmt: skip
+        """The cheapest candidate (ties in turn), or with a cache key and balanced load, the key's home."""
+        if cache_key and not imbalanced([c.requests for c in candidates], self.thresholds):
+            home = key_home(namespace, cache_key, [c.replica for c in candidates])
+            return next(c for c in candidates if c.replica == home)
         tied = cheapest(candidates, prompt_tokens, page_size, self.thresholds, self.weights)
         if len(tied) == 1:
             return tied[0]

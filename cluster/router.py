@@ -119,7 +119,10 @@ class CacheAwareRouter(RequestRouter):
         by_key = {r.replica_id.to_full_id_str(): r for r in candidates}
         prompt = len(request.prompt_ids)
         scored = [self._candidate(key, request.namespace, hashes, prompt) for key in by_key]
-        return by_key[self.policy.pick(scored, prompt, self.page_size).replica]
+        chosen = self.policy.pick(
+            scored, prompt, self.page_size, namespace=request.namespace, cache_key=request.cache_key
+        )
+        return by_key[chosen.replica]
 
     def _candidate(self, key: str, namespace: str, hashes: list[int], prompt: int) -> Candidate:
         total = self.loads.pages_total(key)

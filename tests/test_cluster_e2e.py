@@ -21,7 +21,7 @@ from ray.serve.config import HTTPOptions
 
 from radixcache.client import Client
 from radixcache.cluster.app import ClusterOptions, build_app, grpc_options
-from radixcache.cluster.policy import RoutingThresholds
+from radixcache.cluster.policy import RoutingThresholds, key_home
 from radixcache.events import page_hashes
 from radixcache.v1 import radixcache_pb2 as pb
 
@@ -32,6 +32,10 @@ INFLIGHT_TTL_S = 3.0  # short, so a test can wait until only cache events guide 
 # loaded machine's events arrive before a routed prompt stops counting (at 1 s, 2 of 10 pairs missed under load)
 GRACE_S = 3.0  # a replica being stopped hands back what still streams after this
 HOGS = 4  # long streams sharing one prefix: all stick to its replica, whose load is then imbalanced
+# Long streams (hogs, streams across a kill) opt out of speculation: the random model repeats itself, so drafts would
+# end them in a fraction of the time the tests need them running. A hog runs until the test stops it: 800 tokens
+# (53 of a replica's 64 pages) keep it alive that long on a fast machine too (300 ended too soon now and then).
+HOG_TOKENS = 800
 TOKENS = {"tok-alice": "alice", "tok-bob": "bob", "tok-admin": "ops"}
 ADMINS = frozenset({"tok-admin"})  # may read every replica's cache events
 
@@ -183,7 +187,9 @@ def test_load_fallback_when_one_replica_is_saturated(cluster):
 
         def hog(i: int) -> None:  # long requests with the same prefix pile up on the replica holding it
             with Client(target, token="tok-alice") as h:
-                for _ in h.generate(token_ids=prefix + [10 + i], max_tokens=300, ignore_eos=True):
+                for _ in h.generate(
+                    token_ids=prefix + [10 + i], max_tokens=HOG_TOKENS, ignore_eos=True, speculate=False
+                ):
                     if stop.is_set():
                         break
 
@@ -218,7 +224,9 @@ def test_a_killed_replica_ends_its_streams_and_the_fleet_serves_on(cluster):
         def stream(i: int) -> None:
             with Client(target, token="tok-alice") as s:
                 try:
-                    for _ in s.generate(token_ids=ids(8, salt=200 + i), max_tokens=300, ignore_eos=True):
+                    for _ in s.generate(
+                        token_ids=ids(8, salt=200 + i), max_tokens=300, ignore_eos=True, speculate=False
+                    ):
                         started.set()
                 except grpc.RpcError as e:
                     errors.append(e.code())
@@ -464,3 +472,24 @@ def test_a_replica_scaled_away_drains_then_hands_back_its_streams(cluster):
         assert code == grpc.StatusCode.UNAVAILABLE and "drained" in details, details
     assert all(o == "length" for o in outcomes.values() if not isinstance(o, tuple)), outcomes
     assert time.monotonic() - started < 60  # within grace + margin, not Serve's kill after a long wait
+
+
+def test_requests_with_one_cache_key_go_to_one_replica(cluster):
+    target, _ = cluster
+
+    def asked(c: Client) -> dict[str, int]:  # the prompt tokens each replica's cache was asked for
+        return {r["replica_id"]: r["queried_tokens"] for r in c.stats()["replicas"]}
+
+    with Client(target, token="tok-alice") as c:
+        wait_idle(c)  # balanced, so the keys decide
+        replicas = sorted(asked(c))
+        keys = [f"session-{k}" for k in range(40)]
+        homes = {key: key_home("alice", key, replicas) for key in keys}
+        for home in replicas:  # a key of each replica's: its 4 unrelated prompts all land there
+            key = next(k for k in keys if homes[k] == home)
+            before = asked(c)
+            for i in range(4):
+                list(c.generate(token_ids=ids(20, salt=400 + i), max_tokens=2, cache_key=key))
+            after = asked(c)
+            assert {r for r in after if after[r] > before.get(r, 0)} == {home}, (key, before, after)
+        wait_idle(c)

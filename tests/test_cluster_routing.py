@@ -13,7 +13,16 @@ from radixcache.cluster.events_feed import HubLink
 from radixcache.cluster.hub import REPORT_DRAIN, REPORT_OK, REPORT_REGISTER, EventHub, Poll
 from radixcache.cluster.index import PrefixIndex
 from radixcache.cluster.load import LoadView
-from radixcache.cluster.policy import Candidate, LoadWeights, Policy, RoutingThresholds, choose, cost, imbalanced
+from radixcache.cluster.policy import (
+    Candidate,
+    LoadWeights,
+    Policy,
+    RoutingThresholds,
+    choose,
+    cost,
+    imbalanced,
+    key_home,
+)
 from radixcache.cluster.reuse import ReuseTracker
 from radixcache.cluster.view import FleetView
 from radixcache.worker.engine_api import EngineLoad
@@ -353,3 +362,32 @@ def test_replicas_and_routers_recover_from_a_hub_restart():
         feed.cancel()
 
     asyncio.run(scenario())
+
+
+def test_a_cache_key_sends_a_tenants_requests_to_one_replica_while_load_is_balanced():
+    t = RoutingThresholds(balance_abs=4, balance_rel=2.0)
+    replicas = [f"r{i}" for i in range(4)]
+    idle = [Candidate(r, requests=1, matched_pages=0) for r in replicas]
+    prompt = 4 * PAGE
+    homes = {}
+    for k in range(200):
+        picked = {
+            Policy(t).pick(idle, prompt, PAGE, namespace="alice", cache_key=f"conv-{k}").replica for _ in range(3)
+        }
+        assert len(picked) == 1  # the same replica every time, and from another router (a fresh Policy) too
+        homes[k] = picked.pop()
+    assert set(homes.values()) == set(replicas)  # keys spread over the fleet...
+    assert max(list(homes.values()).count(r) for r in replicas) < 80  # ...roughly evenly (50 each expected)
+    # The key wins over a cached prefix elsewhere: the client asked for its requests to stay together.
+    cached_elsewhere = [Candidate(r, 1, 4 if r != homes[0] else 0) for r in replicas]
+    assert Policy(t).pick(cached_elsewhere, prompt, PAGE, namespace="alice", cache_key="conv-0").replica == homes[0]
+    # Keys are per tenant: another tenant's same key has a home of its own (here: somewhere else for some keys).
+    assert any(key_home("bob", f"conv-{k}", replicas) != homes[k] for k in range(200))
+    # A replica leaving moves only the keys it held.
+    fewer = [r for r in replicas if r != "r0"]
+    for k, home in homes.items():
+        if home != "r0":
+            assert key_home("alice", f"conv-{k}", fewer) == home
+    # Imbalanced: the key is ignored and load decides.
+    loaded = [Candidate(r, 9 if r == homes[0] else 0, 0) for r in replicas]
+    assert Policy(t).pick(loaded, prompt, PAGE, namespace="alice", cache_key="conv-0").replica != homes[0]

@@ -113,6 +113,11 @@ def test_prompt_cache_key_reaches_the_request_and_24h_retention_pins_it(served, 
     assert plain.usage.prompt_tokens > 16 and engine.stats().cache.pages_pinned == expected  # in_memory: no pin
     r = post(base, {"model": MODEL, "messages": messages, "prompt_cache_retention": "forever"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "prompt_cache_retention"
+    r = post(base, {"model": MODEL, "messages": messages, "prompt_cache_key": "k" * 257})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt_cache_key", r.text
+    raw = json.dumps({"model": MODEL, "messages": messages, "prompt_cache_key": "\ud800"})  # a lone surrogate
+    r = httpx.post(base + "/chat/completions", content=raw, headers={"Content-Type": "application/json"}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt_cache_key", r.text
     engine.flush_cache()
 
 

@@ -90,6 +90,7 @@ BAD = [
     (dict(text="x", stop_token_ids=[999]), "stop_token_ids[0] = 999 is outside"),
     (dict(text="x", top_logprobs=21), "top_logprobs must be in [0, 20]"),
     (dict(text="x", request_id="r" * 129), "request_id must have at most 128"),
+    (dict(text="x", cache_key="k" * 257), "cache_key must have at most 256"),
 ]
 
 
@@ -119,6 +120,13 @@ def test_bad_input_is_invalid_argument_and_the_worker_still_serves(worker, kwarg
     assert worker.engine.submitted == []  # rejected before anything reached the engine
     with Client(worker.target) as c:
         assert c.generate_text("still here", max_tokens=2).text == "ab"
+
+
+def test_a_cache_key_reaches_the_engines_request(worker):
+    with Client(worker.target) as c:
+        c.generate_text("hello", max_tokens=1, cache_key="conversation-7")
+        c.generate_text("hello", max_tokens=1)
+    assert [r.cache_key for r in worker.engine.submitted] == ["conversation-7", ""]  # for the cluster's router
 
 
 def test_oversized_message_is_resource_exhausted():

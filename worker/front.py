@@ -50,6 +50,7 @@ from radixcache.worker.validation import (
     PromptInput,
     SamplingValues,
     chat_renderer,
+    check_cache_key,
     check_prompt_input,
     check_request_id,
     check_ttl,
@@ -187,6 +188,7 @@ class FrontCore:
         request_id = request_id or uuid.uuid4().hex
         try:
             check_request_id(request_id)
+            check_cache_key(cache_key)
             check_prompt_input(prompt, engine.tokenizer, self.limits)  # before tokenizing: bad sizes
             sampling_params(values, prompt_tokens=None, limits=self.limits)  # and bad sampling values
             try:

@@ -118,8 +118,9 @@ class RadixCacheServicer(pb_grpc.RadixCacheServicer):
         self.core.ready()
         request_id = request.request_id or uuid.uuid4().hex
         stream = await self.core.admit(
-            tenant, request_id, prompt_input(request), sampling_values(request), constraint_values(request)
-        )
+            tenant, request_id, prompt_input(request), sampling_values(request), constraint_values(request),
+            cache_key=request.cache_key,
+        )  # fmt: skip
         try:
             while not stream.finished:
                 try:

@@ -27,6 +27,7 @@ from radixcache.worker.request import MAX_CONSTRAINT_CHARS, MAX_SCHEMA_DEPTH, Co
 
 CHAT_ROLES = ("system", "user", "assistant", "tool")
 MAX_REQUEST_ID_CHARS = 128
+MAX_CACHE_KEY_CHARS = 256  # a routing hint (prompt_cache_key): hashed per routing decision
 MAX_CHAT_MESSAGES = 1024  # (stop strings and stop token ids: request.py's SamplingParams has their limits)
 MAX_TOOLS = 128  # tool (function) definitions of one request, as OpenAI allows
 MAX_TOOL_CALLS = 64  # tool calls of one assistant message
@@ -142,6 +143,13 @@ def check_request_id(request_id: str) -> None:
     if len(request_id) > MAX_REQUEST_ID_CHARS:
         raise InvalidArgument(f"request_id must have at most {MAX_REQUEST_ID_CHARS} characters, got {len(request_id)}")
     _utf8_size(request_id, "request_id")
+
+
+def check_cache_key(cache_key: str) -> None:
+    """A request's routing hint (Request.cache_key): at most MAX_CACHE_KEY_CHARS characters of valid Unicode."""
+    if len(cache_key) > MAX_CACHE_KEY_CHARS:
+        raise InvalidArgument(f"cache_key must have at most {MAX_CACHE_KEY_CHARS} characters, got {len(cache_key)}")
+    _utf8_size(cache_key, "cache_key")
 
 
 def check_ttl(ttl_seconds: float | None) -> None:

@@ -270,7 +270,8 @@ class OpenAIFront:
                 cache_key=parsed.cache_key,
             )  # fmt: skip
         except Refusal as r:
-            renames = {"max_tokens": parsed.max_tokens_param, "top_logprobs": parsed.top_logprobs_param}
+            renames = {"max_tokens": parsed.max_tokens_param, "top_logprobs": parsed.top_logprobs_param,
+                       "cache_key": "prompt_cache_key"}  # fmt: skip
             raise api_error(
                 r, prompt_param=prompt_param, constraint_param=parsed.constraint_param, renames=renames
             ) from None
