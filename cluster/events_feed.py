@@ -12,11 +12,16 @@ from __future__ import annotations
 from typing import Any
 
 from radixcache.events import CacheEvent, NamespaceCleared, PagesRemoved, PagesStored
+from radixcache.tier import MEDIUM_DEVICE
 
 
 def hub_events(events: list[CacheEvent]) -> list[tuple[Any, ...]]:
+    """The hub's tuples of the device's pages. Pages in the tiers below it (medium "CPU" / "DISK") are left out
+    until the router scores them (below device pages): counted as device pages they would draw requests wrongly."""
     out: list[tuple[Any, ...]] = []
     for e in events:
+        if getattr(e, "medium", MEDIUM_DEVICE) != MEDIUM_DEVICE:
+            continue
         if isinstance(e, PagesStored):
             out.append(("stored", e.namespace, e.page_hashes))
         elif isinstance(e, PagesRemoved):

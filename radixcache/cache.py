@@ -32,13 +32,16 @@ from typing import TYPE_CHECKING
 from radixcache.keys import TOKEN_BYTES, encode
 from radixcache.node import Node
 from radixcache.pages import PageAllocator
+from radixcache.tier import MEDIUM_DISK, MEDIUM_HOST
 from radixcache.tree import RadixTree
 from radixcache.tree_check import check_tree
 
 if TYPE_CHECKING:
     from radixcache.events import EventSink
+    from radixcache.tier import CacheTier, PageKey
 
 Tokens = Sequence[int]
+TIER_DISK_FIGURES = ("queued_pages", "dropped_pages", "corrupt_pages", "write_errors")
 
 
 class CacheFullError(RuntimeError):
@@ -92,6 +95,26 @@ class CacheStats:
     namespaces: int
     pages_partial: int = 0  # cached pages holding a partial tail (the last, unfinished page of a released sequence)
     max_pinned_pages: int = 0  # the pin budget: pins never hold more pages than this
+    # The tiers below memory (radixcache.tiering; all 0 without one). spilled: evicted pages handed to a tier;
+    # spill_dropped: evicted pages a tier's full write queue refused; loaded: pages brought back into the pool.
+    spilled_pages: int = 0
+    spill_dropped_pages: int = 0
+    host_loaded_pages: int = 0
+    disk_loaded_pages: int = 0
+    # Each tier's own figures (radixcache.tier.TierStats), by medium: host memory, then the disk store.
+    host_pages: int = 0
+    host_bytes: int = 0
+    host_capacity_bytes: int = 0
+    host_evicted_pages: int = 0
+    disk_pages: int = 0
+    disk_bytes: int = 0
+    disk_capacity_bytes: int = 0
+    disk_queued_pages: int = 0
+    disk_dropped_pages: int = 0
+    disk_evicted_pages: int = 0
+    disk_corrupt_pages: int = 0
+    disk_write_errors: int = 0
+    disk_ready: int = 0  # 1 once the disk store is open and its index rebuilt (a fleet sums its replicas)
 
     @property
     def hit_rate(self) -> float:
@@ -113,6 +136,7 @@ class PrefixCache:
         clock: Callable[[], float] = time.monotonic,
         enabled: bool = True,
         max_pinned_pages: int | None = None,
+        tier: CacheTier | None = None,
     ) -> None:
         self.num_pages, self.page_size, self.enabled = num_pages, page_size, enabled
         # Pins never hold more than this (None: the whole pool), so they cannot starve the requests that run.
@@ -123,6 +147,10 @@ class PrefixCache:
         self._lease_ids = itertools.count(1)
         self._queried = self._hit = self._copied = self._extended = self._published = 0
         self._evicted = self._flushed = 0
+        # The tiers below memory: evicted pages spill there, lookups continue there (radixcache.tiering).
+        self.tier = tier
+        if tier is not None:
+            tier.attach(self)
 
     # ---- the request path ------------------------------------------------------------------------------------
     def acquire(
@@ -309,6 +337,9 @@ class PrefixCache:
         """Drop every pin and every cached page no lease reads, in `namespace` or (None) in all of them; returns
         pages freed. Live leases stay correct: the paths they lock stay cached until they release."""
         freed = self.tree.flush(namespace)
+        if self.tier is not None:  # flushed means gone: never spilled, and gone from the tiers too
+            self.tier.discard()
+            self.tier.flush(namespace)
         self.allocator.decref(freed)
         self._flushed += len(freed)
         return len(freed)
@@ -316,6 +347,8 @@ class PrefixCache:
     def evict(self, num_pages: int) -> int:
         """Evict up to `num_pages` pages from LRU unlocked, unpinned leaves; returns pages freed."""
         freed = self.tree.evict(num_pages)
+        if self.tier is not None:
+            self.tier.spill(freed)
         self.allocator.decref(freed)
         self._evicted += len(freed)
         return len(freed)
@@ -343,12 +376,39 @@ class PrefixCache:
             evictable_leaves=self.tree.evictable_leaves,
             namespaces=len(self.tree.namespaces()),
             pages_partial=self.tree.partial_pages,
+            **self._tier_stats(),
         )
+
+    def _tier_stats(self) -> dict:
+        if self.tier is None:
+            return {}
+        counts = self.tier.counts
+        out = {
+            "spilled_pages": counts.spilled_pages,
+            "spill_dropped_pages": counts.spill_dropped_pages,
+            "host_loaded_pages": counts.loaded_pages.get(MEDIUM_HOST, 0),
+            "disk_loaded_pages": counts.loaded_pages.get(MEDIUM_DISK, 0),
+        }
+        for t in self.tier.tiers.stats():
+            prefix = {MEDIUM_HOST: "host_", MEDIUM_DISK: "disk_"}[t.medium]
+            out |= {prefix + name: getattr(t, name) for name in ("pages", "bytes", "capacity_bytes", "evicted_pages")}
+            if t.medium == MEDIUM_DISK:
+                out |= {f"disk_{name}": getattr(t, name) for name in TIER_DISK_FIGURES}
+                out["disk_ready"] = int(t.ready)
+        return out
 
     def set_event_sink(self, sink: EventSink | None) -> None:
         """Report the pages the tree stores and drops to `sink` (see radixcache.event_log), or stop (None). Call it
-        on the cache's thread; with a tree that already holds pages, follow it with a snapshot."""
-        self.tree.set_event_sink(sink)
+        on the cache's thread; with a tree that already holds pages, follow it with a snapshot. With a tier, the
+        tier link stays the tree's sink and forwards (adding what the tiers hold, to sinks that take it)."""
+        if self.tier is not None:
+            self.tier.sink = sink
+        else:
+            self.tree.set_event_sink(sink)
+
+    def tier_records(self) -> list[tuple[str, PageKey]]:
+        """(medium, key) of each page a tier below memory holds, as the events told it so far (snapshots)."""
+        return self.tier.tier_records() if self.tier is not None else []
 
     def leases(self) -> list[Lease]:
         return list(self._leases.values())
@@ -399,6 +459,8 @@ class PrefixCache:
         if idle and self._leases:
             owners = sorted({lease.owner for lease in self._leases.values()})
             raise AssertionError(f"{len(self._leases)} leases leaked while idle, owned by {owners}")
+        if self.tier is not None:
+            self.tier.check()
 
     # ---- internals -------------------------------------------------------------------------------------------
     def _live(self, lease: Lease) -> None:
@@ -468,6 +530,8 @@ class PrefixCache:
                     f"pinned, the rest are private to running requests)"
                 )
             freed = self.tree.evict(n - free)
+            if self.tier is not None:
+                self.tier.spill(freed)  # before the pages are free: their data is still in the pool
             self.allocator.decref(freed)
             self._evicted += len(freed)
         return self.allocator.alloc(n)

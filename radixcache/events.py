@@ -24,6 +24,11 @@ Events (each for one namespace):
 - `PagesRemoved(namespace, page_hashes)`: pages the cache no longer holds (eviction, flush).
 - `NamespaceCleared(namespace)`: after a flush, the namespace holds no page at all (its pages' removals come first).
 
+Where a page lives: `medium` on PagesStored / PagesRemoved, as vLLM's KV events name it: "GPU" (the default) for the
+pool the model reads, whatever its device; "CPU" and "DISK" for the tiers below it (radixcache.tier). A page may be
+held by several media at once (loaded back from disk, its file stays); each medium's pages replay on their own. A
+tier's page arrives as a PagesStored of one page whose parent may live elsewhere (or nowhere).
+
 Replaying a snapshot (one PagesStored per tree node, parents first) and then the events in order gives exactly the
 cache's pages: `PageIndex` does that, `records_page_index` computes the same from a tree's page records directly (what the tests
 compare). The recording sink that turns the tree's page ids into these events is `radixcache.event_log.EventLog`.
@@ -37,6 +42,7 @@ from hashlib import blake2b
 from typing import Protocol
 
 from radixcache.keys import TOKEN_BYTES, encode
+from radixcache.tier import MEDIUM_DEVICE
 
 NO_PARENT = 0  # the parent of a namespace's first page in the hash input (never a page hash itself)
 
@@ -90,12 +96,14 @@ class PagesStored:
     parent_hash: int | None
     page_hashes: list[int]
     token_ids: list[int]
+    medium: str = MEDIUM_DEVICE
 
 
 @dataclass(frozen=True)
 class PagesRemoved:
     namespace: str
     page_hashes: list[int]
+    medium: str = MEDIUM_DEVICE
 
 
 @dataclass(frozen=True)
@@ -111,23 +119,28 @@ class ReplayError(ValueError):
 
 
 class PageIndex:
-    """What a subscriber knows of a worker's cache: per namespace, {page hash: parent hash or None}.
+    """What a subscriber knows of a worker's cache: per namespace, {page hash: parent hash or None}, for the device
+    (`pages`) and for each tier below it (`tiers[medium]`).
 
     `apply` replays events in order; `load` starts over from a snapshot. With `strict`, an event that contradicts the
-    state (storing a page already held, removing one not held) raises ReplayError: the stream is then not exact.
+    state (storing a page already held, removing one not held) raises ReplayError: the stream is then not exact. A
+    tier's page need not have its parent in the same tier.
     """
 
     def __init__(self, *, strict: bool = True) -> None:
         self.strict = strict
         self.pages: dict[str, dict[int, int | None]] = {}
+        self.tiers: dict[str, dict[str, dict[int, int | None]]] = {}
 
     def load(self, snapshot: Iterable[PagesStored]) -> None:
-        self.pages = {}
+        self.pages, self.tiers = {}, {}
         for event in snapshot:
             self.apply(event)
 
     def apply(self, event: CacheEvent) -> None:
-        if isinstance(event, PagesStored):
+        if not isinstance(event, NamespaceCleared) and getattr(event, "medium", MEDIUM_DEVICE) != MEDIUM_DEVICE:
+            self._apply_tier(event)  # type: ignore[arg-type]
+        elif isinstance(event, PagesStored):
             held = self.pages.setdefault(event.namespace, {})
             parent = event.parent_hash
             if self.strict and parent is not None and parent not in held:
@@ -149,9 +162,29 @@ class PageIndex:
         else:
             raise TypeError(f"not a cache event: {event!r}")
 
+    def _apply_tier(self, event: PagesStored | PagesRemoved) -> None:
+        held = self.tiers.setdefault(event.medium, {}).setdefault(event.namespace, {})
+        if isinstance(event, PagesStored):
+            parent = event.parent_hash
+            for h in event.page_hashes:
+                if self.strict and h in held:
+                    raise ReplayError(f"{event.namespace!r}: page {h:#x} stored twice on {event.medium}")
+                held[h] = parent
+                parent = h
+        elif isinstance(event, PagesRemoved):
+            for h in event.page_hashes:
+                if held.pop(h, 0) == 0 and self.strict:
+                    raise ReplayError(f"{event.namespace!r}: removed page {h:#x}, not held on {event.medium}")
+        else:
+            raise TypeError(f"not a cache event: {event!r}")
+
     def as_dict(self) -> dict[str, dict[int, int | None]]:
-        """Per namespace holding at least one page: {page hash: parent hash or None}."""
+        """Per namespace holding at least one page on the device: {page hash: parent hash or None}."""
         return {ns: dict(held) for ns, held in self.pages.items() if held}
+
+    def tier_dict(self, medium: str) -> dict[str, dict[int, int | None]]:
+        """The same for one tier below the device ("CPU", "DISK")."""
+        return {ns: dict(held) for ns, held in self.tiers.get(medium, {}).items() if held}
 
 
 def records_page_index(records: Iterable[PageRecord], page_size: int) -> dict[str, dict[int, int | None]]:

@@ -254,18 +254,19 @@ class DiskStore:
             return self._miss()
         if held != key:  # a whole page of another prefix under the same hash: a collision, not corruption
             return self._miss()
+        victims = []
         with self._lock:
             self._stats.read_hits += 1
             entry = self._index.get(name)
-            if entry is None:  # written by another worker: learn it (it counts towards our bound from now on)
+            if entry is None and name not in self._pending:  # another worker's: it counts towards our bound now
                 self._learn(_Entry(held, len(raw)), front=False)
-            else:
+                victims = self._make_room(0)
+            elif entry is not None:
                 self._index.move_to_end(name)
+        self._unlink(victims)
         with contextlib.suppress(OSError):
             os.utime(path)  # the shared LRU order: other workers and the next start read mtimes
-        value = self.codec.decode(payload)
-        self._enforce_capacity()
-        return value
+        return self.codec.decode(payload)
 
     def flush(self, namespace: str | None = None) -> int:
         """Drop every page of `namespace` (None: of all namespaces), queued or written, by every worker sharing the
@@ -318,6 +319,20 @@ class DiskStore:
             keys = [entry.key for entry in self._index.values()]
         return iter(keys)
 
+    def check(self) -> None:
+        """Assert the store's invariants: what it counts is what it holds, within its bound, and no page is both
+        queued and written."""
+        with self._lock:
+            total = sum(entry.size for entry in self._index.values())
+            assert total <= self._bytes <= self.capacity_bytes, (
+                f"disk store: {total} bytes indexed, {self._bytes} counted (with writes in progress), bound "
+                f"{self.capacity_bytes}"
+            )
+            both = self._pending.keys() & self._index.keys()
+            assert not both, f"disk store: {len(both)} pages are both queued and written, e.g. {next(iter(both))}"
+            for name, entry in self._index.items():
+                assert entry.key.name == name, f"disk store: page {name} filed under another name"
+
     def queued(self) -> list[tuple[str, int]]:
         with self._lock:
             return list(self._pending)
@@ -347,7 +362,7 @@ class DiskStore:
                 ns = entry.key.namespace
                 if (self._gen_all, self._gen.get(ns, 0)) != (gens[0], gens[1].get(ns, 0)):
                     continue  # flushed while we scanned
-                if entry.key.name not in self._index:
+                if entry.key.name not in self._index and entry.key.name not in self._pending:
                     self._learn(entry, front=True)
                     learned += 1
             for name in before - mtimes.keys():  # indexed before the scan, gone now: deleted by another worker
@@ -355,7 +370,8 @@ class DiskStore:
                 if entry is not None:
                     self._bytes -= entry.size
                     self._changes.append(TierChange(MEDIUM_DISK, False, *name))
-        self._enforce_capacity()
+            victims = self._make_room(0)
+        self._unlink(victims)
         return learned
 
     # ---- internals ------------------------------------------------------------------------------------------
@@ -433,11 +449,6 @@ class DiskStore:
             victims.append((name, entry.size))
         self._bytes += size
         return victims
-
-    def _enforce_capacity(self) -> None:
-        with self._lock:
-            victims = self._make_room(0) if self._bytes > self.capacity_bytes else []
-        self._unlink(victims)
 
     def _unlink(self, victims: list[tuple[tuple[str, int], int]]) -> None:
         for (ns, h), _ in victims:
@@ -522,6 +533,9 @@ class DiskStore:
                 undo = True
             else:
                 undo = False
+                old = self._index.get(name)
+                if old is not None:  # learned from another worker's file meanwhile: ours replaced it
+                    self._bytes -= old.size
                 self._index[name] = _Entry(key, size)
                 self._stats.written_pages += 1
                 self._changes.append(TierChange(MEDIUM_DISK, True, key.namespace, key.page_hash, key))

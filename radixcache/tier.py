@@ -84,3 +84,62 @@ class PageTier(Protocol):
     def records(self) -> Iterator[PageKey]: ...
 
     def close(self, timeout: float | None = None) -> None: ...
+
+
+class TierChain:
+    """Tiers in order, fastest first (host memory, then disk): `put` goes to the first (which pushes what it
+    cannot keep down to the next), `get` and `contains` look in each in turn, the rest goes to all."""
+
+    def __init__(self, tiers: list[PageTier] | None = None) -> None:
+        self.tiers: list[PageTier] = list(tiers or [])
+
+    def put(self, key: PageKey, payload: Any) -> bool:
+        return self.tiers[0].put(key, payload) if self.tiers else False
+
+    def contains(self, key: PageKey) -> bool:
+        return any(tier.contains(key) for tier in self.tiers)
+
+    def get(self, key: PageKey) -> tuple[Any, str] | None:
+        """(payload, the medium it came from), or None."""
+        for tier in self.tiers:
+            if tier.contains(key):
+                payload = tier.get(key)
+                if payload is not None:
+                    return payload, tier.medium
+        return None
+
+    def flush(self, namespace: str | None = None) -> int:
+        return sum(tier.flush(namespace) for tier in self.tiers)
+
+    def take_changes(self) -> list[TierChange]:
+        return [change for tier in self.tiers for change in tier.take_changes()]
+
+    def stats(self) -> list[TierStats]:
+        return [tier.stats() for tier in self.tiers]
+
+    def by_medium(self, medium: str) -> PageTier | None:
+        return next((tier for tier in self.tiers if tier.medium == medium), None)
+
+    def close(self, timeout: float | None = None) -> None:
+        for tier in self.tiers:
+            tier.close(timeout)
+
+
+class CacheTier(Protocol):
+    """What radixcache.cache.PrefixCache calls on its link to the tiers (radixcache.tiering.TierLink)."""
+
+    counts: Any
+    tiers: TierChain
+    sink: Any
+
+    def attach(self, cache: Any) -> None: ...
+
+    def spill(self, freed: list[int]) -> None: ...
+
+    def discard(self) -> None: ...
+
+    def flush(self, namespace: str | None) -> int: ...
+
+    def check(self) -> None: ...
+
+    def tier_records(self) -> list[tuple[str, PageKey]]: ...

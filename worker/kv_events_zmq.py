@@ -51,9 +51,10 @@ def check_available() -> None:
 def vllm_event(event: CacheEvent, page_size: int) -> list | None:
     """The msgpack-ready array of one event (None: no vLLM counterpart)."""
     if isinstance(event, PagesStored):
-        return ["BlockStored", event.page_hashes, event.parent_hash, event.token_ids, page_size, None, MEDIUM, None]
+        medium = getattr(event, "medium", MEDIUM)
+        return ["BlockStored", event.page_hashes, event.parent_hash, event.token_ids, page_size, None, medium, None]
     if isinstance(event, PagesRemoved):
-        return ["BlockRemoved", event.page_hashes, MEDIUM]
+        return ["BlockRemoved", event.page_hashes, getattr(event, "medium", MEDIUM)]
     if isinstance(event, NamespaceCleared):
         return None
     raise TypeError(f"not a cache event: {event!r}")
