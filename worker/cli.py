@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -69,6 +70,26 @@ def parser() -> argparse.ArgumentParser:
         default=0.5,
         help="share of the KV pool PinPrefix may hold, 0..1 or N%% (default 50%%): pins never starve running requests",
     )
+    t = p.add_argument_group("tiers below the KV pool (evicted pages are kept there, not recomputed)")
+    t.add_argument(
+        "--kv-disk",
+        metavar="DIR",
+        help="keep evicted pages in files under DIR/<model fingerprint> and load them back instead of recomputing; "
+        "a restarted worker (or another one of the same model) serves them too. Off by default",
+    )
+    t.add_argument(
+        "--kv-disk-size",
+        type=parse_size,
+        metavar="SIZE",
+        help="bound of the --kv-disk store, e.g. 64GiB (default 16GiB); least recently used pages go first",
+    )
+    t.add_argument(
+        "--kv-host-memory",
+        type=parse_size,
+        metavar="SIZE",
+        help="keep evicted pages in host memory first (pinned on CUDA), e.g. 8GiB; what it pushes out goes to "
+        "--kv-disk when given. Off by default",
+    )
     s = p.add_argument_group("server")
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     s.add_argument("--port", type=int, default=50051, help="port (default 50051; 0 picks a free one)")
@@ -104,6 +125,21 @@ def parse_share(text: str) -> float:
     if not 0.0 <= share <= 1.0:
         raise argparse.ArgumentTypeError(f"a share must be in [0, 1] (0%..100%), got {text!r}")
     return share
+
+
+def check_tier_flags(args: argparse.Namespace) -> str | None:
+    """Why the tier flags cannot work (naming the flag), or None."""
+    if args.kv_disk_size is not None and args.kv_disk is None:
+        return "--kv-disk-size needs --kv-disk DIR"
+    if args.kv_disk is not None:
+        folder = Path(args.kv_disk)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            return f"--kv-disk {args.kv_disk}: {e.strerror or e}"
+        if not os.access(folder, os.W_OK | os.X_OK):
+            return f"--kv-disk {args.kv_disk}: the folder is not writable"
+    return None
 
 
 def char_tokenizer() -> Any:
@@ -178,6 +214,9 @@ def build_engine(args: argparse.Namespace) -> tuple[Any, Any]:
         cache_enabled=not args.no_cache,
         backend=args.backend,
         max_pinned=args.max_pinned,
+        kv_disk_dir=args.kv_disk,
+        kv_host_bytes=args.kv_host_memory,
+        **({"kv_disk_bytes": args.kv_disk_size} if args.kv_disk_size is not None else {}),
     )
     engine = Engine(loaded, config)
     engine.start()  # warm-up forward, then the engine thread
@@ -202,6 +241,9 @@ def main(argv: list[str]) -> int:
         return 2
     if bool(args.tls_cert) != bool(args.tls_key):
         print("radixcache serve: TLS needs both --tls-cert and --tls-key", file=sys.stderr)
+        return 2
+    if (why := check_tier_flags(args)) is not None:  # before loading the model, not after
+        print(f"radixcache serve: {why}", file=sys.stderr)
         return 2
     if args.kv_events_endpoint:  # fail before loading the model, not after
         from radixcache.worker.kv_events_zmq import check_available

@@ -50,6 +50,9 @@ class EngineStats:
     generated_tokens: int
     inflight_shared_tokens: int  # cached tokens that a still-running request had just computed
     cache: CacheStats = field(repr=False, default=None)  # type: ignore[assignment]
+    # Of the cache's hit tokens (every admission), those loaded back from host memory / the disk (the rest: device)
+    host_hit_tokens: int = 0
+    disk_hit_tokens: int = 0
 
     @property
     def hit_rate(self) -> float:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 DEFAULT_KV_MEMORY = 512 * 2**20
+DEFAULT_KV_DISK = 16 * 2**30
 
 
 @dataclass(frozen=True)
@@ -18,6 +19,12 @@ class EngineConfig:
     backend: str = "auto"
     aging_steps: int = 64  # a request waiting this many steps is admitted before any later arrival
     max_pinned: float = 0.5  # share of the KV pool that pins may hold (PinPrefix beyond it: RESOURCE_EXHAUSTED)
+    # The tiers below the pool (radixcache.tiering): evicted pages go to host memory (kv_host_bytes), then to the
+    # disk store under kv_disk_dir/<fingerprint> (within kv_disk_bytes), and lookups continue there. None: off.
+    kv_disk_dir: str | None = None
+    kv_disk_bytes: int = DEFAULT_KV_DISK
+    kv_disk_queue_pages: int = 256  # pages waiting to be written at most; past it eviction drops pages (counted)
+    kv_host_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if self.page_size < 1:
@@ -30,5 +37,11 @@ class EngineConfig:
             raise ValueError(f"max_step_tokens must be >= 1, got {self.max_step_tokens}")
         if self.max_running < 1:
             raise ValueError(f"max_running must be >= 1, got {self.max_running}")
+        if self.kv_disk_bytes < 1:
+            raise ValueError(f"kv_disk_bytes must be >= 1, got {self.kv_disk_bytes}")
+        if self.kv_disk_queue_pages < 1:
+            raise ValueError(f"kv_disk_queue_pages must be >= 1, got {self.kv_disk_queue_pages}")
+        if self.kv_host_bytes is not None and self.kv_host_bytes < 1:
+            raise ValueError(f"kv_host_bytes must be >= 1, got {self.kv_host_bytes}")
         if not 0.0 <= self.max_pinned <= 1.0:
             raise ValueError(f"max_pinned must be a share of the KV pool in [0, 1], got {self.max_pinned}")

@@ -12,6 +12,7 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -68,6 +69,11 @@ class Sequence:
     lcp_cache: weakref.WeakKeyDictionary[Sequence, int] = field(default_factory=weakref.WeakKeyDictionary)
     # Structured output: the grammar state after the generated tokens (kept through preemption with them)
     matcher: GrammarMatcher | None = None
+    # The tiers below memory (radixcache.tiering): the load of this prompt's pages under way, how often the tiers
+    # were looked at since the last admission, and tokens loaded for it by medium (counted at its next admission)
+    load_job: Any = None
+    tier_probes: int = 0
+    tier_tokens: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.tokens = list(self.request.prompt_ids)

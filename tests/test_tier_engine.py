@@ -1,0 +1,236 @@
+"""The disk and host tiers under a real engine (tiny model, small pool, tmp_path): evicted pages come back from
+disk with the same greedy output as a recompute; fingerprints, tenants, flush, corruption, a shared folder and a
+restart are each tested once."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+from engine_fixtures import tiny_model
+
+from radixcache.events import PagesRemoved, PagesStored
+from radixcache.worker.engine import Engine, EngineConfig
+from radixcache.worker.model.loader import random_model
+from radixcache.worker.request import Request, RequestOutput, SamplingParams
+
+GREEDY = SamplingParams(max_tokens=8, ignore_eos=True)
+PAGE = 4
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model()
+
+
+def engine_on(model, folder: Path | None, *, kv_pages: int = 40, host: int | None = None, **kw) -> Engine:
+    config = EngineConfig(
+        page_size=kw.pop("page_size", PAGE),
+        kv_pages=kv_pages,
+        kv_disk_dir=None if folder is None else str(folder),
+        kv_disk_bytes=kw.pop("kv_disk_bytes", 64 << 20),
+        kv_host_bytes=host,
+        **kw,
+    )
+    engine = Engine(model, config)
+    engine.start_tiers()
+    assert engine.wait_tier_ready(60), engine.tiers and engine.tiers.error
+    return engine
+
+
+def run(engine: Engine, prompt: list[int], rid: str, namespace: str = "") -> RequestOutput:
+    outs: list[RequestOutput] = []
+    engine.submit(Request(rid, prompt, GREEDY, namespace=namespace), outs.append)
+    engine.run_until_idle()
+    tokens = [t for o in outs for t in o.token_ids]
+    last = outs[-1]
+    last.token_ids = tokens
+    return last
+
+
+def prompts(n: int, length: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(3, 290) for _ in range(length)] for _ in range(n)]
+
+
+def evict_everything(engine: Engine, seed: int = 99) -> None:
+    """Fill the pool with other prompts until nothing of the earlier ones is left in memory."""
+    for i, p in enumerate(prompts(4, 36, seed)):
+        run(engine, p, f"filler-{seed}-{i}")
+    engine.cache.evict(engine.num_pages)
+    engine.cache.tier.pump()
+
+
+def settle(engine: Engine) -> None:
+    """Wait until every queued page is written, and turn what landed into events."""
+    disk = engine.cache.tier.disk
+    for _ in range(2000):
+        if not disk.queued():
+            break
+        disk._stop.wait(0.005)
+    engine.cache.tier.pump()
+
+
+def test_a_page_evicted_to_disk_comes_back_with_the_recomputed_output(model, tmp_path: Path) -> None:
+    engine = engine_on(model, tmp_path)
+    prompt = prompts(1, 40)[0]  # 10 pages
+    first = run(engine, prompt, "first")
+    evict_everything(engine)
+    settle(engine)
+    assert engine.cache.match_length(prompt) == 0  # nothing left in memory
+    again = run(engine, prompt, "again")
+    stats = engine.stats()
+    assert again.cached_tokens >= 36  # the prompt's whole pages, bar the one whose last token is recomputed
+    assert stats.disk_hit_tokens >= 36 and stats.cache.disk_loaded_pages >= 9
+    off = Engine(model, EngineConfig(page_size=PAGE, kv_pages=40, cache_enabled=False))
+    assert again.token_ids == first.token_ids == run(off, prompt, "off").token_ids
+    engine.cache.check(idle=True)
+    engine.shutdown()
+
+
+def test_host_tier_then_disk(model, tmp_path: Path) -> None:
+    page_bytes = 2 * 2 * PAGE * 2 * 16 * 4  # layers x K/V x page x kv heads x head dim x fp32
+    engine = engine_on(model, tmp_path, host=4 * page_bytes)
+    prompt = prompts(1, 40, seed=5)[0]
+    first = run(engine, prompt, "first")
+    evict_everything(engine)
+    settle(engine)
+    again = run(engine, prompt, "again")
+    stats = engine.stats()
+    assert again.token_ids == first.token_ids
+    assert stats.cache.host_pages <= 4 and stats.cache.host_bytes <= 4 * page_bytes
+    assert stats.disk_hit_tokens > 0  # most pages were pushed down to the disk by the host tier's bound
+    engine.cache.check(idle=True)
+    engine.shutdown()
+
+
+def test_host_tier_alone(model) -> None:
+    engine = engine_on(model, None, host=64 << 20)
+    prompt = prompts(1, 40, seed=6)[0]
+    first = run(engine, prompt, "first")
+    evict_everything(engine)
+    again = run(engine, prompt, "again")
+    assert again.token_ids == first.token_ids and engine.stats().host_hit_tokens >= 36
+    engine.cache.check(idle=True)
+    engine.shutdown()
+
+
+def test_tenants_never_read_each_others_disk_pages_and_flush_clears_one(model, tmp_path: Path) -> None:
+    engine = engine_on(model, tmp_path)
+    prompt = prompts(1, 40, seed=7)[0]
+    run(engine, prompt, "a1", "alice")
+    run(engine, prompt, "b1", "bob")
+    evict_everything(engine)
+    settle(engine)
+    # bob's pages are on disk, and alice's; a flush by alice drops hers only
+    engine.flush_cache("alice")
+    settle(engine)
+    alice, bob = run(engine, prompt, "a2", "alice"), run(engine, prompt, "b2", "bob")
+    assert alice.cached_tokens == 0
+    assert bob.cached_tokens >= 36
+    assert engine.stats().disk_hit_tokens == bob.cached_tokens  # only bob's came from the disk
+    # a third tenant with the same tokens reads nothing at all
+    assert run(engine, prompt, "c1", "carol").cached_tokens == 0
+    engine.cache.check(idle=True)
+    engine.shutdown()
+
+
+@pytest.mark.parametrize("change", ["dtype", "page_size", "model"])
+def test_another_fingerprint_reads_nothing(model, tmp_path: Path, change: str) -> None:
+    prompt = prompts(1, 40, seed=8)[0]
+    writer = engine_on(model, tmp_path)
+    run(writer, prompt, "w")
+    writer.shutdown()  # saves what memory holds
+    assert list(tmp_path.rglob("*.kv"))
+    if change == "dtype":
+        other_model, kw = random_model(model.config, std=0.3, dtype="bfloat16"), {}
+        other_model.tokenizer = model.tokenizer
+    elif change == "page_size":
+        other_model, kw = model, {"page_size": 8}
+    else:
+        other_model, kw = tiny_model(seed=1), {}
+    reader = engine_on(other_model, tmp_path, **kw)
+    assert reader.cache.tier.disk.folder != writer.cache.tier.disk.folder
+    assert run(reader, prompt, "r").cached_tokens == 0
+    assert reader.stats().cache.disk_pages == 0
+    reader.shutdown()
+    same = engine_on(model, tmp_path)  # and the same fingerprint does read them
+    assert run(same, prompt, "s").cached_tokens >= 36
+    same.shutdown()
+
+
+def test_a_corrupted_or_truncated_page_file_is_recomputed(model, tmp_path: Path) -> None:
+    engine = engine_on(model, tmp_path)
+    prompt = prompts(1, 40, seed=9)[0]
+    first = run(engine, prompt, "first")
+    evict_everything(engine)
+    settle(engine)
+    disk = engine.cache.tier.disk
+    ns_files = sorted(disk.folder.rglob("*.kv"), key=lambda p: p.stat().st_mtime)
+    for i, path in enumerate(ns_files):  # damage every page on disk: half flipped, half truncated
+        raw = path.read_bytes()
+        path.write_bytes(raw[: len(raw) // 2] if i % 2 else raw[:100] + bytes([raw[100] ^ 0xFF]) + raw[101:])
+    again = run(engine, prompt, "again")
+    assert again.token_ids == first.token_ids
+    assert engine.stats().disk_hit_tokens == 0
+    assert engine.stats().cache.disk_corrupt_pages >= 1
+    engine.cache.check(idle=True)
+    engine.shutdown()
+
+
+def test_two_workers_share_one_folder(model, tmp_path: Path) -> None:
+    a, b = engine_on(model, tmp_path), engine_on(model, tmp_path)
+    prompt = prompts(1, 40, seed=10)[0]
+    first = run(a, prompt, "a")
+    evict_everything(a)
+    settle(a)
+    got = run(b, prompt, "b")  # b never saw this prompt: a's pages on the shared folder serve it
+    assert got.cached_tokens >= 36 and got.token_ids == first.token_ids
+    a.shutdown()
+    b.shutdown()
+
+
+def test_disk_events_say_where_pages_live(model, tmp_path: Path) -> None:
+    from radixcache.event_log import EventLog, Snapshot
+    from radixcache.events import PageIndex
+
+    engine = engine_on(model, tmp_path)
+    log = EventLog(PAGE, strict=True)
+    engine.cache.set_event_sink(log)
+    index = PageIndex()
+    prompt = prompts(1, 40, seed=11)[0]
+    run(engine, prompt, "first")
+    evict_everything(engine)
+    settle(engine)
+    events = log.drain()
+    for e in events:
+        index.apply(e)
+    disk_stored = [e for e in events if isinstance(e, PagesStored) and e.medium == "DISK"]
+    assert disk_stored and all(isinstance(e, PagesStored | PagesRemoved) for e in events)
+    assert len(index.tier_dict("DISK")[""]) == engine.stats().cache.disk_pages
+    # a snapshot taken now says the same
+    log.snapshot(engine.cache.tree.page_records(), "t", engine.cache.tier_records())
+    (snap,) = [s for s in log.drain() if isinstance(s, Snapshot)]
+    fresh = PageIndex()
+    fresh.load(snap.events)
+    assert fresh.tier_dict("DISK") == index.tier_dict("DISK") and fresh.as_dict() == index.as_dict()
+    engine.shutdown()
+
+
+def test_warm_restart_after_shutdown_serves_from_disk_with_pins(model, tmp_path: Path) -> None:
+    engine = engine_on(model, tmp_path)
+    pinned, other = prompts(2, 40, seed=12)
+    outs = {"p": run(engine, pinned, "p").token_ids, "o": run(engine, other, "o").token_ids}
+    assert engine.pin(pinned, "", ttl_s=3600) >= 36
+    engine.shutdown()  # nothing was evicted: the shutdown writes what memory holds, pins first
+    again = engine_on(model, tmp_path)
+    again.run_until_idle()
+    assert again.cache.pinned_pages() >= 9  # the pin came back first, loaded from disk, with its TTL
+    ttl_left = min(n.pin_until for n in again.cache.tree._pinned.values()) - again.cache.tree.clock()
+    assert 3000 < ttl_left <= 3600
+    for rid, prompt in (("p", pinned), ("o", other)):
+        out = run(again, prompt, rid)
+        assert out.cached_tokens >= 36 and out.token_ids == outs[rid]
+    again.cache.check(idle=True)
+    again.shutdown()
