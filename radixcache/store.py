@@ -12,10 +12,10 @@ ever read. One file per page:
 last is deleted and counted corrupt; a whole file of another prefix (a hash collision) is left alone; both are
 misses. Nothing unchecked is ever returned.
 
-Crash consistency: a page is written to a temporary file in its namespace folder (`.<hash>.<pid>.<n>.tmp`), fsynced,
-then renamed onto its name, so a name always holds a whole file (or the previous one). SIGKILL at any moment leaves at
-most temporary files (removed by the next start's scan once older than TMP_MAX_AGE_S) and loses the pages still
-queued. Power loss may also lose renames not yet on disk: those pages are then misses.
+Crash consistency: a page is written to a temporary file in its namespace folder (`.<hash>.<host>.<pid>.<n>.tmp`),
+fsynced, then renamed onto its name, so a name always holds a whole file (or the previous one). SIGKILL at any moment
+leaves at most one temporary file per writer (removed by the next scan: at once when its process is gone from this
+host, else once older than TMP_MAX_AGE_S) and loses the pages still queued. Power loss may also lose renames not yet on disk: those pages are then misses.
 
 Threads: `put` only queues (a bounded queue; a full queue refuses the page, counted as dropped, and the caller drops
 it instead of waiting); a queued page stays readable from memory until it is written. One writer thread writes;
@@ -38,6 +38,7 @@ import logging
 import os
 import queue
 import shutil
+import socket
 import struct
 import threading
 import time
@@ -62,6 +63,7 @@ TMP_SUFFIX = ".tmp"
 TRASH_PREFIX = ".trash-"
 TMP_MAX_AGE_S = 600.0  # a temporary file this old belongs to no live writer (a write takes milliseconds)
 _STOP = object()
+_HOST = "".join(c for c in socket.gethostname() if c.isalnum() or c == "-")[:32] or "host"
 
 
 class CorruptPage(ValueError):
@@ -266,7 +268,12 @@ class DiskStore:
         self._unlink(victims)
         with contextlib.suppress(OSError):
             os.utime(path)  # the shared LRU order: other workers and the next start read mtimes
-        return self.codec.decode(payload)
+        try:
+            return self.codec.decode(payload)
+        except ValueError as e:  # whole and checksummed, yet not a payload this build reads: never served
+            log.warning("page file %s holds no readable page (%s): deleted, treated as a miss", path, e)
+            self._delete(name, path, corrupt=True)
+            return self._miss()
 
     def flush(self, namespace: str | None = None) -> int:
         """Drop every page of `namespace` (None: of all namespaces), queued or written, by every worker sharing the
@@ -502,7 +509,7 @@ class DiskStore:
         self._unlink(victims)
         folder = os.path.join(self.folder, namespace_dir(key.namespace))
         final = os.path.join(folder, f"{key.page_hash:016x}{SUFFIX}")
-        tmp = os.path.join(folder, f".{key.page_hash:016x}.{os.getpid()}.{next(self._tmp_ids)}{TMP_SUFFIX}")
+        tmp = os.path.join(folder, f".{key.page_hash:016x}.{_HOST}.{os.getpid()}.{next(self._tmp_ids)}{TMP_SUFFIX}")
         try:
             os.makedirs(folder, exist_ok=True)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -554,7 +561,7 @@ class DiskStore:
             except FileNotFoundError:
                 continue
             if f.name.endswith(TMP_SUFFIX):
-                if now - st.st_mtime > TMP_MAX_AGE_S:
+                if now - st.st_mtime > TMP_MAX_AGE_S or _writer_is_gone(f.name):
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(f.path)
                 continue
@@ -587,6 +594,20 @@ class DiskStore:
                 self.rescan()
             except Exception:
                 log.exception("the disk store's rescan failed")
+
+
+def _writer_is_gone(tmp_name: str) -> bool:
+    """A temporary file named by a process of this host that no longer runs (it was killed mid-write)."""
+    parts = tmp_name.split(".")  # "", hash, host, pid, n, "tmp"
+    if len(parts) != 6 or parts[2] != _HOST or not parts[3].isdigit():
+        return False
+    try:
+        os.kill(int(parts[3]), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # alive, another user's
+        return False
+    return False
 
 
 def _remove_all(paths: list[Path]) -> None:

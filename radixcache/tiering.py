@@ -5,7 +5,10 @@ Everything here runs on the cache's thread (the engine's) except the loader thre
   whole pages the tree stores and names each by its chained page hash (radixcache.events: the hash the cache events
   use, tenant included), its parent's hash and its tokens: a `PageKey`.
 - Spill: pages that eviction drops are copied out of the pool (`pool.read_page`, a PageData with its precision's
-  scales) and put into the first tier, unless a tier holds them already. Flushed pages are never spilled.
+  scales) and put into the first tier, unless it holds them already (the host tier pushes what it cannot keep down
+  to the disk, which skips what it has). Flushed pages are never spilled. With
+  `write_through`, every whole page is also queued for the disk as soon as the tree stores it (computed), so a
+  crash loses only what was still queued; eviction then finds most pages written already.
 - Load: `start_load` looks past the whole pages a prompt hits in memory for the pages that follow in the tiers. If
   there are any, it locks what memory holds (a lease, so nothing it continues is evicted meanwhile) and hands the
   keys to the loader thread, which reads and checks them (`tier.get`) in order up to the first miss. `finish_loads`
@@ -69,8 +72,8 @@ class LoadJob:
 
 @dataclass
 class TierLinkStats:
-    spilled_pages: int = 0  # evicted pages handed to a tier
-    spill_dropped_pages: int = 0  # evicted pages a tier refused (its write queue was full): recomputed if asked again
+    spilled_pages: int = 0  # pages handed to a tier (evicted, or written through)
+    spill_dropped_pages: int = 0  # pages a tier refused (its write queue was full): recomputed if asked again
     loaded_pages: dict[str, int] = field(default_factory=dict)  # medium -> pages loaded back into the pool
     load_jobs: int = 0
     saved_pages: int = 0  # written at shutdown
@@ -79,7 +82,8 @@ class TierLinkStats:
 
 class TierLink:
     """See the module docstring. `pool`: read_page/write_page; `notify`: called (from the loader thread) when a
-    load is ready for finish_loads, to wake an idle engine; `max_load_pages`: the most pages one load brings."""
+    load is ready for finish_loads, to wake an idle engine; `max_load_pages`: the most pages one load brings (default
+    the pool: a prompt needs all its pages in the pool to run anyway)."""
 
     def __init__(
         self,
@@ -89,6 +93,7 @@ class TierLink:
         tiers: TierChain | None = None,
         notify: Callable[[], None] | None = None,
         max_load_pages: int | None = None,
+        write_through: bool = False,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.pool = pool
@@ -96,7 +101,8 @@ class TierLink:
         self.bpp = page_size * TOKEN_BYTES
         self.tiers = tiers or TierChain()
         self.notify = notify
-        self.max_load_pages = max_load_pages or max(1, pool.num_pages // 2)
+        self.max_load_pages = max_load_pages or pool.num_pages
+        self.write_through = write_through
         self.clock = clock
         self.sink: EventSink | None = None  # the cache's own sink (an EventLog), fed through this link
         self.disk: DiskStore | None = None
@@ -146,9 +152,12 @@ class TierLink:
                     namespace, namespace_prefix(namespace)
                 )
                 hashes = hash_key_pages(key[: whole * bpp], bpp, prefix, parent)
+                disk = self.disk if self.write_through else None
                 for i, (page, h) in enumerate(zip(pages, hashes, strict=False)):
-                    self._names[page] = PageKey(namespace, h, parent, key[i * bpp : (i + 1) * bpp])
+                    name = self._names[page] = PageKey(namespace, h, parent, key[i * bpp : (i + 1) * bpp])
                     parent = h
+                    if disk is not None and not disk.contains(name):
+                        self._count_put(disk.put(name, self.pool.read_page(page)))
         if self.sink is not None:
             self.sink.stored(namespace, after, pages, key)
 
@@ -168,17 +177,21 @@ class TierLink:
     # ---- spill ----------------------------------------------------------------------------------------------
     def spill(self, freed: list[int]) -> None:
         """Eviction dropped `freed` (their data still in the pool): hand the whole pages to the first tier."""
-        evicted, tiers = self._evicted, self.tiers
-        if tiers.tiers:
+        evicted, tiers = self._evicted, self.tiers.tiers
+        if tiers:
+            first = tiers[0]  # the host tier, when there is one: faster to load from than the disk holding it too
             for page in freed:
                 key = evicted.get(page)
-                if key is None or tiers.contains(key):
+                if key is None or first.contains(key):
                     continue
-                if tiers.put(key, self.pool.read_page(page)):
-                    self.counts.spilled_pages += 1
-                else:
-                    self.counts.spill_dropped_pages += 1
+                self._count_put(first.put(key, self.pool.read_page(page)))
         evicted.clear()
+
+    def _count_put(self, accepted: bool) -> None:
+        if accepted:
+            self.counts.spilled_pages += 1
+        else:
+            self.counts.spill_dropped_pages += 1
 
     def discard(self) -> None:
         """A flush dropped pages: nothing of them is spilled."""
@@ -274,6 +287,7 @@ class TierLink:
             lease = job.lease
             try:
                 if payloads and not job.stale and cache is not None and lease is not None:
+                    del payloads[cache.available_pages() :]  # what fits now; the rest is computed
                     try:
                         pages = cache.allocate(lease, len(payloads))
                     except CacheFullError:

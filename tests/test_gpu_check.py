@@ -39,8 +39,9 @@ def test_without_cuda_runs_the_cpu_parts_writes_files_and_exits_0(gpu_check, tmp
     assert "no CUDA device" in text and "0 failed checks" in text
     assert "device cpu     auto -> torch      explicit flashinfer: it needs a CUDA device" in text
     records = json.loads((tmp_path / "gpu_check.json").read_text())
-    assert [r["section"] for r in records] == ["fallbacks"] * 3 + ["kernels"]
-    assert all(r["ok"] for r in records) and records[-1]["steps"] == len(gpu_check.lifecycle(48))
+    assert [r["section"] for r in records] == ["fallbacks"] * 3 + ["kernels", "tiers"]
+    assert all(r["ok"] for r in records) and records[-2]["steps"] == len(gpu_check.lifecycle(48))
+    assert records[-1]["host_hit_tokens"] > 0 and records[-1]["disk_hit_tokens"] > 0 and records[-1]["identical"]
     assert (tmp_path / "gpu_check.log").exists()
 
 

@@ -168,6 +168,7 @@ def test_the_size_bound_evicts_the_least_recently_used(tmp_path: Path) -> None:
         store.put(k, payload(k))
         flushed(store)
         assert sum(p.stat().st_size for p in files(tmp_path / "s")) <= store.capacity_bytes
+        store.check()
     s = store.stats()
     assert s.pages == 3 and s.bytes <= store.capacity_bytes and s.evicted_pages == 3
     assert [k for k in keys if store.contains(k)] == keys[3:]  # keys[0] went last of the first three
@@ -180,12 +181,16 @@ def test_a_restart_finds_what_the_last_run_left(tmp_path: Path) -> None:
     for k in keys:
         first.put(k, payload(k))
     first.close(timeout=10)
-    (tmp_path / namespace_dir("") / ".0000.1.2.tmp").write_bytes(b"a torn write")
-    os.utime(tmp_path / namespace_dir("") / ".0000.1.2.tmp", (0, 0))  # older than any live writer's
+    ns = tmp_path / namespace_dir("")
+    (ns / ".0000.1.2.tmp").write_bytes(b"a torn write")
+    os.utime(ns / ".0000.1.2.tmp", (0, 0))  # older than any live writer's
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (ns / f".0001.{store_mod._HOST}.{dead.stdout.strip()}.0.tmp").write_bytes(b"killed mid-write")
+    (ns / ".0002.another-host.1.0.tmp").write_bytes(b"maybe a live writer elsewhere")
     again = open_store(tmp_path)
     assert again.stats().pages == 4 and {k.page_hash for k in again.records()} == {k.page_hash for k in keys}
     assert all(again.get(k) == payload(k) for k in keys)
-    assert not list(tmp_path.rglob("*.tmp"))
+    assert [p.name for p in tmp_path.rglob("*.tmp")] == [".0002.another-host.1.0.tmp"]
     changes = again.take_changes()
     assert sum(c.stored for c in changes) == 4
     again.close()
@@ -216,6 +221,7 @@ def test_flush_clears_one_namespace_queued_and_written(tmp_path: Path) -> None:
     assert store.flush("t1") == 2
     assert not any(store.contains(k) for k in mine) and all(store.get(k) is None for k in mine)
     assert all(store.get(k) == payload(k) for k in theirs)
+    store.check()
     store.close()
 
 
@@ -295,3 +301,20 @@ def test_close_writes_what_is_queued(tmp_path: Path) -> None:
         assert store.put(k, payload(k))
     store.close(timeout=10)
     assert len(files(tmp_path)) == len(keys)
+
+
+def test_a_whole_file_whose_payload_does_not_parse_is_a_miss(tmp_path: Path) -> None:
+    def strict(data: memoryview) -> bytes:
+        if bytes(data[:4]) == b"BAD!":
+            raise ValueError("not a page this build reads")
+        return bytes(data)
+
+    store = open_store(tmp_path, codec=Codec(encode=lambda d: d, decode=strict))
+    good, bad = chain(list(range(8)))
+    store.put(good, payload(good))
+    store.put(bad, b"BAD!" + payload(bad))
+    flushed(store)
+    assert store.get(bad) is None and store.stats().corrupt_pages == 1 and not store.contains(bad)
+    assert store.get(good) == payload(good)
+    store.check()
+    store.close()

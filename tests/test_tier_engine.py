@@ -152,8 +152,8 @@ def test_another_fingerprint_reads_nothing(model, tmp_path: Path, change: str) -
         other_model, kw = tiny_model(seed=1), {}
     reader = engine_on(other_model, tmp_path, **kw)
     assert reader.cache.tier.disk.folder != writer.cache.tier.disk.folder
+    assert reader.stats().cache.disk_pages == 0  # the writer's pages are in another folder: never read
     assert run(reader, prompt, "r").cached_tokens == 0
-    assert reader.stats().cache.disk_pages == 0
     reader.shutdown()
     same = engine_on(model, tmp_path)  # and the same fingerprint does read them
     assert run(same, prompt, "s").cached_tokens >= 36
@@ -218,13 +218,18 @@ def test_disk_events_say_where_pages_live(model, tmp_path: Path) -> None:
     engine.shutdown()
 
 
-def test_warm_restart_after_shutdown_serves_from_disk_with_pins(model, tmp_path: Path) -> None:
-    engine = engine_on(model, tmp_path)
+@pytest.mark.parametrize("policy", ["evict", "through"])
+def test_warm_restart_after_shutdown_serves_from_disk_with_pins(model, tmp_path: Path, policy: str) -> None:
+    engine = engine_on(model, tmp_path, kv_disk_write=policy)
     pinned, other = prompts(2, 40, seed=12)
     outs = {"p": run(engine, pinned, "p").token_ids, "o": run(engine, other, "o").token_ids}
     assert engine.pin(pinned, "", ttl_s=3600) >= 36
-    engine.shutdown()  # nothing was evicted: the shutdown writes what memory holds, pins first
-    again = engine_on(model, tmp_path)
+    settle(engine)
+    written = engine.stats().cache.disk_pages
+    # nothing was evicted: "through" wrote every page as it was computed, "evict" nothing yet (the shutdown will)
+    assert written >= 18 if policy == "through" else written == 0
+    engine.shutdown()
+    again = engine_on(model, tmp_path, kv_disk_write=policy)
     again.run_until_idle()
     assert again.cache.pinned_pages() >= 9  # the pin came back first, loaded from disk, with its TTL
     ttl_left = min(n.pin_until for n in again.cache.tree._pinned.values()) - again.cache.tree.clock()

@@ -84,6 +84,14 @@ def parser() -> argparse.ArgumentParser:
         help="bound of the --kv-disk store, e.g. 64GiB (default 16GiB); least recently used pages go first",
     )
     t.add_argument(
+        "--kv-disk-write",
+        choices=("through", "evict"),
+        default="through",
+        help="through (default): every computed page is queued for the disk at once, so a crash loses only what "
+        "was still queued; evict: pages are written when evicted and at shutdown (less writing; a crash loses "
+        "what memory held)",
+    )
+    t.add_argument(
         "--kv-host-memory",
         type=parse_size,
         metavar="SIZE",
@@ -216,6 +224,7 @@ def build_engine(args: argparse.Namespace) -> tuple[Any, Any]:
         max_pinned=args.max_pinned,
         kv_disk_dir=args.kv_disk,
         kv_host_bytes=args.kv_host_memory,
+        kv_disk_write=args.kv_disk_write,
         **({"kv_disk_bytes": args.kv_disk_size} if args.kv_disk_size is not None else {}),
     )
     engine = Engine(loaded, config)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 DEFAULT_KV_MEMORY = 512 * 2**20
 DEFAULT_KV_DISK = 16 * 2**30
+DISK_WRITE_POLICIES = ("through", "evict")
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,9 @@ class EngineConfig:
     kv_disk_bytes: int = DEFAULT_KV_DISK
     kv_disk_queue_pages: int = 256  # pages waiting to be written at most; past it eviction drops pages (counted)
     kv_host_bytes: int | None = None
+    # "through": every computed page is queued for the disk at once (a crash loses only the queue); "evict": pages
+    # are written when evicted (and at shutdown), so a crash loses what memory held
+    kv_disk_write: str = "through"
 
     def __post_init__(self) -> None:
         if self.page_size < 1:
@@ -41,6 +45,10 @@ class EngineConfig:
             raise ValueError(f"kv_disk_bytes must be >= 1, got {self.kv_disk_bytes}")
         if self.kv_disk_queue_pages < 1:
             raise ValueError(f"kv_disk_queue_pages must be >= 1, got {self.kv_disk_queue_pages}")
+        if self.kv_disk_write not in DISK_WRITE_POLICIES:
+            raise ValueError(
+                f"kv_disk_write must be one of {', '.join(DISK_WRITE_POLICIES)}, got {self.kv_disk_write!r}"
+            )
         if self.kv_host_bytes is not None and self.kv_host_bytes < 1:
             raise ValueError(f"kv_host_bytes must be >= 1, got {self.kv_host_bytes}")
         if not 0.0 <= self.max_pinned <= 1.0:

@@ -41,7 +41,8 @@ def build_tier_link(pool: Any, config: EngineConfig, notify: Callable[[], None])
     tiers = []
     if config.kv_host_bytes is not None:
         tiers.append(HostTier(config.kv_host_bytes, pin=pool.device.type == "cuda"))
-    return TierLink(pool, config.page_size, tiers=TierChain(tiers), notify=notify)
+    through = config.kv_disk_dir is not None and config.kv_disk_write == "through"
+    return TierLink(pool, config.page_size, tiers=TierChain(tiers), notify=notify, write_through=through)
 
 
 class EngineTiers:

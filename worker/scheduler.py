@@ -241,7 +241,8 @@ class Scheduler:
             if seq.load_job is not None or seq.tier_probes >= MAX_TIER_PROBES:
                 continue
             seq.tier_probes += 1
-            job = tier.start_load(seq.name, seq.tokens, seq.request.namespace, len(seq.tokens) - 1)
+            # every whole page of the prompt: admission reads all but its last token, copying the page it ends in
+            job = tier.start_load(seq.name, seq.tokens, seq.request.namespace, len(seq.tokens))
             if job is None:
                 seq.tier_probes = MAX_TIER_PROBES  # nothing there: look again only after its next admission
             else:
