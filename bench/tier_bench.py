@@ -8,8 +8,9 @@ Phases (each against workers started here on loopback, sequential requests unles
    cold / re-hit, the median of `reps` prefixes.
 2. oversubscribed shared prefixes: `groups` system prompts of 1,024 tokens (4x the pool), each asked `rounds` times
    round-robin with a new 32-token question: hit rate and TTFT p50/p90 with and without the tier.
-3. unique prompts (nothing is ever asked twice): the time of the same number of 512-token prompts, tier on (the
-   default write-through, and evict-only) against off, in alternating passes: unique_overhead = on / off.
+3. unique prompts (nothing is ever asked twice): 512-token prompts sent round robin to three workers, tier off, on
+   (the default write-through) and on (evict-only): unique_overhead = median request time on / off; the workers'
+   CPU time over the phase (every thread: engine, writer) on / off beside it.
 4. warm restart: 4 prompts of 512 tokens asked twice (the second time's cached_tokens is "before"), then the worker
    stopped by SIGTERM (or SIGKILL) and started again on the same folder: the same prompts' cached_tokens as a share
    of before. ready_delay_s: "listening on" with the tier (over a populated folder) minus without, median of pairs.
@@ -18,8 +19,9 @@ Phases (each against workers started here on loopback, sequential requests unles
    answer counts as a corrupt page served) and the store is read back page by page in this process (every file
    that is not a whole page must be caught: deleted, never served). Files on disk against the bound.
 6. spill cost per decode step: an in-process engine decoding 8 sequences through a full pool (every page boundary
-   evicts, every completed page is written through): the time spent copying pages out for the tiers, per decode
-   step (p50 / p99 / max), and decode step times with the tier and without.
+   evicts, every completed page is written through): the time the tier spends on the engine thread (naming pages,
+   copying them out, queueing them, events) per decode step (p50 / p99 / max), and decode step times with the tier
+   and without.
 
 The last line printed is one JSON object (also written to bench/results/tier_bench.json). Not part of `make test`.
 """
@@ -138,16 +140,21 @@ def oversub(ckpt: Path, tmp: Path, groups: int, rounds: int) -> dict:
 
 
 # ---- 3 -------------------------------------------------------------------------------------------------------
-def unique(ckpt: Path, tmp: Path, per_pass: int, passes: int) -> dict:
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process, all its threads (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def unique(ckpt: Path, tmp: Path, requests: int) -> dict:
+    """Per request, round robin over the configs (the machine's noise falls on each alike); the ratio of median
+    request times, and of the worker processes' CPU time over the whole phase (every thread: engine, writer)."""
     from radixcache.client import Client
 
     rng = random.Random(11)
-    configs = {
-        "off": (),
-        "through": tier_args(tmp / "u-through"),
-        "evict": tier_args(tmp / "u-evict", "--kv-disk-write", "evict"),
-    }
-    times = {k: 0.0 for k in configs}
+    evict = tier_args(tmp / "u-evict", "--kv-disk-write", "evict")
+    configs = {"off": (), "through": tier_args(tmp / "u-through"), "evict": evict}
+    times: dict[str, list[float]] = {k: [] for k in configs}
     workers = {k: Worker(ckpt, *POOL, *v, threads=1, name=f"unique-{k}").start() for k, v in configs.items()}
     try:
         clients = {k: Client(w.target) for k, w in workers.items()}
@@ -155,23 +162,31 @@ def unique(ckpt: Path, tmp: Path, per_pass: int, passes: int) -> dict:
             if configs[k]:
                 settle(c)
             ask(c, random_tokens(rng, 64))
-        for _ in range(passes):
-            for k, c in clients.items():  # alternating: the machine's noise falls on every config alike
-                work = [random_tokens(rng, 512) for _ in range(per_pass)]
+        cpu0 = {k: cpu_seconds(w.proc.pid) for k, w in workers.items()}
+        for _ in range(requests):
+            for k, c in clients.items():
+                prompt = random_tokens(rng, 512)
                 start = time.perf_counter()
-                for prompt in work:
-                    ask(c, prompt, max_tokens=8)
-                times[k] += time.perf_counter() - start
+                ask(c, prompt, max_tokens=8)
+                times[k].append(time.perf_counter() - start)
+        for k, c in clients.items():
+            if configs[k]:
+                settle(c)  # the writes of the last requests are part of the cost
+        cpu = {k: cpu_seconds(w.proc.pid) - cpu0[k] for k, w in workers.items()}
         stats = {k: clients[k].stats() for k in configs if configs[k]}
         for c in clients.values():
             c.close()
     finally:
         for w in workers.values():
             w.stop()
+    median = {k: statistics.median(v) for k, v in times.items()}
     return {
-        "seconds": {k: round(v, 2) for k, v in times.items()},
-        "overhead_through": round(times["through"] / times["off"], 3),
-        "overhead_evict": round(times["evict"] / times["off"], 3),
+        "median_request_s": {k: round(v, 3) for k, v in median.items()},
+        "cpu_s": {k: round(v, 2) for k, v in cpu.items()},
+        "overhead_through": round(median["through"] / median["off"], 3),
+        "overhead_evict": round(median["evict"] / median["off"], 3),
+        "cpu_overhead_through": round(cpu["through"] / cpu["off"], 3),
+        "cpu_overhead_evict": round(cpu["evict"] / cpu["off"], 3),
         "spilled_pages": {k: s["spilled_pages"] for k, s in stats.items()},
         "spill_dropped_pages": {k: s["spill_dropped_pages"] for k, s in stats.items()},
     }
@@ -207,7 +222,7 @@ def restart(ckpt: Path, tmp: Path) -> dict:
         share[how] = round(after / before, 4)
         detail[how] = {"cached_before": before, "cached_after": after}
     delays = []
-    for _ in range(2):  # alternating pairs: a worker without the tier, then one over the populated folder
+    for _ in range(3):  # alternating pairs: a worker without the tier, then one over the populated folder
         started = []
         for extra in ((), tier_args(tmp / "restart-sigterm")):
             worker = Worker(ckpt, *pool, *extra, threads=1, name="ready")
@@ -225,7 +240,7 @@ def crashes(ckpt: Path, tmp: Path, kills: int) -> dict:
     from radixcache.worker.engine_tiers import PAGE_CODEC
 
     rng = random.Random(17)
-    work = [random_tokens(rng, 256) for _ in range(8)]
+    work = [random_tokens(rng, 256) for _ in range(5)]  # 80 pages: over the pool (48), within the disk bound (85)
     pool = ("--page-size", str(PAGE), "--kv-pages", "48", "--max-step-tokens", "256")
     bound = 32 << 20
     folder = tmp / "crashes"
@@ -327,6 +342,7 @@ def spill_cost(ckpt: Path, tmp: Path) -> dict:
             params = SamplingParams(max_tokens=96, ignore_eos=True)
             engine.submit(Request(f"dec-{i}", random_tokens(rng, 40), params), lambda o: None)
         steps, tier_ms = [], []
+        engine.step()  # takes the submissions in, starts the prefills
         while engine.scheduler.has_work():
             decode_only = not engine.scheduler.waiting and all(not s.prefilling for s in engine.scheduler.running)
             spent[0] = 0.0
@@ -368,7 +384,7 @@ def main() -> int:
         print("rehit", json.dumps(results["rehit"]), flush=True)
         results["oversub"] = oversub(ckpt, tmp, groups=4 if args.quick else 6, rounds=2 if args.quick else 4)
         print("oversub", json.dumps(results["oversub"]), flush=True)
-        results["unique"] = unique(ckpt, tmp, per_pass=3 if args.quick else 6, passes=2)
+        results["unique"] = unique(ckpt, tmp, requests=4 if args.quick else 16)
         print("unique", json.dumps(results["unique"]), flush=True)
         results["restart"] = restart(ckpt, tmp)
         print("restart", json.dumps(results["restart"]), flush=True)
@@ -387,6 +403,10 @@ def main() -> int:
         "ready_delay_s": results["restart"]["ready_delay_s"],
         "unique_overhead": results["unique"]["overhead_through"],
         "unique_overhead_evict": results["unique"]["overhead_evict"],
+        "unique_cpu_overhead": {
+            "through": results["unique"]["cpu_overhead_through"],
+            "evict": results["unique"]["cpu_overhead_evict"],
+        },
         "corrupt_served": results["crashes"]["corrupt_served"],
         "corrupt_files_caught": results["crashes"]["corrupt_files_caught"],
         "store_bytes_vs_bound": [results["crashes"]["store_bytes"], results["crashes"]["store_bound_bytes"]],
