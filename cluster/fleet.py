@@ -1,7 +1,8 @@
-"""FleetEngine: the engine interface (submit / abort / stats / flush_cache / pin / unpin) over N Ray Serve replicas.
+"""FleetEngine: the engine interface (worker/engine_api.py's EngineLike) over N Ray Serve replicas.
 
-The gRPC servicer of a single worker runs unchanged on top of it (DESIGN.md, "Fronts, engine, hosts"): it validates,
-tokenizes and streams exactly as on one worker, while each call here goes through a DeploymentHandle. Generate is
+The front core of a single worker runs unchanged on top of it (DESIGN.md, "Fronts, engine, hosts"): it validates,
+tokenizes, compiles constraints and streams exactly as on one worker, while each call here goes through a
+DeploymentHandle. Generate is
 routed by the handle's CacheAwareRouter to one replica; the fleet-wide calls (stats, flush, pin, unpin, abort) are
 broadcast to every replica (Serve's `handle.broadcast`), each answering for itself. Everything runs on the ingress
 replica's asyncio loop, except the calls the servicer makes from a worker thread, which hop onto that loop.
@@ -19,8 +20,9 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from radixcache.worker.engine_api import DuplicateRequestError, EngineStats
-from radixcache.worker.request import ErrorKind, FinishReason, Request, RequestOutput
+from radixcache.worker.engine_api import DuplicateRequestError, EngineStats, ModelFacts
+from radixcache.worker.request import Constraint, ErrorKind, FinishReason, Request, RequestOutput
+from radixcache.worker.structured import GrammarCache
 from radixcache.worker.validation import check_engine_request
 
 log = logging.getLogger("radixcache.cluster")
@@ -30,28 +32,25 @@ BROADCAST_TIMEOUT_S = 60.0  # a fleet-wide call does without a replica that does
 
 
 class FleetEngine:
-    def __init__(self, handle: Any, tokenizer: Any, model_info: Any, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, handle: Any, tokenizer: Any, facts: ModelFacts, loop: asyncio.AbstractEventLoop) -> None:
         self.handle = handle  # DeploymentHandle of EngineReplica (with the CacheAwareRouter)
         self.tokenizer = tokenizer
-        self.model_info = model_info
-        self.page_size = int(model_info.page_size)
-        self.num_pages = int(model_info.kv_pages)
-        self.vocab_size = int(model_info.vocab_size)
-        self.context_length = int(model_info.context_length)
+        self.facts = facts
+        self.page_size = int(facts.page_size)
+        self.num_pages = int(facts.kv_pages)
+        self.vocab_size = int(facts.vocab_size)
+        self.context_length = int(facts.context_length)
         self.loop = loop
+        # Constraints compile here (the ingress holds the tokenizer) so that a bad schema is refused before routing;
+        # each replica compiles again on its own thread (its GrammarCache) when the request arrives.
+        self.grammars = GrammarCache(tokenizer, self.vocab_size, set(facts.eos_token_ids))
         self._relays: dict[str, asyncio.Task] = {}  # request id -> the task relaying its stream
         self._aborts: set[asyncio.Task] = set()  # abort broadcasts in flight (referenced until done)
 
     # -- the engine interface, called on the loop ---------------------------------------------------------------
     def submit(self, request: Request, on_output: Callable[[RequestOutput], None]) -> None:
         """Raises like Engine.submit (ValueError, RequestTooLargeError, DuplicateRequestError) before routing."""
-        check_engine_request(
-            request,
-            vocab_size=self.vocab_size,
-            context_length=self.context_length,
-            page_size=self.page_size,
-            num_pages=self.num_pages,
-        )
+        check_engine_request(request, self)
         if request.request_id in self._relays:
             raise DuplicateRequestError(f"request_id {request.request_id!r} is already running; ids must be unique")
         # Serve's router tells concurrent requests apart by their internal request id, which a call's sub-requests
@@ -61,6 +60,10 @@ class FleetEngine:
         task = self.loop.create_task(self._relay(request, on_output), context=context)
         self._relays[request.request_id] = task
         task.add_done_callback(lambda _: self._relays.pop(request.request_id, None))
+
+    def compile_constraint(self, constraint: Constraint) -> None:
+        """Compile (and cache) the constraint as a replica would: ConstraintError (a ValueError) before routing."""
+        self.grammars.compile(constraint)
 
     def abort(self, request_id: str) -> bool:
         if request_id not in self._relays:

@@ -1,11 +1,12 @@
 """Ingress: the `radixcache.v1.RadixCache` contract behind Ray Serve's gRPC proxy, and the OpenAI-compatible HTTP
 API behind its HTTP proxy, for a whole fleet.
 
-Ray Serve's gRPC proxy calls a method of this deployment named after the RPC, with the request message and a
-RayServegRPCContext. Each method runs the single worker's RadixCacheServicer unchanged (authentication, validation,
-tokenizing, streaming, status codes), over a FleetEngine instead of an Engine: the servicer writes its messages and
-aborts through `ServeCallContext`, which carries them to the proxy. So the Client and CLI work against a cluster as
-against one worker, apart from the address.
+Both fronts run exactly as on one worker, over one front core (worker/front.py) whose engine is a FleetEngine: Ray
+Serve's gRPC proxy calls a method of this deployment named after the RPC, with the request message and a
+RayServegRPCContext, and the single worker's RadixCacheServicer serves it, writing its messages and aborting
+through `ServeCallContext`, which carries them to the proxy; the OpenAI app is served through Serve's HTTP proxy
+over the same core. So the Client, the CLI and OpenAI clients work against a cluster as against one worker, apart
+from the address.
 """
 
 from __future__ import annotations
@@ -56,18 +57,20 @@ class Ingress:
     async def __init__(self, replicas: Any, auth_tokens: dict[str, str] | None) -> None:
         from radixcache.cluster.fleet import FleetEngine
         from radixcache.worker.auth import Authenticator
+        from radixcache.worker.front import FrontCore
         from radixcache.worker.servicer import RadixCacheServicer
 
-        info = pb.ModelInfo.FromString(await replicas.model_info.remote())
+        facts = await replicas.model_facts.remote()
         tokenizer = await replicas.tokenizer.remote()
-        self.fleet = FleetEngine(replicas, tokenizer, info, asyncio.get_running_loop())
-        self.servicer = RadixCacheServicer(Authenticator(auth_tokens))
-        self.servicer.attach(self.fleet, info)
+        self.fleet = FleetEngine(replicas, tokenizer, facts, asyncio.get_running_loop())
+        self.core = FrontCore(Authenticator(auth_tokens))
+        self.core.attach(self.fleet, facts)
+        self.servicer = RadixCacheServicer(self.core)
 
     def __serve_build_asgi_app__(self) -> Any:
         from radixcache.worker.openai.app import create_app
 
-        return create_app(self.servicer)
+        return create_app(self.core)
 
     async def _unary(self, method: str, request: Any, grpc_context: Any) -> Any:
         try:
@@ -97,9 +100,11 @@ class Ingress:
         return await self._unary("GetModelInfo", request, grpc_context)
 
     async def GetCacheStats(self, request: pb.GetCacheStatsRequest, grpc_context: Any) -> pb.CacheStats:
+        from radixcache.worker.servicer import cache_stats_message
+
         total = await self._unary("GetCacheStats", request, grpc_context)
         for replica, stats in await asyncio.to_thread(self.fleet.per_replica_stats):
-            total.replicas.add(replica_id=replica, stats=self.servicer.cache_stats_message(stats))
+            total.replicas.add(replica_id=replica, stats=cache_stats_message(stats))
         return total
 
     async def FlushCache(self, request: pb.FlushCacheRequest, grpc_context: Any) -> pb.FlushCacheResponse:

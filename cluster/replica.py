@@ -31,8 +31,7 @@ class EngineReplica:
 
         torch.set_num_threads(threads)
         args = parser().parse_args(serve_argv)
-        self.engine, info = await asyncio.to_thread(build_engine, args)
-        self.model_info_bytes = info.SerializeToString()
+        self.engine, self.facts = await asyncio.to_thread(build_engine, args)
         self.replica_id = _own_replica_id()
         self.events = None
         if hub_name is not None:
@@ -92,8 +91,9 @@ class EngineReplica:
         """The replica's tokenizer (pickled to the ingress, which tokenizes before routing)."""
         return self.engine.tokenizer
 
-    async def model_info(self) -> bytes:
-        return self.model_info_bytes
+    async def model_facts(self) -> Any:
+        """The replica's ModelFacts (worker/engine_api.py), pickled to the ingress."""
+        return self.facts
 
     async def whoami(self) -> str:
         return self.replica_id

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import functools
 
+from helpers import tiny_config
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
-from radixcache.worker.model.config import ModelConfig
 from radixcache.worker.model.loader import LoadedModel, random_model
 from radixcache.worker.model.tokenizer import Tokenizer
 
@@ -37,13 +37,10 @@ def byte_tokenizer() -> Tokenizer:
 
 def tiny_model(seed: int = 0, *, with_eos: bool = True, context: int = 4096) -> LoadedModel:
     tokenizer = byte_tokenizer()
-    config = ModelConfig(
+    config = tiny_config(
         vocab_size=tokenizer.vocab_size,
         hidden_size=64,
         intermediate_size=128,
-        num_layers=2,
-        num_heads=4,
-        num_kv_heads=2,
         max_position_embeddings=context,
         eos_token_ids=(tokenizer.token_to_id(EOS),) if with_eos else (),
     )

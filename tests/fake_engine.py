@@ -5,9 +5,10 @@ nothing: token i of a completion is letter i of the alphabet. A byte-level token
 prefix "cache" per namespace (the longest prefix of an earlier sequence, capped at len(prompt) - 1) are enough to
 exercise streaming order, cancellation, deadlines, tenants, pins and shutdown without a model.
 
-Prompts containing b"SLOW" take `slow_prefill` seconds before their first token (abortable); prompts containing
-b"BOOM" end with FinishReason.ERROR after one token; prompts containing b"FULL" end like a request that cannot fit
-beside pinned pages (ErrorKind.NO_CAPACITY). A chat prompt rendered with tools (the template writes them between
+Scripted prompts (a test puts the marker in its prompt text): a prompt containing SLOW_PREFILL takes
+`slow_prefill` seconds before its first token (abortable); one containing FAILS_AFTER_ONE_TOKEN ends with
+FinishReason.ERROR after one token; one containing NO_CAPACITY ends like a request that cannot fit beside pinned pages
+(ErrorKind.NO_CAPACITY). A chat prompt rendered with tools (the template writes them between
 <tools> and </tools>) is answered with a Hermes-style call of the first tool, as a model trained for tools would:
 <tool_call>{"name": <first tool>, "arguments": {"city": "Paris"}}</tool_call>, then EOS.
 """
@@ -22,10 +23,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
-from radixcache.worker.engine import DuplicateRequestError, RequestTooLargeError
+from radixcache.worker.engine_api import DuplicateRequestError, RequestTooLargeError
 from radixcache.worker.request import ErrorKind, FinishReason, Request, RequestOutput
 
 BOS, EOS, OFFSET = 1, 2, 3
+SLOW_PREFILL, FAILS_AFTER_ONE_TOKEN, NO_CAPACITY = "SLOW", "BOOM", "FULL"  # markers of scripted prompts
 
 
 class ByteTokenizer:
@@ -231,7 +233,7 @@ class FakeEngine:
         r = seq.request
         if seq.aborted:
             return self._emit(seq, [], FinishReason.ABORTED)
-        if not seq.generated and b"SLOW" in bytes(i - OFFSET for i in r.prompt_ids if i >= OFFSET):
+        if not seq.generated and SLOW_PREFILL.encode() in bytes(i - OFFSET for i in r.prompt_ids if i >= OFFSET):
             if time.monotonic() - seq.started < self.slow_prefill:
                 return None  # still "prefilling"
         prompt = bytes(i - OFFSET for i in r.prompt_ids if i >= OFFSET)
@@ -245,9 +247,9 @@ class FakeEngine:
         else:
             token = ord("a") + len(seq.generated) % 26 + OFFSET
         seq.generated.append(token)
-        if b"BOOM" in prompt:
+        if FAILS_AFTER_ONE_TOKEN.encode() in prompt:
             return self._emit(seq, [token], FinishReason.ERROR, "injected failure")
-        if b"FULL" in prompt:
+        if NO_CAPACITY.encode() in prompt:
             return self._emit(
                 seq, [], FinishReason.ERROR, "the KV cache cannot hold this request", ErrorKind.NO_CAPACITY
             )

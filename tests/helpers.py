@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from radixcache.events import records_page_index
 from radixcache.tree import RadixTree
+from radixcache.worker.model.config import ModelConfig
+
+TINY = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2)
 
 
 class FakeClock:
@@ -17,6 +22,11 @@ class FakeClock:
 
     def advance(self, seconds: float) -> None:
         self.now += seconds
+
+
+def tiny_config(**overrides: Any) -> ModelConfig:
+    """The tiny decoder most tests build (TINY), with any field overridden."""
+    return ModelConfig(**(TINY | overrides))
 
 
 def tree_index(tree: RadixTree) -> dict[str, dict[int, int | None]]:

@@ -6,6 +6,8 @@ One Ray instance for the module (it takes ~20 s to start on 2 cores); each test 
 
 from __future__ import annotations
 
+import json
+import re
 import socket
 import threading
 import time
@@ -243,5 +245,47 @@ def test_the_openai_api_is_served_for_the_fleet(cluster):
     assert again.usage.prompt_tokens_details.cached_tokens >= 48  # routed to the replica that holds the prompt
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=api.base_url, api_key="nope", max_retries=0).models.list()
+    with Client(target, token="tok-alice") as c:
+        wait_idle(c)
+
+
+STRUCTURED = [  # (constraint kind, the Client argument, a check of the whole reply)
+    ("json_schema", {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
+                     "required": ["n"], "additionalProperties": False},
+     lambda text: set(json.loads(text)) == {"n"} and 0 <= json.loads(text)["n"] <= 9),
+    ("json_object", True, lambda text: isinstance(json.loads(text), dict)),
+    ("regex", "[a-c]{3}-[0-9]{2}", lambda text: re.fullmatch("[a-c]{3}-[0-9]{2}", text) is not None),
+    ("ebnf", 'start: "yes" | "no"', lambda text: text in ("yes", "no")),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("kind,value,valid", STRUCTURED, ids=[s[0] for s in STRUCTURED])
+def test_every_kind_of_structured_output_is_served_by_the_fleet(cluster, kind, value, valid):
+    target, _ = cluster
+    with Client(target, token="tok-alice") as c:
+        chunks = list(c.generate(text="answer: ", max_tokens=200, temperature=0.7, seed=3, **{kind: value}))
+        text = "".join(ch.text for ch in chunks)
+        assert chunks[-1].finish_reason == "stop_token" and valid(text), (kind, text)
+        with pytest.raises(grpc.RpcError) as bad:  # refused at the ingress, before routing, naming the problem
+            list(c.generate(text="x", max_tokens=4, regex="(unclosed"))
+        assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        wait_idle(c)
+
+
+def test_a_forced_tool_call_is_served_by_the_fleet(cluster):
+    import openai
+
+    target, options = cluster
+    api = openai.OpenAI(base_url=f"http://127.0.0.1:{options.http_port}/v1", api_key="tok-alice", max_retries=0)
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"],
+        "additionalProperties": False}}}]  # fmt: skip
+    reply = api.chat.completions.create(
+        model=api.models.list().data[0].id, messages=[{"role": "user", "content": "weather?"}], tools=tools,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}}, max_tokens=200, seed=1,
+    )  # fmt: skip
+    (call,) = reply.choices[0].message.tool_calls
+    assert reply.choices[0].finish_reason == "tool_calls" and call.function.name == "get_weather"
+    assert set(json.loads(call.function.arguments)) == {"city"}
     with Client(target, token="tok-alice") as c:
         wait_idle(c)

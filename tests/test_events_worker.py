@@ -211,7 +211,7 @@ def read_until(run, batches, index: PageIndex, expected: dict) -> list[str]:
 
 
 def test_a_slow_subscriber_gets_a_reset_and_a_fresh_snapshot(worker) -> None:
-    hub = worker.server.servicer.events
+    hub = worker.server.core.events
     hub.queue_batches = 2  # the next subscription may fall 2 batches behind
 
     async def open_subscription():
@@ -244,7 +244,7 @@ def test_zmq_messages_decode_to_vllm_structures_and_replay_to_the_tree() -> None
     engine = Engine(tiny_model(), EngineConfig(page_size=4, kv_pages=40, max_step_tokens=64, max_running=6))
     w = ThreadedWorker(engine, kv_events_endpoint=f"tcp://127.0.0.1:{port}").start()  # a concrete host: connects
     try:
-        hub = w.server.servicer.events
+        hub = w.server.core.events
         while not sub.poll(200):  # a PUB drops what it sends before the subscription reaches it: resend until seen
             w.run(hub.resync_publishers())
         blocks: dict[int, int | None] = {}

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import tiny_config
 from jinja2.exceptions import TemplateError
 from model_fixtures import build_checkpoint, build_tokenizer_files, hf_config
 
@@ -98,7 +99,7 @@ def test_missing_files_are_named(llama_dir: Path, tmp_path: Path) -> None:
 
 
 def test_random_model_is_seeded() -> None:
-    cfg = ModelConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2)
+    cfg = tiny_config(vocab_size=50)
     a, b, c = random_model(cfg, seed=3), random_model(cfg, seed=3), random_model(cfg, seed=4)
     pa, pb, pc = (m.model.model.layers[0].self_attn.qkv_proj.dense_weight() for m in (a, b, c))
     assert torch.equal(pa, pb) and not torch.equal(pa, pc)

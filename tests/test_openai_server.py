@@ -9,7 +9,7 @@ import time
 
 import httpx
 import pytest
-from fake_engine import FakeEngine
+from fake_engine import FAILS_AFTER_ONE_TOKEN, NO_CAPACITY, FakeEngine
 from worker_harness import ThreadedWorker
 
 BODY = {"model": "fake", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
@@ -44,7 +44,7 @@ def test_a_drain_lets_streams_finish_and_refuses_new_requests():
             lines = (line for line in r.iter_lines() if line)
             events.append(next(lines))  # the stream is running
             threading.Thread(target=lambda: (worker.stop(grace=30), stopped.set()), daemon=True).start()
-            while not worker.server.servicer.draining:
+            while not worker.server.core.draining:
                 time.sleep(0.01)
             assert httpx.get(url(worker, "/health")).status_code == 503
             assert httpx.post(url(worker, "/v1/chat/completions"), json=BODY).status_code == 503
@@ -65,9 +65,11 @@ def worker():
 
 
 def test_a_failure_inside_a_request_is_500_and_others_carry_on(worker):
-    r = httpx.post(url(worker, "/v1/completions"), json={"model": "fake", "prompt": "BOOM", "max_tokens": 5})
+    r = httpx.post(
+        url(worker, "/v1/completions"), json={"model": "fake", "prompt": FAILS_AFTER_ONE_TOKEN, "max_tokens": 5}
+    )
     assert r.status_code == 500 and r.json()["error"]["type"] == "internal_error"
-    r = httpx.post(url(worker, "/v1/completions"), json={"model": "fake", "prompt": "FULL", "max_tokens": 5})
+    r = httpx.post(url(worker, "/v1/completions"), json={"model": "fake", "prompt": NO_CAPACITY, "max_tokens": 5})
     assert r.status_code == 503  # cannot fit beside pinned pages now: try again later
     assert (
         httpx.post(url(worker, "/v1/chat/completions"), json=BODY).json()["choices"][0]["message"]["content"] == "abcde"
@@ -75,7 +77,7 @@ def test_a_failure_inside_a_request_is_500_and_others_carry_on(worker):
 
 
 def test_a_failure_mid_stream_ends_it_with_an_error_event(worker):
-    body = {"model": "fake", "prompt": "BOOM", "max_tokens": 5, "stream": True}
+    body = {"model": "fake", "prompt": FAILS_AFTER_ONE_TOKEN, "max_tokens": 5, "stream": True}
     with httpx.stream("POST", url(worker, "/v1/completions"), json=body) as r:
         assert r.status_code == 200
         events = [line for line in r.iter_lines() if line]

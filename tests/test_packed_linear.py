@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import tiny_config
 
-from radixcache.worker.model.config import ModelConfig
 from radixcache.worker.model.loader import random_model
 from radixcache.worker.model.packed import MIN_ROWS, PackedLinear
 
-CONFIG = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2)
+CONFIG = tiny_config()
 
 
 @pytest.mark.parametrize("bias", [False, True])

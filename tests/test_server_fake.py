@@ -17,7 +17,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
-from fake_engine import FakeEngine
+from fake_engine import FAILS_AFTER_ONE_TOKEN, NO_CAPACITY, SLOW_PREFILL, FakeEngine
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from worker_harness import ThreadedWorker, wait_until
 
@@ -140,7 +140,7 @@ def test_request_that_can_never_fit_is_resource_exhausted():
 
 def test_request_that_cannot_fit_beside_pinned_pages_is_resource_exhausted(client):
     with pytest.raises(grpc.RpcError) as e:
-        client.generate_text("FULL", max_tokens=4)
+        client.generate_text(NO_CAPACITY, max_tokens=4)
     assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "cannot hold this request" in e.value.details()
 
@@ -149,7 +149,7 @@ def test_error_in_one_request_is_internal_and_others_are_unaffected(client):
     other = client.generate("fine", max_tokens=30)
     first = next(other)
     with pytest.raises(grpc.RpcError) as e:
-        client.generate_text("BOOM", max_tokens=30)
+        client.generate_text(FAILS_AFTER_ONE_TOKEN, max_tokens=30)
     assert e.value.code() == grpc.StatusCode.INTERNAL and "injected failure" in e.value.details()
     rest = list(other)
     assert first.completion_tokens + len(rest) == 30 and rest[-1].finish_reason == "length"
@@ -171,7 +171,7 @@ def test_cancel_mid_decode_aborts_the_engine_request(client, worker):
 def test_cancel_mid_prefill_aborts_the_engine_request(worker):
     worker.engine.slow_prefill = 60.0
     stub = pb_grpc.RadixCacheStub(grpc.insecure_channel(worker.target))
-    call = stub.Generate(pb.GenerateRequest(text="SLOW prefill", max_tokens=5, request_id="prefill-1"))
+    call = stub.Generate(pb.GenerateRequest(text=f"{SLOW_PREFILL} prefill", max_tokens=5, request_id="prefill-1"))
     assert wait_until(lambda: worker.engine.stats().running == 1)
     call.cancel()
     assert ended(worker, "prefill-1") is FinishReason.ABORTED
@@ -180,7 +180,7 @@ def test_cancel_mid_prefill_aborts_the_engine_request(worker):
 def test_deadline_exceeded_aborts_the_engine_request(client, worker):
     worker.engine.slow_prefill = 60.0
     with pytest.raises(grpc.RpcError) as e:
-        list(client.generate("SLOW prefill", max_tokens=5, timeout=0.3, request_id="late-1"))
+        list(client.generate(f"{SLOW_PREFILL} prefill", max_tokens=5, timeout=0.3, request_id="late-1"))
     assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     assert ended(worker, "late-1") is FinishReason.ABORTED
 

@@ -15,14 +15,14 @@ import threading
 
 import grpc
 import pytest
-from fake_engine import BOS, OFFSET, FakeEngine
+from fake_engine import BOS, FAILS_AFTER_ONE_TOKEN, NO_CAPACITY, OFFSET, SLOW_PREFILL, FakeEngine
 from worker_harness import RPC_CALLS, ThreadedWorker, wait_until
 
 from radixcache.cache import PinBudgetError, PrefixCache
 from radixcache.events import page_hashes
 from radixcache.v1 import radixcache_pb2 as pb
 from radixcache.v1 import radixcache_pb2_grpc as pb_grpc
-from radixcache.worker.engine import DuplicateRequestError, RequestTooLargeError
+from radixcache.worker.engine_api import DuplicateRequestError, RequestTooLargeError
 from radixcache.worker.request import (
     Constraint,
     ErrorKind,
@@ -232,9 +232,9 @@ REFUSALS = [
         "the worker is not accepting requests: the engine is shutting down",
     ),
     (
-        DuplicateRequestError("duplicate request id 'r'"),  # e.g. retried while the cancelled run winds down
+        DuplicateRequestError("duplicate request id 'tenant/r'"),  # e.g. retried while the cancelled run winds down
         grpc.StatusCode.ALREADY_EXISTS,
-        "duplicate request id 'r'",
+        "request_id 'r' is already running",  # the caller's id, never the engine's (which names the tenant)
     ),
     (RequestTooLargeError("40 tokens can never fit in 8 pages"), grpc.StatusCode.RESOURCE_EXHAUSTED, "40 tokens can never fit in 8 pages"),
 ]  # fmt: skip
@@ -338,9 +338,11 @@ def test_pin_refusals_carry_their_status_and_reason():
         )
         e = refusal(lambda: stub.PinPrefix(pb.PinPrefixRequest(text="y" * 40), timeout=10))  # computing it cannot fit
         assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and e.details() == "42 tokens can never fit in 8 pages"
-        e = refusal(lambda: stub.PinPrefix(pb.PinPrefixRequest(text="BOOM prefix"), timeout=10))  # computing fails
+        e = refusal(
+            lambda: stub.PinPrefix(pb.PinPrefixRequest(text=f"{FAILS_AFTER_ONE_TOKEN} prefix"), timeout=10)
+        )  # computing fails
         assert (e.code(), e.details()) == (grpc.StatusCode.INTERNAL, "computing the prefix failed: injected failure")
-        e = refusal(lambda: stub.PinPrefix(pb.PinPrefixRequest(text="FULL prefix"), timeout=10))
+        e = refusal(lambda: stub.PinPrefix(pb.PinPrefixRequest(text=f"{NO_CAPACITY} prefix"), timeout=10))
         assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert e.details() == "computing the prefix failed: the KV cache cannot hold this request"
         assert engine.pins == {}
@@ -395,11 +397,11 @@ def test_every_rpc_is_unavailable_while_the_worker_drains():
     engine.slow_prefill = 60.0
     w = ThreadedWorker(engine).start()
     try:
-        busy = stub_of(w).Generate(pb.GenerateRequest(text="SLOW", max_tokens=2, request_id="busy"))
+        busy = stub_of(w).Generate(pb.GenerateRequest(text=SLOW_PREFILL, max_tokens=2, request_id="busy"))
         assert wait_until(lambda: engine.stats().running == 1)
         stopper = threading.Thread(target=lambda: w.run(w.server.stop(30), timeout=40))
         stopper.start()
-        assert wait_until(lambda: w.server.servicer.draining)
+        assert wait_until(lambda: w.server.core.draining)
         shutting_down = (grpc.StatusCode.UNAVAILABLE, "the worker is shutting down")
         assert statuses(w) == dict.fromkeys(RPCS, shutting_down)
         busy.cancel()  # the in-flight request is aborted: the drain ends
@@ -445,7 +447,7 @@ def test_a_deadline_that_runs_out_aborts_the_request_and_logs_nothing(caplog):
     with ThreadedWorker(engine) as w:
         stub = stub_of(w)
         for i in range(3):
-            request = pb.GenerateRequest(text="SLOW", max_tokens=2, request_id=f"late-{i}")
+            request = pb.GenerateRequest(text=SLOW_PREFILL, max_tokens=2, request_id=f"late-{i}")
             e = refusal(lambda request=request: list(stub.Generate(request, timeout=0.2)))
             assert e.code() == grpc.StatusCode.DEADLINE_EXCEEDED
             assert wait_until(lambda i=i: engine.finished.get(f"late-{i}") is FinishReason.ABORTED, 10)

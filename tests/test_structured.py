@@ -13,6 +13,7 @@ import grpc
 import jsonschema
 import pytest
 from engine_fixtures import byte_tokenizer, tiny_model
+from helpers import tiny_config
 from test_engine import Collector, assert_clean, make_engine
 from worker_harness import ThreadedWorker
 
@@ -20,7 +21,6 @@ from radixcache.client import Client
 from radixcache.client.client import generate_request
 from radixcache.worker.cli import default_model_path
 from radixcache.worker.engine import Engine, EngineConfig
-from radixcache.worker.model.config import ModelConfig
 from radixcache.worker.model.loader import load_checkpoint, random_model
 from radixcache.worker.model.packed import PackedLinear
 from radixcache.worker.pb_inputs import constraint_values
@@ -267,14 +267,8 @@ def test_stop_strings_and_eos_keep_working_under_a_constraint(tiny):
 def test_padding_rows_of_the_model_vocab_are_never_sampled():
     tokenizer = byte_tokenizer()
     pad = 40  # the model's vocab is larger than the tokenizer's, as checkpoints often round it up
-    config = ModelConfig(
-        vocab_size=tokenizer.vocab_size + pad,
-        hidden_size=64,
-        intermediate_size=128,
-        num_layers=2,
-        num_heads=4,
-        num_kv_heads=2,
-        max_position_embeddings=512,
+    config = tiny_config(
+        vocab_size=tokenizer.vocab_size + pad, hidden_size=64, intermediate_size=128, max_position_embeddings=512
     )
     loaded = random_model(config, seed=3, std=0.3)
     loaded.tokenizer = tokenizer
@@ -322,7 +316,7 @@ def test_invalid_constraints_are_refused_before_anything_is_allocated(tiny, cons
 
 
 def test_a_model_without_tokenizer_refuses_constraints():
-    config = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1)
+    config = tiny_config(num_layers=1, num_heads=2, num_kv_heads=1)
     engine = Engine(random_model(config), EngineConfig(kv_pages=16, page_size=4))
     with pytest.raises(ConstraintError, match="tokenizer"):
         engine.submit(Request("x", [1, 2], constraint=Constraint("regex", "a")), Collector())

@@ -207,7 +207,7 @@ def load_model(args: argparse.Namespace) -> tuple[Any, str, str]:
 
 
 def build_engine(args: argparse.Namespace) -> tuple[Any, Any]:
-    """Load the model, start and warm up the engine as the options ask: (Engine, ModelInfo). Also what each
+    """Load the model, start and warm up the engine as the options ask: (Engine, ModelFacts). Also what each
     replica of `radixcache cluster` runs."""
     from radixcache.worker.engine import Engine, EngineConfig
     from radixcache.worker.server import describe

@@ -7,6 +7,13 @@ engine thread and must not block. The typed interface (and its refusals) that fr
 Who does what in one step: the Scheduler picks the chunks (and which pages they write), ModelStep (worker/step.py)
 computes and samples them, the engine publishes completed pages, emits outputs and ends what finished (a finished
 request releases its lease, storing everything it computed). A request's n samples: worker/samples.py.
+
+In process (tests, benchmarks), without the thread:
+
+    engine = Engine(load_checkpoint(path), EngineConfig(page_size=16, kv_pages=1024))
+    engine.submit(Request("r1", prompt_ids, SamplingParams(max_tokens=32)), outputs.append)
+    engine.run_until_idle()        # or engine.start() (warm-up, then the thread) and engine.shutdown(drain=True)
+    engine.cache.check(idle=True)  # nothing leaked
 """
 
 from __future__ import annotations
@@ -208,7 +215,7 @@ class Engine:
         With sampling.n > 1, on_output receives the outputs of n samples (RequestOutput.index), each ending with
         its own finish_reason; the prompt is computed once and its pages shared by the samples.
         """
-        self._validate(request)
+        check_engine_request(request, self)  # on the caller's thread: it reads only immutable facts
         stop_ids = set(request.sampling.stop_token_ids)
         if not request.sampling.ignore_eos:
             stop_ids |= self._eos_ids
@@ -278,16 +285,6 @@ class Engine:
 
     def unpin(self, token_ids: list[int], namespace: str = "") -> int:
         return self.call(lambda: self.cache.unpin(token_ids, namespace))
-
-    # --- validation (caller's thread; reads only immutable facts) -------------------------------------------
-    def _validate(self, request: Request) -> None:
-        check_engine_request(
-            request,
-            vocab_size=self.vocab_size,
-            context_length=self.context_length,
-            page_size=self.page_size,
-            num_pages=self.num_pages,
-        )
 
     # --- the engine thread -----------------------------------------------------------------------------------
     def _detokenizer(self) -> Any:

@@ -24,6 +24,8 @@ from radixcache.v1 import radixcache_pb2 as pb
 from radixcache.v1 import radixcache_pb2_grpc as pb_grpc
 from radixcache.worker.auth import Authenticator
 from radixcache.worker.decode_guard import UndecodableRequestInterceptor
+from radixcache.worker.engine_api import ModelFacts
+from radixcache.worker.front import FrontCore
 from radixcache.worker.metrics import WorkerMetrics
 from radixcache.worker.reflection import enable_reflection
 from radixcache.worker.servicer import RadixCacheServicer
@@ -70,9 +72,11 @@ class WorkerServer:
 
     def __init__(self, options: ServerOptions) -> None:
         self.options = options
-        # The metrics read the servicer's engine lazily (once attached), so they can be made first and handed to it.
-        self.metrics = WorkerMetrics(lambda: self.servicer.engine.stats() if self.servicer.engine else None)
-        self.servicer = RadixCacheServicer(Authenticator(options.auth_tokens, options.admin_tokens or ()), self.metrics)
+        # The metrics read the core's engine lazily (once attached), so they can be made first and handed to it.
+        self.metrics = WorkerMetrics(lambda: self.core.engine.stats() if self.core.engine else None)
+        # Both fronts (gRPC and HTTP) share this core: one engine, one Authenticator, one drain.
+        self.core = FrontCore(Authenticator(options.auth_tokens, options.admin_tokens or ()), self.metrics)
+        self.servicer = RadixCacheServicer(self.core)
         self.health = health.aio.HealthServicer()
         self.port = 0
         self.metrics_port: int | None = None
@@ -110,16 +114,16 @@ class WorkerServer:
         if o.http_port is not None:
             from radixcache.worker.openai.http_server import HttpServer  # fastapi/uvicorn: only when asked for
 
-            self.http = HttpServer(self.servicer, o.host, o.http_port, max_body_bytes=o.max_message_bytes)
+            self.http = HttpServer(self.core, o.host, o.http_port, max_body_bytes=o.max_message_bytes)
             self.http_port = await self.http.start()
         if o.metrics_port is not None:
             self.metrics_port = self.metrics.serve_http(o.metrics_port, o.host)
         return self.port
 
-    async def attach(self, engine: Any, model_info: pb.ModelInfo) -> None:
+    async def attach(self, engine: Any, facts: ModelFacts) -> None:
         """Serve `engine` (already started and warmed up): health turns SERVING."""
         await self._start_events(engine)
-        self.servicer.attach(engine, model_info)
+        self.core.attach(engine, facts)
         for service in ("", SERVICE_NAME):
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
 
@@ -133,7 +137,7 @@ class WorkerServer:
 
         hub = CacheEventHub(engine)
         await hub.start()
-        self.servicer.events = hub
+        self.core.events = hub
         if self.options.kv_events_endpoint:
             from radixcache.worker.kv_events_zmq import ZmqKvEventPublisher
 
@@ -152,10 +156,10 @@ class WorkerServer:
         grace = self.options.grace_period if grace is None else grace
         deadline = time.monotonic() + grace
         await self.health.enter_graceful_shutdown()
-        self.servicer.draining = True
-        if self.servicer.events is not None:  # subscribers' streams end now, not at the end of the grace period
-            await self.servicer.events.close()
-        engine = self.servicer.engine
+        self.core.draining = True
+        if self.core.events is not None:  # subscribers' streams end now, not at the end of the grace period
+            await self.core.events.close()
+        engine = self.core.engine
         if engine is not None:
             loop = asyncio.get_running_loop()
             await loop.run_in_executor(None, lambda: engine.shutdown(drain=True, timeout=grace))
@@ -174,7 +178,7 @@ class WorkerServer:
 
 async def run_worker(
     options: ServerOptions,
-    load_engine: Callable[[], tuple[Any, pb.ModelInfo]],
+    load_engine: Callable[[], tuple[Any, ModelFacts]],
     *,
     on_listening: Callable[[str, int], None] | None = None,
     stop_event: asyncio.Event | None = None,
@@ -212,7 +216,7 @@ async def run_worker(
         else:  # stopped while loading: the load must finish before its engine can be shut down
             stopping.cancel()
             engine, info = await loading
-            server.servicer.engine = engine
+            server.core.engine = engine
         await server.stop()
     finally:
         await server.stop(0)
@@ -230,15 +234,15 @@ def describe(
     dtype: str = "",
     device: str = "",
     cache_enabled: bool = True,
-) -> pb.ModelInfo:
-    """The ModelInfo of an engine; what the engine knows about itself wins over the arguments."""
+) -> ModelFacts:
+    """The model facts of an engine (sent as ModelInfo); what the engine knows about itself wins over the arguments."""
     cfg = engine.model_config
     eos = getattr(engine.tokenizer, "eos_token_ids", None) or getattr(cfg, "eos_token_ids", ())
     model = getattr(engine, "model", None)
     if model is not None:
         dtype = str(next(model.parameters()).dtype)
     config = getattr(engine, "config", None)
-    return pb.ModelInfo(
+    return ModelFacts(
         model_name=model_name,
         model_path=model_path,
         architecture=str(getattr(cfg, "architecture", "")),
@@ -251,6 +255,6 @@ def describe(
         dtype=dtype.removeprefix("torch."),
         device=str(getattr(engine, "device", "") or device),
         cache_enabled=bool(getattr(config, "cache_enabled", cache_enabled)),
-        eos_token_ids=sorted(int(t) for t in eos),
+        eos_token_ids=tuple(sorted(int(t) for t in eos)),
         max_pinned_pages=int(getattr(engine, "max_pinned_pages", 0) or 0),
     )

@@ -285,14 +285,22 @@ def check_room(prompt_tokens: int, max_tokens: int, context_length: int) -> None
         )
 
 
-def check_engine_request(
-    request: Request, *, vocab_size: int, context_length: int, page_size: int, num_pages: int
-) -> None:
+class EngineGeometry(Protocol):
+    """The facts of a host (an Engine, a FleetEngine) that decide what it can take."""
+
+    vocab_size: int
+    context_length: int
+    page_size: int
+    num_pages: int
+
+
+def check_engine_request(request: Request, engine: EngineGeometry) -> None:
     """What an engine of this geometry refuses at submit, before anything is allocated: the same rules as the
     front's checks (a caller in process may skip those), plus the KV pool's size. InvalidArgument, or
     RequestTooLargeError for a request that can never fit in the pool. The cluster's FleetEngine runs it too, so
     a request is routed only if a replica would take it."""
-    limits = ModelLimits(vocab_size=vocab_size, context_length=context_length)
+    context_length, page_size, num_pages = engine.context_length, engine.page_size, engine.num_pages
+    limits = ModelLimits(vocab_size=engine.vocab_size, context_length=context_length)
     prompt = len(request.prompt_ids)
     _token_ids(request.prompt_ids, limits, "token_ids.ids")
     _token_ids(request.sampling.stop_token_ids, limits, "stop_token_ids")

@@ -1,9 +1,9 @@
 """The OpenAI-compatible HTTP front (FastAPI): /v1/models, /v1/chat/completions, /v1/completions, /health.
 
-It serves the same engine as the gRPC servicer, through the same pieces: the bearer-token Authenticator (tenant =
-cache namespace), worker/validation.py (what is valid; tokenizing off the event loop) and EngineStream (the bridge
-from the engine thread; closing it aborts the request). `front` is the gRPC servicer, or anything with its
-attributes: engine (None while loading), model_info, limits, draining, auth, metrics.
+It serves the same engine as the gRPC servicer, through the same front core (worker/front.py: the bearer-token
+tenant = cache namespace, validation, tokenizing off the event loop, constraint compiling, submit); this module is
+the OpenAI wire mapping only: bodies in (requests.py), chunks and responses out (responses.py), refusals as OpenAI
+errors (errors.py).
 
 A client that disconnects aborts its request at once, streaming or not: its pages are freed in the engine's next
 step. Errors are OpenAI's shape (errors.py): 400 bad input, 401 auth, 404 model or route, 413 too large, 503 while
@@ -13,7 +13,6 @@ loading or draining, 500 for a failure inside one request.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import logging
 import uuid
@@ -26,26 +25,49 @@ from pydantic import BaseModel, ValidationError
 from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from radixcache.worker.engine import DuplicateRequestError, RequestTooLargeError
-from radixcache.worker.engine_stream import EngineStream, StreamClosed, engine_request_id
+from radixcache.worker.engine_stream import EngineStream, StreamClosed
+from radixcache.worker.front import FrontCore, Refusal, RefusalKind
 from radixcache.worker.openai.errors import APIError, bad_request, param_of
 from radixcache.worker.openai.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 from radixcache.worker.openai.requests import ParsedRequest, parse_chat, parse_completion
 from radixcache.worker.openai.responses import ChatResponder, CompletionResponder
-from radixcache.worker.request import ErrorKind, FinishReason, RequestOutput
-from radixcache.worker.request import Request as EngineRequest
-from radixcache.worker.validation import (
-    InvalidArgument,
-    check_prompt_input,
-    constraint,
-    sampling_params,
-    tokenize_off_loop,
-)
+from radixcache.worker.request import FinishReason, RequestOutput
 
 log = logging.getLogger("radixcache.openai")
 
 DEFAULT_MAX_BODY_BYTES = 16 << 20
-ERROR_STATUS = {ErrorKind.NO_CAPACITY: 503, ErrorKind.UNAVAILABLE: 503, ErrorKind.INTERNAL: 500, None: 500}
+# A front-core refusal's HTTP status (request ids are made here, so a duplicate one is the server's fault: 500).
+HTTP_STATUS = {
+    RefusalKind.INVALID_ARGUMENT: 400,
+    RefusalKind.CONTEXT_OVERFLOW: 400,
+    RefusalKind.UNAUTHENTICATED: 401,
+    RefusalKind.PERMISSION_DENIED: 403,
+    RefusalKind.UNAVAILABLE: 503,
+    RefusalKind.TOO_LARGE: 413,
+    RefusalKind.ALREADY_EXISTS: 500,
+    RefusalKind.PIN_BUDGET: 429,
+    RefusalKind.NO_CAPACITY: 503,
+    RefusalKind.INTERNAL: 500,
+}
+ERROR_CODES = {
+    RefusalKind.CONTEXT_OVERFLOW: "context_length_exceeded",
+    RefusalKind.UNAUTHENTICATED: "invalid_api_key",
+    RefusalKind.UNAVAILABLE: "unavailable",
+    RefusalKind.TOO_LARGE: "too_large",
+}
+
+
+def api_error(refusal: Refusal, *, prompt_param: str = "messages", constraint_param: str = "response_format",
+              renames: dict[str, str] | None = None) -> APIError:  # fmt: skip
+    """A front-core refusal as an OpenAI error: its status, code, and the request field it is about by this API's
+    names (`prompt_param`: messages or prompt; `constraint_param`: response_format or tool_choice)."""
+    status, code, message = HTTP_STATUS[refusal.kind], ERROR_CODES.get(refusal.kind), refusal.message
+    if refusal.subject == "constraint":
+        return APIError(status, f"{constraint_param}: {message}", param=constraint_param, code=code)
+    if refusal.subject == "prompt":
+        return APIError(status, message, param=prompt_param, code=code)
+    param = param_of(message, prompt_param=prompt_param, renames=renames) if status == 400 else None
+    return APIError(status, message, param=param, code=code)
 
 
 def _pydantic_param(error: dict[str, Any]) -> str:
@@ -98,27 +120,27 @@ async def _until_disconnected(request: Request) -> None:
 class OpenAIFront:
     """Request handling over `front`'s engine; create_app wires it to routes."""
 
-    def __init__(self, front: Any, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
-        self.front = front
+    def __init__(self, core: FrontCore, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
+        self.core = core
         self.max_body_bytes = max_body_bytes
 
     # -- gates -------------------------------------------------------------------------------------------------
     def tenant(self, request: Request) -> str:
-        tenant = self.front.auth.tenant([("authorization", request.headers.get("authorization", ""))])
-        if tenant is None:
-            raise APIError(401, "missing or unknown bearer token (Authorization: Bearer <key>)", code="invalid_api_key")
-        return tenant
+        try:
+            return self.core.tenant([("authorization", request.headers.get("authorization", ""))])
+        except Refusal:
+            message = "missing or unknown bearer token (Authorization: Bearer <key>)"
+            raise APIError(401, message, code="invalid_api_key") from None
 
     def engine(self) -> Any:
-        if self.front.draining:
-            raise APIError(503, "the worker is shutting down", code="unavailable")
-        if self.front.engine is None:
-            raise APIError(503, "the worker is still loading its model", code="unavailable")
-        return self.front.engine
+        try:
+            return self.core.ready()
+        except Refusal as r:
+            raise api_error(r) from None
 
     @property
     def model_name(self) -> str:
-        return self.front.model_info.model_name
+        return self.core.facts.model_name
 
     def check_model(self, model: str) -> None:
         if model != self.model_name:
@@ -129,13 +151,13 @@ class OpenAIFront:
 
     # -- endpoints ---------------------------------------------------------------------------------------------
     def health(self) -> Response:
-        serving = self.front.engine is not None and not self.front.draining
+        serving = self.core.serving
         return JSONResponse({"status": "serving" if serving else "not serving"}, status_code=200 if serving else 503)
 
     def models(self, request: Request) -> ModelList:
         self.tenant(request)
         self.engine()
-        card = ModelCard(id=self.model_name, max_model_len=int(self.front.model_info.context_length))
+        card = ModelCard(id=self.model_name, max_model_len=int(self.core.facts.context_length))
         return ModelList(data=[card])
 
     async def chat(self, request: Request) -> Response:
@@ -166,7 +188,7 @@ class OpenAIFront:
             )
         else:
             responder = CompletionResponder(request_id="cmpl-" + uuid.uuid4().hex, **common)
-        stream = await self._open(engine, tenant, responder.id, parsed, prompt_param=prompt_param, chat=chat)
+        stream = await self._open(tenant, responder.id, parsed, prompt_param=prompt_param, chat=chat)
         if parsed.stream:
             return self._sse(stream, responder, parsed.include_usage)
         return await self._whole(request, stream, responder)
@@ -184,50 +206,23 @@ class OpenAIFront:
         return text
 
     async def _open(
-        self, engine: Any, tenant: str, request_id: str, parsed: ParsedRequest, *, prompt_param: str, chat: bool
+        self, tenant: str, request_id: str, parsed: ParsedRequest, *, prompt_param: str, chat: bool
     ) -> EngineStream:
-        """Validate (the same functions as gRPC: cheap checks, tokenizing text and messages in a thread, exact checks),
-        submit."""
-        limits = self.front.limits
-        renames = {"max_tokens": parsed.max_tokens_param, "top_logprobs": parsed.top_logprobs_param}
+        """Through the front core (the same validation, tokenizing and submit as gRPC); refusals as OpenAI errors.
+        Chat's default max_tokens (OpenAI's) is as long as the reply can be: what the context and KV pool leave."""
         try:
-            check_prompt_input(parsed.prompt, engine.tokenizer, limits)  # refused before tokenizing: bad sizes
-            sampling_params(parsed.sampling, prompt_tokens=None, limits=limits)  # and bad sampling values
-            ids, _ = await tokenize_off_loop(parsed.prompt, engine.tokenizer, limits)
-            values = parsed.sampling
-            if chat and values.max_tokens is None:
-                # Chat's default (OpenAI's): as long as the reply can be, bounded by the context and the KV pool.
-                info = self.front.model_info
-                room = min(limits.context_length, info.kv_pages * info.page_size) - len(ids)
-                values = dataclasses.replace(values, max_tokens=max(1, room))
-            sampling = sampling_params(values, prompt_tokens=len(ids), limits=limits)
-        except InvalidArgument as e:
-            raise bad_request(str(e), param_of(str(e), prompt_param=prompt_param, renames=renames)) from None
-        try:  # structured output: checked, then compiled (and cached) in a worker thread
-            wanted = constraint(*parsed.constraint)
-            if wanted is not None:
-                await asyncio.get_running_loop().run_in_executor(None, engine.compile_constraint, wanted)
-        except ValueError as e:  # InvalidArgument or ConstraintError: the schema / grammar is the caller's
-            raise bad_request(f"{parsed.constraint_param}: {e}", parsed.constraint_param) from None
-        request = EngineRequest(
-            engine_request_id(tenant, request_id), ids, sampling, namespace=tenant, constraint=wanted
-        )
-        stream = EngineStream(engine, request, self.front.metrics)
-        try:
-            stream.open()
-        except RequestTooLargeError as e:
-            raise APIError(413, str(e), param=prompt_param, code="too_large") from None
-        except DuplicateRequestError as e:  # ids are fresh uuids: not the caller's doing
-            raise APIError(500, str(e)) from None
-        except ValueError as e:
-            raise bad_request(str(e), param_of(str(e), prompt_param=prompt_param, renames=renames)) from None
-        except RuntimeError as e:
-            raise APIError(503, f"the worker is not accepting requests: {e}", code="unavailable") from None
-        return stream
+            return await self.core.admit(
+                tenant, request_id, parsed.prompt, parsed.sampling, parsed.constraint, fill_max_tokens=chat
+            )
+        except Refusal as r:
+            renames = {"max_tokens": parsed.max_tokens_param, "top_logprobs": parsed.top_logprobs_param}
+            raise api_error(
+                r, prompt_param=prompt_param, constraint_param=parsed.constraint_param, renames=renames
+            ) from None
 
     @staticmethod
     def _failure(out: RequestOutput) -> APIError:
-        return APIError(ERROR_STATUS[out.error_kind], f"the request failed: {out.error}")
+        return api_error(Refusal.of_failure(out.error_kind, f"the request failed: {out.error}"))
 
     async def _whole(self, request: Request, stream: EngineStream, responder: Any) -> Response:
         """Non-streaming: nothing is sent until the end, so a watcher notices the client leaving and closes the
@@ -282,9 +277,9 @@ class OpenAIFront:
         )  # fmt: skip
 
 
-def create_app(front: Any, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
-    """The FastAPI app of the OpenAI front over `front` (see the module docstring)."""
-    api = OpenAIFront(front, max_body_bytes=max_body_bytes)
+def create_app(core: FrontCore, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+    """The FastAPI app of the OpenAI front over the front core (see the module docstring)."""
+    api = OpenAIFront(core, max_body_bytes=max_body_bytes)
     app = FastAPI(title="radixcache", docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.exception_handler(APIError)

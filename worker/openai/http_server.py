@@ -27,8 +27,8 @@ class HttpServer:
     """start() binds host:port (0: a free port) and serves in a task; stop() closes it, waiting for open responses
     up to `grace` seconds."""
 
-    def __init__(self, front: Any, host: str, port: int, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
-        self.app = create_app(front, max_body_bytes=max_body_bytes)
+    def __init__(self, core: Any, host: str, port: int, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
+        self.app = create_app(core, max_body_bytes=max_body_bytes)
         self.host, self.port = host, port
         self._server: _Server | None = None
         self._task: asyncio.Task[None] | None = None
