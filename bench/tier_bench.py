@@ -18,10 +18,13 @@ Phases (each against workers started here on loopback, sequential requests unles
    bound), then a worker on that folder answers the loop's prompts (compared with a worker without tier: a wrong
    answer counts as a corrupt page served) and the store is read back page by page in this process (every file
    that is not a whole page must be caught: deleted, never served). Files on disk against the bound.
-6. spill cost per decode step: an in-process engine decoding 8 sequences through a full pool (every page boundary
+6. in process (the model loaded once): what the tier adds to Engine(...) + start() over a populated folder (the
+   synchronous part of a start; the digest and the scan run after it), pairs alternating with no tier; then the
+   spill cost per decode step: an in-process engine decoding 8 sequences through a full pool (every page boundary
    evicts, every completed page is written through): the time the tier spends on the engine thread (naming pages,
    copying them out, queueing them, events) per decode step (p50 / p99 / max), and decode step times with the tier
-   and without.
+   and without. Wall time and the engine thread's CPU time (the wall time includes being preempted on a busy
+   machine).
 
 The last line printed is one JSON object (also written to bench/results/tier_bench.json). Not part of `make test`.
 """
@@ -250,6 +253,8 @@ def crashes(ckpt: Path, tmp: Path, kills: int) -> dict:
     wrong_during = 0
     for k in range(kills):
         w = Worker(ckpt, *args, threads=1, name=f"kill-{k}").start()
+        with Client(w.target) as c:
+            settle(c)  # the disk tier is open (the kill comes while it spills, not before it started)
         stop = threading.Event()
         answers: list[tuple[int, list[int]]] = []
 
@@ -304,14 +309,35 @@ def crashes(ckpt: Path, tmp: Path, kills: int) -> dict:
 
 # ---- 6 -------------------------------------------------------------------------------------------------------
 def timed(fn, spent: list[float]):
+    """fn, adding its wall time to spent[0] and its CPU time on the calling thread to spent[1]."""
+
     def wrapper(*args, **kwargs):
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.thread_time()
         try:
             return fn(*args, **kwargs)
         finally:
             spent[0] += time.perf_counter() - start
+            spent[1] += time.thread_time() - cpu
 
     return wrapper
+
+
+def ready_delay_in_process(loaded, folder: Path, pairs: int = 5) -> dict:
+    """What the tier adds before a worker could say "listening on", the model already loaded: Engine(...) + start()
+    with the tier over a populated folder minus without, alternating; the median and every pair."""
+    from radixcache.worker.engine import Engine, EngineConfig
+
+    delays = []
+    for _ in range(pairs):
+        took = []
+        for tier in (None, str(folder)):
+            start = time.perf_counter()
+            engine = Engine(loaded, EngineConfig(page_size=PAGE, kv_pages=160, kv_disk_dir=tier))
+            engine.start()
+            took.append(time.perf_counter() - start)
+            engine.shutdown()
+        delays.append(round(took[1] - took[0], 4))
+    return {"median": statistics.median(delays), "pairs": delays}
 
 
 def spill_cost(ckpt: Path, tmp: Path) -> dict:
@@ -324,14 +350,14 @@ def spill_cost(ckpt: Path, tmp: Path) -> dict:
     torch.set_num_threads(1)
     loaded = load_checkpoint(ckpt)
     rng = random.Random(19)
-    out = {}
+    out: dict = {"ready_delay_s": ready_delay_in_process(loaded, tmp / "restart-sigterm")}
     for label, folder in (("no_tier", None), ("tier", tmp / "spill")):
         config = EngineConfig(page_size=PAGE, kv_pages=96, max_step_tokens=512, kv_disk_dir=folder and str(folder))
         engine = Engine(loaded, config)
         engine.start_tiers()
         assert engine.wait_tier_ready(120)
         link = engine.cache.tier
-        spent = [0.0]
+        spent = [0.0, 0.0]
         if link is not None:  # time all the tier does on the engine thread: naming, copying, queueing, events
             for name in ("stored", "removed", "spill", "pump"):
                 setattr(link, name, timed(getattr(link, name), spent))
@@ -341,16 +367,17 @@ def spill_cost(ckpt: Path, tmp: Path) -> dict:
         for i in range(8):
             params = SamplingParams(max_tokens=96, ignore_eos=True)
             engine.submit(Request(f"dec-{i}", random_tokens(rng, 40), params), lambda o: None)
-        steps, tier_ms = [], []
+        steps, tier_ms, tier_cpu_ms = [], [], []
         engine.step()  # takes the submissions in, starts the prefills
         while engine.scheduler.has_work():
             decode_only = not engine.scheduler.waiting and all(not s.prefilling for s in engine.scheduler.running)
-            spent[0] = 0.0
+            spent[0] = spent[1] = 0.0
             start = time.perf_counter()
             engine.step()
             if decode_only:
                 steps.append((time.perf_counter() - start) * 1e3)
                 tier_ms.append(spent[0] * 1e3)
+                tier_cpu_ms.append(spent[1] * 1e3)
         stats = engine.stats()
         engine.shutdown()
         out[label] = {
@@ -365,6 +392,9 @@ def spill_cost(ckpt: Path, tmp: Path) -> dict:
                 "tier_ms_per_step_p50": round(percentile(tier_ms, 50), 3),
                 "tier_ms_per_step_p99": round(percentile(tier_ms, 99), 3),
                 "tier_ms_per_step_max": round(max(tier_ms), 3),
+                "tier_cpu_ms_per_step_p50": round(percentile(tier_cpu_ms, 50), 3),
+                "tier_cpu_ms_per_step_p99": round(percentile(tier_cpu_ms, 99), 3),
+                "tier_cpu_ms_per_step_max": round(max(tier_cpu_ms), 3),
             }
     return out
 
@@ -411,7 +441,9 @@ def main() -> int:
         "corrupt_files_caught": results["crashes"]["corrupt_files_caught"],
         "store_bytes_vs_bound": [results["crashes"]["store_bytes"], results["crashes"]["store_bound_bytes"]],
         "tier_ms_per_decode_step_p99": results["spill_cost"]["tier"]["tier_ms_per_step_p99"],
-        "decode_step_ms_p99": {k: v["step_ms_p99"] for k, v in results["spill_cost"].items()},
+        "tier_cpu_ms_per_decode_step_p99": results["spill_cost"]["tier"]["tier_cpu_ms_per_step_p99"],
+        "ready_delay_in_process_s": results["spill_cost"]["ready_delay_s"],
+        "decode_step_ms_p99": {k: results["spill_cost"][k]["step_ms_p99"] for k in ("no_tier", "tier")},
         "quick": args.quick,
         "load_before": load_before,
         "load_after": uptime(),

@@ -138,45 +138,31 @@ class PageIndex:
             self.apply(event)
 
     def apply(self, event: CacheEvent) -> None:
-        if not isinstance(event, NamespaceCleared) and getattr(event, "medium", MEDIUM_DEVICE) != MEDIUM_DEVICE:
-            self._apply_tier(event)  # type: ignore[arg-type]
-        elif isinstance(event, PagesStored):
-            held = self.pages.setdefault(event.namespace, {})
-            parent = event.parent_hash
-            if self.strict and parent is not None and parent not in held:
-                raise ReplayError(f"{event.namespace!r}: stored under parent {parent:#x}, which is not held")
-            for h in event.page_hashes:
-                if self.strict and h in held:
-                    raise ReplayError(f"{event.namespace!r}: page {h:#x} stored twice")
-                held[h] = parent
-                parent = h
-        elif isinstance(event, PagesRemoved):
-            held = self.pages.get(event.namespace, {})
-            for h in event.page_hashes:
-                if held.pop(h, 0) == 0 and self.strict:  # a parent is None or a nonzero hash, never 0
-                    raise ReplayError(f"{event.namespace!r}: removed page {h:#x}, which is not held")
-        elif isinstance(event, NamespaceCleared):
+        if isinstance(event, NamespaceCleared):
             held = self.pages.pop(event.namespace, {})
             if self.strict and held:
                 raise ReplayError(f"{event.namespace!r}: cleared, yet {len(held)} pages were never removed")
-        else:
+            return
+        if not isinstance(event, PagesStored | PagesRemoved):
             raise TypeError(f"not a cache event: {event!r}")
-
-    def _apply_tier(self, event: PagesStored | PagesRemoved) -> None:
-        held = self.tiers.setdefault(event.medium, {}).setdefault(event.namespace, {})
+        device = event.medium == MEDIUM_DEVICE
+        media = self.pages if device else self.tiers.setdefault(event.medium, {})
+        where = "" if device else f" on {event.medium}"
         if isinstance(event, PagesStored):
+            held = media.setdefault(event.namespace, {})
             parent = event.parent_hash
+            if self.strict and device and parent is not None and parent not in held:
+                raise ReplayError(f"{event.namespace!r}: stored under parent {parent:#x}, which is not held")
             for h in event.page_hashes:
                 if self.strict and h in held:
-                    raise ReplayError(f"{event.namespace!r}: page {h:#x} stored twice on {event.medium}")
+                    raise ReplayError(f"{event.namespace!r}: page {h:#x} stored twice{where}")
                 held[h] = parent
                 parent = h
-        elif isinstance(event, PagesRemoved):
-            for h in event.page_hashes:
-                if held.pop(h, 0) == 0 and self.strict:
-                    raise ReplayError(f"{event.namespace!r}: removed page {h:#x}, not held on {event.medium}")
         else:
-            raise TypeError(f"not a cache event: {event!r}")
+            held = media.get(event.namespace, {})
+            for h in event.page_hashes:
+                if held.pop(h, 0) == 0 and self.strict:  # a parent is None or a nonzero hash, never 0
+                    raise ReplayError(f"{event.namespace!r}: removed page {h:#x}, which is not held{where}")
 
     def as_dict(self) -> dict[str, dict[int, int | None]]:
         """Per namespace holding at least one page on the device: {page hash: parent hash or None}."""

@@ -82,6 +82,8 @@ class HostTier:
         with self._lock:
             return key.name in self._pages
 
+    find = contains  # nothing below memory to look at
+
     def get(self, key: PageKey) -> Any | None:
         with self._lock:
             held = self._pages.get(key.name)

@@ -21,9 +21,11 @@ Threads: `put` only queues (a bounded queue; a full queue refuses the page, coun
 it instead of waiting); a queued page stays readable from memory until it is written. One writer thread writes;
 `start` rebuilds the index of what earlier runs (or other workers) left in a background scan; `get` runs on the
 caller's thread (a loader thread, never the engine's). One in-process lock guards the index, held for dict updates
-only, never across I/O. Workers sharing the folder take no lock at all: a name is replaced atomically, a page one
-worker wrote is found by another's `contains` (index, else one stat) and `get`, and a file deleted under a worker's
-feet is a miss. Pages one worker has not seen are learned by `get` and by the periodic rescan.
+only, never across I/O. `contains` never touches the file system (the engine thread calls it for every page it
+spills); `find` adds one stat for a page the index does not know (an admission's lookup). Workers sharing the folder
+take no lock at all: a name is replaced atomically, a page one worker wrote is found by another's `find` and `get`
+(and not written again: the writer learns a file that is already there), and a file deleted under a worker's feet
+is a miss. Pages one worker has not seen are learned by `get`, by the writer and by the periodic rescan.
 
 Bounded: the files this store knows stay within `capacity_bytes`, evicting its least recently used (by `get` or
 `put`; a hit also touches the file's mtime, so other workers and the next start see the same order). A rescan learns
@@ -220,12 +222,15 @@ class DiskStore:
         return self._enqueue(key, payload, block=True, timeout=timeout)
 
     def contains(self, key: PageKey) -> bool:
-        """Whether `get(key)` would probably find the page (queued, indexed, or a file of that name exists)."""
+        """Whether the page is queued or indexed (memory only: no system call)."""
         name = key.name
         with self._lock:
-            if name in self._pending or name in self._index:
-                return True
-        return os.path.exists(self._path(key.namespace, key.page_hash))
+            return name in self._pending or name in self._index
+
+    def find(self, key: PageKey) -> bool:
+        """`contains`, or a file of that name exists (one stat: another worker's page, or an earlier run's not yet
+        scanned). Whether `get(key)` will probably find the page."""
+        return self.contains(key) or os.path.exists(self._path(key.namespace, key.page_hash))
 
     def get(self, key: PageKey) -> Any | None:
         """The page's payload, checked (see the module docstring), or None. Marks it most recently used."""
@@ -500,6 +505,10 @@ class DiskStore:
             return  # flushed (or superseded) while queued
         parts = encode_file(key, self.codec.encode(pending[1]))
         size = sum(len(p) for p in parts)
+        folder = os.path.join(self.folder, namespace_dir(key.namespace))
+        final = os.path.join(folder, f"{key.page_hash:016x}{SUFFIX}")
+        if self._learn_existing(key, final, gens):
+            return
         with self._lock:
             if size > self.capacity_bytes:
                 self._pending.pop(name, None)
@@ -507,8 +516,6 @@ class DiskStore:
                 return
             victims = self._make_room(size)
         self._unlink(victims)
-        folder = os.path.join(self.folder, namespace_dir(key.namespace))
-        final = os.path.join(folder, f"{key.page_hash:016x}{SUFFIX}")
         tmp = os.path.join(folder, f".{key.page_hash:016x}.{_HOST}.{os.getpid()}.{next(self._tmp_ids)}{TMP_SUFFIX}")
         try:
             os.makedirs(folder, exist_ok=True)
@@ -549,6 +556,26 @@ class DiskStore:
         if undo:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(final)
+
+    def _learn_existing(self, key: PageKey, final: str, gens: tuple[int, int]) -> bool:
+        """The page's file is there already, whole as far as its header tells (another worker wrote it, or an
+        earlier run): index it instead of writing it again. False when there is none (or only a damaged one)."""
+        try:
+            size = os.stat(final).st_size
+            if read_header(final, key.page_hash, size) != key:
+                return False
+        except (OSError, ValueError):
+            return False
+        victims = []
+        with self._lock:
+            self._pending.pop(key.name, None)
+            if gens == self._gens(key.namespace) and key.name not in self._index:
+                self._learn(_Entry(key, size), front=False)
+                victims = self._make_room(0)
+        self._unlink(victims)
+        with contextlib.suppress(OSError):
+            os.utime(final)
+        return True
 
     def _scan_dir(self, path: str, now: float, found: list[_Entry], mtimes: dict) -> None:
         try:

@@ -6,8 +6,9 @@ alone finds the page; the parent and the tokens are stored with it and compared 
 or a file that belongs to another prefix is a miss, never a wrong page.
 
 A tier (`PageTier`) holds opaque page payloads (radixcache.pool's PageData on the worker; bytes in tests) by key:
-`put` (asynchronous where the tier writes slowly; False when it declined the page), `contains` (cheap, never reads
-a payload), `get` (the payload, checked, or None), `flush` (a namespace or everything), `stats`, `take_changes`
+`put` (asynchronous where the tier writes slowly; False when it declined the page), `contains` (what the tier's
+memory says: no system call, for the engine thread), `find` (`contains`, or a look at the files: one stat, for an
+admission's lookup), `get` (the payload, checked, or None), `flush` (a namespace or everything), `stats`, `take_changes`
 (what it started and stopped holding, for cache events) and `close`. Two tiers exist: radixcache.host_tier.HostTier
 (host memory, pinned on CUDA) and radixcache.store.DiskStore (files); `TierChain` puts one above the other.
 """
@@ -73,6 +74,8 @@ class PageTier(Protocol):
 
     def contains(self, key: PageKey) -> bool: ...
 
+    def find(self, key: PageKey) -> bool: ...
+
     def get(self, key: PageKey) -> Any | None: ...
 
     def flush(self, namespace: str | None = None) -> int: ...
@@ -99,10 +102,13 @@ class TierChain:
     def contains(self, key: PageKey) -> bool:
         return any(tier.contains(key) for tier in self.tiers)
 
+    def find(self, key: PageKey) -> bool:
+        return any(tier.find(key) for tier in self.tiers)
+
     def get(self, key: PageKey) -> tuple[Any, str] | None:
         """(payload, the medium it came from), or None."""
         for tier in self.tiers:
-            if tier.contains(key):
+            if tier.find(key):
                 payload = tier.get(key)
                 if payload is not None:
                     return payload, tier.medium

@@ -6,9 +6,11 @@ Everything here runs on the cache's thread (the engine's) except the loader thre
   use, tenant included), its parent's hash and its tokens: a `PageKey`.
 - Spill: pages that eviction drops are copied out of the pool (`pool.read_page`, a PageData with its precision's
   scales) and put into the first tier, unless it holds them already (the host tier pushes what it cannot keep down
-  to the disk, which skips what it has). Flushed pages are never spilled. With
-  `write_through`, every whole page is also queued for the disk as soon as the tree stores it (computed), so a
-  crash loses only what was still queued; eviction then finds most pages written already.
+  to the disk, which skips what it has). Flushed pages are never spilled. With `write_through`, every whole page the
+  tree stores (computed) is also copied out for the disk, a little each step (`pump`'s time budget, so that no step
+  pays for a burst: a long prefill's pages go over the following steps, and at once when the engine is idle), so a
+  crash loses only what was not written yet; eviction then finds most pages written already. None of this makes a
+  system call on the cache's thread: the tiers' `contains` is memory only.
 - Load: `start_load` looks past the whole pages a prompt hits in memory for the pages that follow in the tiers. If
   there are any, it locks what memory holds (a lease, so nothing it continues is evicted meanwhile) and hands the
   keys to the loader thread, which reads and checks them (`tier.get`) in order up to the first miss. `finish_loads`
@@ -49,6 +51,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("radixcache.tiering")
 
 PINS_FILE = "pins.json"
+STEP_WRITE_BUDGET_S = 0.0005  # write-through copies per engine step (a 125M model's 16-token page: ~0.1 ms each)
+IDLE_WRITE_BUDGET_S = 0.02  # per pump while the engine has nothing to step
 _STOP = object()
 
 
@@ -103,6 +107,7 @@ class TierLink:
         self.notify = notify
         self.max_load_pages = max_load_pages or pool.num_pages
         self.write_through = write_through
+        self._to_write: deque[int] = deque()  # pages stored since, to copy out for the disk (write-through)
         self.clock = clock
         self.sink: EventSink | None = None  # the cache's own sink (an EventLog), fed through this link
         self.disk: DiskStore | None = None
@@ -133,6 +138,8 @@ class TierLink:
                 tier.lower = store  # type: ignore[attr-defined]
         self.tiers.tiers.append(store)
         self.disk = store
+        if self.write_through:  # what the tree stored before the disk opened is written through too
+            self._to_write.extend(self._names)
 
     @property
     def active(self) -> bool:
@@ -152,12 +159,11 @@ class TierLink:
                     namespace, namespace_prefix(namespace)
                 )
                 hashes = hash_key_pages(key[: whole * bpp], bpp, prefix, parent)
-                disk = self.disk if self.write_through else None
                 for i, (page, h) in enumerate(zip(pages, hashes, strict=False)):
-                    name = self._names[page] = PageKey(namespace, h, parent, key[i * bpp : (i + 1) * bpp])
+                    self._names[page] = PageKey(namespace, h, parent, key[i * bpp : (i + 1) * bpp])
                     parent = h
-                    if disk is not None and not disk.contains(name):
-                        self._count_put(disk.put(name, self.pool.read_page(page)))
+                if self.write_through and self.disk is not None:
+                    self._to_write.extend(pages[:whole])
         if self.sink is not None:
             self.sink.stored(namespace, after, pages, key)
 
@@ -237,7 +243,7 @@ class TierLink:
                     if not job.cancelled and not job.stale and job.keys[0].name == k.name:
                         job.waiters += 1
                         return job
-            if not self.tiers.contains(k):
+            if not self.tiers.find(k):  # one stat at most: the walk stops at the first page no tier has
                 break
             keys.append(k)
             parent = h
@@ -333,10 +339,13 @@ class TierLink:
                     self.notify()
 
     # ---- events ---------------------------------------------------------------------------------------------
-    def pump(self) -> None:
-        """Finish arrived loads and turn the tiers' changes into cache events (cache's thread, each step)."""
+    def pump(self, budget_s: float = STEP_WRITE_BUDGET_S) -> None:
+        """Finish arrived loads, copy out pages to write through for up to `budget_s` seconds (at least one page
+        when > 0), and turn the tiers' changes into cache events (cache's thread, each step)."""
         if self._done:
             self.finish_loads()
+        if self._to_write and budget_s > 0:
+            self._write_through(budget_s)
         changes = self.tiers.take_changes()
         if not changes:
             return
@@ -353,6 +362,25 @@ class TierLink:
                     tier_stored(c.medium, c.key)
             elif mirror.pop(name, None) is not None and tier_removed is not None:
                 tier_removed(c.medium, c.namespace, c.page_hash)
+
+    def _write_through(self, budget_s: float) -> None:
+        disk, todo = self.disk, self._to_write
+        if disk is None:
+            todo.clear()
+            return
+        deadline = time.perf_counter() + budget_s
+        while todo:
+            page = todo.popleft()
+            key = self._names.get(page)  # None: evicted meanwhile (the spill took it), or flushed
+            if key is not None and not disk.contains(key):
+                self._count_put(disk.put(key, self.pool.read_page(page)))
+                if time.perf_counter() >= deadline:
+                    return
+
+    @property
+    def unwritten(self) -> int:
+        """Pages stored in the tree and still to be copied out for writing through."""
+        return len(self._to_write)
 
     def tier_records(self) -> list[tuple[str, PageKey]]:
         """(medium, key) of every page the event stream says a tier holds (a snapshot's tier part)."""
@@ -396,22 +424,15 @@ class TierLink:
         return queued
 
     def _write_pins(self, disk: DiskStore, tree: Any) -> None:
-        roots = {id(root): ns for ns, root in tree._roots.items()}
         now_mono, now_wall = tree.clock(), time.time()
-        pins = []
-        for node in list(tree._pinned.values()):
-            parts, top = [], node
-            while top.parent is not None:
-                parts.append(top.key)
-                top = top.parent
-            until = node.pin_until
-            pins.append(
-                {
-                    "namespace": roots[id(top)],
-                    "tokens": decode(b"".join(reversed(parts))),
-                    "expires_at": None if until == math.inf else now_wall + (until - now_mono),
-                }
-            )
+        pins = [
+            {
+                "namespace": namespace,
+                "tokens": decode(key),
+                "expires_at": None if until == math.inf else now_wall + (until - now_mono),
+            }
+            for namespace, key, until in tree.pins()
+        ]
         write_json(disk.folder / PINS_FILE, {"version": 1, "pins": pins})
 
     def restore_pins(self, pin: Callable[[list[int], str, float | None], int]) -> int:

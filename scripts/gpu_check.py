@@ -467,14 +467,14 @@ def check_tiers(report: Report, device: str) -> None:
     from radixcache.worker.model.loader import load_checkpoint
 
     loaded = load_checkpoint(ROOT / "worker" / "default_model", device=device)
-    text = "A radix tree keeps every prompt's pages; the tiers below keep what it lets go. " * 14
+    text = "A radix tree keeps every prompt's pages; the tiers below keep what it lets go. " * 8
     prompt = loaded.tokenizer.encode(text)
-    fillers = [loaded.tokenizer.encode(f"{i} " + text[::-1]) for i in range(3)]
+    fillers = [loaded.tokenizer.encode(f"{i} " + text[::-1]) for i in range(2)]
     page_bytes = None
     with tempfile.TemporaryDirectory() as folder:
         probe = Engine(loaded, EngineConfig(page_size=16, kv_pages=4))
         page_bytes = probe.pool.read_page(0).nbytes
-        config = EngineConfig(page_size=16, kv_pages=48, kv_host_bytes=8 * page_bytes, kv_disk_dir=folder)
+        config = EngineConfig(page_size=16, kv_pages=48, kv_host_bytes=4 * page_bytes, kv_disk_dir=folder)
         engine = Engine(loaded, config)
         engine.start()
         try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -69,6 +70,25 @@ def test_a_checkpoint_digest_reads_every_weight_byte(tmp_path: Path) -> None:
     (tmp_path / "model.safetensors").write_bytes(bytes(1000) + b"\x02")  # one byte of one weight changed
     assert weights_digest(loaded) != first
     assert first.startswith("files:")
+
+
+def test_the_digest_is_remembered_by_file_identity(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    ckpt, root = tmp_path / "ckpt", tmp_path / "kv"
+    ckpt.mkdir()
+    root.mkdir()
+    weights = ckpt / "model.safetensors"
+    weights.write_bytes(b"w" * 100)
+    loaded = SimpleNamespace(path=ckpt)
+    first = weights_digest(loaded, remember_in=root)
+    assert (root / "weight-digests.json").is_file()
+    reads = []
+    real_open = open
+    monkeypatch.setattr("builtins.open", lambda f, *a, **k: reads.append(str(f)) or real_open(f, *a, **k))
+    assert weights_digest(loaded, remember_in=root) == first and str(weights) not in reads  # not read again
+    monkeypatch.undo()
+    weights.write_bytes(b"v" * 100)  # replaced: a new mtime (and content)
+    os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))
+    assert weights_digest(loaded, remember_in=root) != first
 
 
 def test_the_store_folder_is_named_by_it_and_says_what_it_is(model, tmp_path: Path) -> None:

@@ -197,17 +197,21 @@ def test_a_restart_finds_what_the_last_run_left(tmp_path: Path) -> None:
 
 
 def test_two_workers_share_one_folder(tmp_path: Path) -> None:
-    a, b = open_store(tmp_path), open_store(tmp_path)
+    a, b, c = open_store(tmp_path), open_store(tmp_path), open_store(tmp_path)  # each scanned an empty folder
     keys = chain(list(range(12)))
     for k in keys:
         a.put(k, payload(k))
     flushed(a)
-    assert all(b.contains(k) for k in keys)  # not in b's index: one stat each finds them
+    assert not any(b.contains(k) for k in keys)  # b's index does not know them (contains makes no system call)
+    assert all(b.find(k) for k in keys)  # one stat each finds them
     assert all(b.get(k) == payload(k) for k in keys)
-    assert b.stats().pages == 3  # learned by reading
+    assert b.stats().pages == 3 and all(b.contains(k) for k in keys)  # learned by reading
+    c.put(keys[0], b"c's own copy")  # c computed the same page itself: a's file is learned, not written again
+    flushed(c)
+    assert c.contains(keys[0]) and c.stats().written_pages == 0 and c.get(keys[0]) == payload(keys[0])
     a.flush("")  # a flush by one is a flush for all
-    assert not any(b.contains(k) for k in keys if b.get(k) is None)
-    assert all(b.get(k) is None for k in keys)
+    assert all(b.get(k) is None for k in keys) and not any(b.find(k) for k in keys)
+    c.close()
     a.close()
     b.close()
 

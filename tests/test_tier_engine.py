@@ -63,8 +63,10 @@ def evict_everything(engine: Engine, seed: int = 99) -> None:
 
 
 def settle(engine: Engine) -> None:
-    """Wait until every queued page is written, and turn what landed into events."""
+    """Copy out what is still to be written through, wait until every queued page is written, and turn what landed
+    into events."""
     disk = engine.cache.tier.disk
+    engine.cache.tier.pump(budget_s=60.0)
     for _ in range(2000):
         if not disk.queued():
             break
@@ -232,10 +234,43 @@ def test_warm_restart_after_shutdown_serves_from_disk_with_pins(model, tmp_path:
     again = engine_on(model, tmp_path, kv_disk_write=policy)
     again.run_until_idle()
     assert again.cache.pinned_pages() >= 9  # the pin came back first, loaded from disk, with its TTL
-    ttl_left = min(n.pin_until for n in again.cache.tree._pinned.values()) - again.cache.tree.clock()
+    ttl_left = min(until for _, _, until in again.cache.tree.pins()) - again.cache.tree.clock()
     assert 3000 < ttl_left <= 3600
     for rid, prompt in (("p", pinned), ("o", other)):
         out = run(again, prompt, rid)
         assert out.cached_tokens >= 36 and out.token_ids == outs[rid]
     again.cache.check(idle=True)
     again.shutdown()
+
+
+def test_a_flush_while_a_load_is_under_way_brings_nothing_back(model, tmp_path: Path) -> None:
+    engine = engine_on(model, tmp_path)
+    prompt = prompts(1, 40, seed=13)[0]
+    run(engine, prompt, "first", "t")
+    evict_everything(engine)
+    settle(engine)
+    link = engine.cache.tier
+    job = link.start_load("probe", prompt, "t", len(prompt))
+    assert job is not None and len(job.keys) >= 9  # on disk, on its way
+    engine.cache.flush("t")  # before the load is written into the pool
+    assert link.wait(10)
+    link.finish_loads()
+    assert job.finished and not job.loaded and job.lease.released
+    assert engine.cache.match_length(prompt, "t") == 0 and run(engine, prompt, "again", "t").cached_tokens == 0
+    engine.cache.check(idle=True)
+    engine.shutdown()
+
+
+def test_tier_flags_are_checked_before_the_model_loads(tmp_path: Path) -> None:
+    from radixcache.worker.cli import check_tier_flags, parser
+
+    def why(*argv: str) -> str | None:
+        return check_tier_flags(parser().parse_args(list(argv)))
+
+    assert why("--kv-disk-size", "1GiB") == "--kv-disk-size needs --kv-disk DIR"
+    assert "--no-cache" in why("--kv-disk", str(tmp_path), "--no-cache")
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert why("--kv-disk", str(blocker / "sub")).startswith(f"--kv-disk {blocker / 'sub'}:")
+    assert why("--kv-disk", str(tmp_path / "new"), "--kv-disk-size", "2GiB", "--kv-host-memory", "1GiB") is None
+    assert (tmp_path / "new").is_dir()

@@ -139,6 +139,8 @@ def check_tier_flags(args: argparse.Namespace) -> str | None:
     """Why the tier flags cannot work (naming the flag), or None."""
     if args.kv_disk_size is not None and args.kv_disk is None:
         return "--kv-disk-size needs --kv-disk DIR"
+    if args.no_cache and (args.kv_disk is not None or args.kv_host_memory is not None):
+        return "--kv-disk and --kv-host-memory keep cached pages: they need the cache (drop --no-cache)"
     if args.kv_disk is not None:
         folder = Path(args.kv_disk)
         try:

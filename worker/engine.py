@@ -30,6 +30,7 @@ import torch
 
 from radixcache.cache import PrefixCache
 from radixcache.tier import MEDIUM_DISK, MEDIUM_HOST
+from radixcache.tiering import IDLE_WRITE_BUDGET_S
 from radixcache.worker.engine_api import (
     DuplicateRequestError,
     EngineStats,
@@ -347,8 +348,8 @@ class Engine:
             with torch.inference_mode():
                 while True:
                     self._drain_inbox(block=not self.scheduler.can_step())
-                    if self.cache.tier is not None:
-                        self.cache.tier.pump()  # the tiers' news (writes landed, loads arrived) while idle too
+                    if self.cache.tier is not None:  # the tiers' news (writes landed, loads arrived) while idle too
+                        self.cache.tier.pump(0.0 if self.scheduler.can_step() else IDLE_WRITE_BUDGET_S)
                     if self._stop_at is not None and (
                         not self.scheduler.has_work() or time.monotonic() >= self._stop_at
                     ):

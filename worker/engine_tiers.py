@@ -89,7 +89,8 @@ class EngineTiers:
         try:
             started = time.monotonic()
             parts = fingerprint_parts(loaded, pool=pool, page_size=c.page_size, device=str(device), backend=backend)
-            folder = store_folder(c.kv_disk_dir, parts, weights_digest(loaded))  # type: ignore[arg-type]
+            digest = weights_digest(loaded, remember_in=c.kv_disk_dir)
+            folder = store_folder(c.kv_disk_dir, parts, digest)  # type: ignore[arg-type]
             store = DiskStore(folder, c.kv_disk_bytes, codec=PAGE_CODEC, queue_pages=c.kv_disk_queue_pages).start()
         except Exception as e:
             self.error = f"{type(e).__name__}: {e}"
@@ -118,7 +119,7 @@ class EngineTiers:
         link = self.link
         end = max(deadline, time.monotonic() + MIN_SAVE_S) if deadline is not None else time.monotonic() + 3600.0
         try:
-            link.pump()
+            link.pump(0.0)
             if link.disk is not None:
                 saved = link.save(end)
                 log.info("saved %d pages of the KV cache to %s", saved, link.disk.folder)

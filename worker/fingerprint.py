@@ -12,7 +12,9 @@ Two workers may read each other's pages only when every part agrees:
 So a model update (#26792 in SGLang) or another model on the same directory (#24758) reads nothing.
 
 Hashing the weight files reads them once (about 1 s per GB on one core): the engine does it in the background after
-it starts listening; the disk tier opens when it is done (radixcache.worker.engine, `Engine.tier_ready`).
+it starts listening; the disk tier opens when it is done (worker/engine_tiers.py). The digest is remembered in
+`DIR/weight-digests.json` by each file's path, size, mtime and inode, so a restart over unchanged files does not
+read them again (a file rewritten in place with its old mtime would not be noticed: replace weights, never patch).
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 STORE_FORMAT = 1
+DIGESTS_FILE = "weight-digests.json"
+MAX_MEMO = 64  # checkpoints remembered
 _CHUNK = 8 << 20
 
 
@@ -34,18 +38,46 @@ def weight_files(path: Path) -> list[Path]:
     return files + ([index] if index.is_file() else [])
 
 
-def weights_digest(loaded: Any) -> str:
-    """BLAKE2b-128 of the weights `loaded` came from (see the module docstring). Reads every weight file."""
+def weights_digest(loaded: Any, remember_in: str | Path | None = None) -> str:
+    """BLAKE2b-128 of the weights `loaded` came from (see the module docstring). Reads every weight file, unless
+    `remember_in` (a folder) remembers the digest of these very files (path, size, mtime, inode)."""
     h = blake2b(digest_size=16)
     if getattr(loaded, "path", None) is None:
         h.update(str(getattr(loaded, "weights_id", None) or "unnamed weights").encode("utf-8"))
         return "recipe:" + h.hexdigest()
-    for file in weight_files(Path(loaded.path)):
+    files = weight_files(Path(loaded.path))
+    identity = "|".join(f"{f.resolve()}:{(st := f.stat()).st_size}:{st.st_mtime_ns}:{st.st_ino}" for f in files)
+    memo = Path(remember_in) / DIGESTS_FILE if remember_in is not None else None
+    known = _read_memo(memo)
+    if identity in known:
+        return known[identity]
+    for file in files:
         h.update(f"{file.name}\0{file.stat().st_size}\0".encode())
         with open(file, "rb") as f:
             while chunk := f.read(_CHUNK):
                 h.update(chunk)
-    return "files:" + h.hexdigest()
+    digest = "files:" + h.hexdigest()
+    if memo is not None:
+        from radixcache.tiering import write_json
+
+        known[identity] = digest
+        try:
+            write_json(memo, dict(list(known.items())[-MAX_MEMO:]))
+        except OSError:
+            pass  # remembering is an optimisation
+    return digest
+
+
+def _read_memo(path: Path | None) -> dict[str, str]:
+    if path is None:
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return (
+        {k: v for k, v in data.items() if isinstance(k, str) and isinstance(v, str)} if isinstance(data, dict) else {}
+    )
 
 
 def fingerprint_parts(loaded: Any, *, pool: Any, page_size: int, device: str, backend: str) -> dict[str, Any]:
