@@ -1,16 +1,26 @@
-"""Cluster routing benchmark (not a test): two replicas on Ray Serve, three routers, one run.
+"""Cluster routing benchmark (not a test): two tiny replicas on Ray Serve, four routers, four traces, one run.
 
-Workload (SGLang-style generated shared prefix plus multi-turn chats), sent through the cluster's gRPC endpoint:
-4 groups of 1,024-token system prompts, each replica's pool sized to hold about two groups' prefixes, requests round
-robin over the groups (each round in a shuffled order), then multi-turn conversations; then prompts that share nothing (to check the spread). Each
-router gets a fresh deployment (empty caches) of the same app: ours (CacheAwareRouter, exact cache events + prompts
-in flight), Ray Serve's default (power of two choices) and round robin.
+Routers, each on a fresh deployment (empty caches, a new app) of the same application, in this order:
+- exact: ours (CacheAwareRouter: the replicas' cache events + prompts in flight, load in tokens);
+- ray_prefix: Ray Serve LLM's PrefixCacheAffinityRouter (a tree of routed prompt text; bench/ray_prefix_router.py
+  hands it one character per token id), at its defaults;
+- p2c: Ray Serve's default (power of two choices);
+- round_robin.
 
-Reports, per router: hit rate as a share of the theoretical maximum (bench/common.max_reusable), TTFT p50/p90,
-output throughput; and the routing decision time of ours (page hashing + index lookups + policy for a 1,024-token
-prompt against a populated index, in-process). Last line: one JSON object.
+Traces (token ids of `--random-model`'s character vocabulary; each replica: one CPU, one torch thread, page 16):
+- present: 4 groups of 1,024-token system prompts x N questions (each round visits every group, shuffled), pools of
+  two groups' prefixes; then 4 three-round chats; then 20 prompts that share nothing (the spread over replicas).
+- eviction: 16 groups of 1,024-token prefixes (1,024 pages: ~2.9x the fleet's 352), Zipf popularity (s=1).
+- two_tenant: 3 groups, the same token ids sent by two tenants (namespaces never share pages), pools of three
+  prefixes: the fleet holds all six copies, one replica half of them.
+- flush_restart: 4 groups x 9 rounds; after round 3 a FlushCache, after round 6 one replica is killed and the
+  rest waits until Serve's replacement serves.
 
-    python bench/cluster_bench.py [--model PATH] [--prompts-per-group 6]
+Reported per trace and router: hit rate as a share of the theoretical maximum (bench/common.max_reusable per tenant:
+infinite cache, arrival order), TTFT p50/p90, failed requests; the present trace adds the largest share of the
+unique prompts one replica got. Also our router's decision time in process. Last line: one JSON object.
+
+    python bench/cluster_bench.py [--rounds 6] [--traces present,eviction,two_tenant,flush_restart]
 """
 
 from __future__ import annotations
@@ -22,150 +32,292 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (  # noqa: E402
-    Job,
-    ensure_checkpoint,
-    free_port,
-    gsp_workload,
-    max_reusable,
-    multiturn_first_round,
-    next_round,
-    percentile,
-    unique_workload,
-)
+from common import free_port, max_reusable, percentile  # noqa: E402
 
 ROUTERS = {
     "exact": "radixcache.cluster.router:CacheAwareRouter",
+    "ray_prefix": "ray_prefix_router:TokenPrefixCacheAffinityRouter",
     "p2c": "ray.serve._private.request_router:PowerOfTwoChoicesRequestRouter",
     "round_robin": "ray.serve.experimental.round_robin_router:RoundRobinRouter",
 }
 PAGE = 16
+PREFIX = 1024  # tokens of a group's shared prefix (64 pages)
+QUESTION = 32
+TOKENS = {"tok-a": "tenant-a", "tok-b": "tenant-b"}
+LOW_ID, HIGH_ID = 3, 194  # --random-model's vocabulary: ids 0-2 are <s>, </s>, <unk>
 
 
-def shuffled_rounds(jobs: list[Job], groups: int = 4, seed: int = 3) -> list[Job]:
-    """Every group once per round, in a different order each round: with 4 groups in a fixed cycle, round robin over
-    2 replicas would send each group to the same replica every time by accident."""
-    rng = random.Random(seed)
-    out: list[Job] = []
-    for start in range(0, len(jobs), groups):
-        round_ = jobs[start : start + groups]
-        rng.shuffle(round_)
-        out += round_
-    return out
+@dataclass
+class Job:
+    name: str
+    prompt: list[int]
+    max_tokens: int
+    token: str = "tok-a"  # the tenant's bearer token
 
 
-def run_jobs(target: str, jobs: list[Job], concurrency: int) -> list[dict]:
+@dataclass
+class Result:
+    job: Job
+    ttft: float | None
+    tokens: list[int]
+    cached: int
+    error: str | None = None
+
+
+@dataclass
+class Trace:
+    pages: int  # KV pages per replica
+    steps: list[Callable[[Run], None]]  # run in order against one deployment
+
+
+@dataclass
+class Run:
+    target: str
+    output: int
+    results: list[Result] = field(default_factory=list)
+    extra: dict = field(default_factory=dict)
+
+
+def tokens(rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(LOW_ID, HIGH_ID) for _ in range(n)]
+
+
+# --- sending -----------------------------------------------------------------------------------------------------
+def send(target: str, jobs: list[Job], concurrency: int = 4) -> list[Result]:
     from radixcache.client import Client
 
     local = threading.local()
 
-    def one(job: Job) -> dict:
-        if not hasattr(local, "client"):
-            local.client = Client(target)
+    def one(job: Job) -> Result:
+        clients = local.__dict__.setdefault("clients", {})
+        client = clients.get(job.token) or clients.setdefault(job.token, Client(target, token=job.token))
         start = time.perf_counter()
-        ttft, tokens, cached = None, [], 0
-        for chunk in local.client.generate(token_ids=job.prompt, max_tokens=job.max_tokens, ignore_eos=True):
-            if ttft is None and chunk.token_ids:
-                ttft = time.perf_counter() - start
-            tokens += chunk.token_ids
-            cached = chunk.cached_tokens
-        return {"job": job, "ttft": ttft, "tokens": tokens, "cached": cached}
+        ttft, out, cached = None, [], 0
+        try:
+            for chunk in client.generate(token_ids=job.prompt, max_tokens=job.max_tokens, ignore_eos=True):
+                if ttft is None and chunk.token_ids:
+                    ttft = time.perf_counter() - start
+                out += chunk.token_ids
+                cached = chunk.cached_tokens
+        except Exception as e:  # noqa: BLE001 - counted, the run goes on
+            return Result(job, None, out, 0, f"{type(e).__name__}: {e}")
+        return Result(job, ttft, out, cached)
 
     with ThreadPoolExecutor(concurrency) as pool:
         return list(pool.map(one, jobs))
 
 
-def multiturn(target: str, clients: int, rounds: int, output: int) -> list[dict]:
-    rng = random.Random(5)
-    jobs = multiturn_first_round(clients, system=256, user=32, output=output)
-    done: list[dict] = []
-    for _ in range(rounds):
-        results = run_jobs(target, jobs, concurrency=clients)
-        done += results
-        jobs = [next_round(r["job"], r["tokens"], 32, rng) for r in results]
-    return done
+def group_rounds(rng: random.Random, prefixes: list[list[int]], rounds: int, output: int, token: str = "tok-a"):
+    """Every prefix once per round (with a new question), in a shuffled order each round."""
+    jobs = []
+    for r in range(rounds):
+        order = list(range(len(prefixes)))
+        rng.shuffle(order)
+        jobs += [Job(f"g{g}-r{r}", prefixes[g] + tokens(rng, QUESTION), output, token) for g in order]
+    return jobs
 
 
-def per_replica_queried(target: str) -> dict[str, float]:
+def jobs_step(jobs: list[Job]) -> Callable[[Run], None]:
+    return lambda run: run.results.extend(send(run.target, jobs))
+
+
+def chats_step(clients: int, rounds: int, seed: int = 5) -> Callable[[Run], None]:
+    def step(run: Run) -> None:
+        rng = random.Random(seed)
+        prompts = [tokens(rng, 256 + 32) for _ in range(clients)]
+        for r in range(rounds):
+            jobs = [Job(f"chat{c}-r{r}", prompts[c], run.output) for c in range(clients)]
+            results = send(run.target, jobs, concurrency=clients)
+            run.results += results
+            prompts = [res.job.prompt + res.tokens + tokens(rng, 32) for res in results]
+
+    return step
+
+
+def spread_step(n: int = 20) -> Callable[[Run], None]:
+    """Prompts that share nothing: the largest share of them that one replica computed (not scored)."""
+
+    def step(run: Run) -> None:
+        before = queried(run.target)
+        rng = random.Random(11)
+        send(run.target, [Job(f"uniq{i}", tokens(rng, 128), 4) for i in range(n)], concurrency=2)
+        after = queried(run.target)
+        spread = [after[k] - before.get(k, 0) for k in after]
+        run.extra["unique_max_share"] = max(spread) / sum(spread) if sum(spread) else float("nan")
+
+    return step
+
+
+def queried(target: str) -> dict[str, float]:
     from radixcache.client import Client
 
-    with Client(target) as c:
+    with Client(target, token="tok-a") as c:
         return {r["replica_id"]: r["queried_tokens"] for r in c.stats()["replicas"]}
 
 
-def measure_router(name: str, args: argparse.Namespace, model: Path, port: int) -> dict:
+def flush_step(run: Run) -> None:
+    from radixcache.client import Client
+
+    with Client(run.target, token="tok-a") as c:
+        run.extra["flushed_pages"] = c.flush()
+
+
+def restart_step(run: Run) -> None:
+    """Kill one replica; wait until Serve's replacement answers (both replicas in the stats, the victim gone)."""
+    import ray
+
+    from radixcache.client import Client
+
+    with Client(run.target, token="tok-a") as c:
+        victim = c.stats()["replicas"][0]["replica_id"]
+        killed = time.perf_counter()
+        ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
+        deadline = killed + 180
+        while time.perf_counter() < deadline:
+            try:
+                live = {r["replica_id"] for r in c.stats()["replicas"]}
+                if victim not in live and len(live) == 2:
+                    break
+            except Exception:  # noqa: BLE001 - the ingress may time out on the dead replica meanwhile
+                pass
+            time.sleep(0.5)
+        run.extra["restart_s"] = round(time.perf_counter() - killed, 1)
+
+
+# --- the traces --------------------------------------------------------------------------------------------------
+def present(a: argparse.Namespace) -> Trace:
+    rng = random.Random(0)
+    prefixes = [tokens(rng, PREFIX) for _ in range(4)]
+    steps = [jobs_step(group_rounds(rng, prefixes, a.rounds, a.output)), chats_step(4, 3), spread_step()]
+    return Trace(pages=2 * PREFIX // PAGE + 48, steps=steps)
+
+
+def eviction(a: argparse.Namespace) -> Trace:
+    rng = random.Random(1)
+    prefixes = [tokens(rng, PREFIX) for _ in range(16)]
+    weights = [1 / (rank + 1) for rank in range(16)]
+    picks = rng.choices(range(16), weights, k=16 * a.rounds)
+    jobs = [Job(f"z{g}-{i}", prefixes[g] + tokens(rng, QUESTION), a.output) for i, g in enumerate(picks)]
+    return Trace(pages=2 * PREFIX // PAGE + 48, steps=[jobs_step(jobs)])
+
+
+def two_tenant(a: argparse.Namespace) -> Trace:
+    rng = random.Random(2)
+    prefixes = [tokens(rng, PREFIX) for _ in range(3)]
+    jobs = []
+    for r in range(a.rounds):
+        order = [(g, t) for g in range(3) for t in TOKENS]
+        rng.shuffle(order)
+        question = {g: tokens(rng, QUESTION) for g in range(3)}  # the same text from both tenants
+        jobs += [Job(f"g{g}-{t}-r{r}", prefixes[g] + question[g], a.output, t) for g, t in order]
+    return Trace(pages=3 * PREFIX // PAGE + 48, steps=[jobs_step(jobs)])
+
+
+def flush_restart(a: argparse.Namespace) -> Trace:
+    rng = random.Random(3)
+    prefixes = [tokens(rng, PREFIX) for _ in range(4)]
+    thirds = [group_rounds(rng, prefixes, 3, a.output) for _ in range(3)]
+    steps = [jobs_step(thirds[0]), flush_step, jobs_step(thirds[1]), restart_step, jobs_step(thirds[2])]
+    return Trace(pages=2 * PREFIX // PAGE + 48, steps=steps)
+
+
+TRACES = {"present": present, "eviction": eviction, "two_tenant": two_tenant, "flush_restart": flush_restart}
+
+
+# --- one deployment ----------------------------------------------------------------------------------------------
+def measure(trace_name: str, router: str, a: argparse.Namespace, port: int) -> dict:
+    import ray
     from ray import serve
 
     from radixcache.cluster.app import ClusterOptions, build_app
 
-    pages = 2 * 1024 // PAGE + 48  # two groups' prefixes + room for the running requests
+    trace = TRACES[trace_name](a)
     options = ClusterOptions(
-        serve_argv=["--model", str(model), "--page-size", str(PAGE), "--kv-pages", str(pages)],
+        serve_argv=["--random-model", "--page-size", str(PAGE), "--kv-pages", str(trace.pages)],
         replicas=2,
-        router_class=ROUTERS[name],
-        app_name="rc-bench",
+        router_class=ROUTERS[router],
+        auth_tokens=TOKENS,
+        app_name=f"rcb-{trace_name.replace('_', '-')}-{router.replace('_', '-')}",
     )
     serve.run(build_app(options), name=options.app_name)
-    target = f"127.0.0.1:{port}"
+    run = Run(f"127.0.0.1:{port}", a.output)
     start = time.perf_counter()
-    gsp = shuffled_rounds(
-        gsp_workload(groups=4, prompts=args.prompts_per_group, system=1024, question=32, output=args.output)
-    )
-    results = run_jobs(target, gsp, concurrency=4) + multiturn(target, clients=4, rounds=3, output=args.output)
-    wall = time.perf_counter() - start
-    before = per_replica_queried(target)
-    run_jobs(target, unique_workload(20, prompt=128, output=4), concurrency=2)
-    after = per_replica_queried(target)
-    serve.delete(options.app_name)
+    try:
+        for step in trace.steps:
+            step(run)
+    finally:
+        wall = time.perf_counter() - start
+        serve.delete(options.app_name)
+        for name, namespace in (
+            (options.hub_name, options.hub_namespace),
+            ("LlmPrefixTreeActor", f"serve::{options.app_name}::EngineReplica"),
+        ):
+            try:
+                ray.kill(ray.get_actor(name, namespace=namespace))
+            except ValueError:
+                pass
+    return score(run, wall)
 
-    prompts = [r["job"].prompt for r in results]
-    computed = [r["job"].prompt + r["tokens"][:-1] for r in results]
-    reachable = sum(max_reusable(prompts, computed))
-    ttfts = [r["ttft"] for r in results if r["ttft"] is not None]
-    spread = [after[k] - before.get(k, 0) for k in after]
+
+def score(run: Run, wall: float) -> dict:
+    ok = [r for r in run.results if r.error is None]
+    reachable = served = 0
+    for token in TOKENS:  # tenants never share pages: each one's maximum on its own
+        mine = [r for r in ok if r.job.token == token]
+        prompts = [r.job.prompt for r in mine]
+        reachable += sum(max_reusable(prompts, [r.job.prompt + r.tokens[:-1] for r in mine]))
+        served += sum(r.cached for r in mine)
+    ttfts = [r.ttft for r in ok if r.ttft is not None]
     return {
-        "hit_rate_of_max": sum(r["cached"] for r in results) / reachable if reachable else 0.0,
+        "hit_rate_of_max": served / reachable if reachable else 0.0,
         "ttft_p50_ms": percentile(ttfts, 50) * 1e3,
         "ttft_p90_ms": percentile(ttfts, 90) * 1e3,
-        "throughput_tok_s": sum(len(r["tokens"]) for r in results) / wall,
-        "unique_max_share": max(spread) / sum(spread) if sum(spread) else float("nan"),
+        "requests": len(run.results),
+        "failed": len(run.results) - len(ok),
+        "wall_s": wall,
+        **run.extra,
     }
 
 
 def decision_time_ms(samples: int = 2000) -> float:
     """Our router's decision for a 1,024-token prompt: hash its pages, match against two replicas, choose."""
     from radixcache.cluster.index import PrefixIndex
-    from radixcache.cluster.policy import Candidate, RoutingThresholds, choose
+    from radixcache.cluster.policy import Candidate, choose
     from radixcache.events import page_hashes
 
     rng = random.Random(0)
     index = PrefixIndex()
-    prompts = [[rng.randrange(16, 32000) for _ in range(1024)] for _ in range(64)]
+    prompts = [tokens(rng, 1024) for _ in range(64)]
     for i, p in enumerate(prompts):
         index.stored(f"r{i % 2}", "", page_hashes(p, PAGE))
-    t = RoutingThresholds()
     times = []
     for i in range(samples):
-        prompt = prompts[i % len(prompts)][:1000] + [i]
+        prompt = prompts[i % len(prompts)][:1000] + [i % 190 + 3]
         start = time.perf_counter()
         hashes = page_hashes(prompt, PAGE)
-        choose([Candidate(r, 0, index.match(r, "", hashes)) for r in ("r0", "r1")], t, rng)
+        candidates = [Candidate(r, 0, index.match(r, "", hashes), 0, 0.0, 1000) for r in ("r0", "r1")]
+        choose(candidates, len(prompt), PAGE, rng=rng)
         times.append(time.perf_counter() - start)
     return statistics.median(times) * 1e3
 
 
+def load_average() -> float:
+    return float(Path("/proc/loadavg").read_text().split()[0])
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", type=Path, help="checkpoint (default: the ~125M benchmark checkpoint)")
-    p.add_argument("--prompts-per-group", type=int, default=6)
-    p.add_argument("--output", type=int, default=16, help="tokens generated per request")
-    p.add_argument("--routers", default="exact,p2c,round_robin")
-    args = p.parse_args()
-    model = args.model or ensure_checkpoint()
+    p.add_argument("--rounds", type=int, default=6, help="rounds of the group traces (eviction: 16 x this requests)")
+    p.add_argument("--output", type=int, default=8, help="tokens generated per request")
+    p.add_argument("--routers", default=",".join(ROUTERS))
+    p.add_argument("--traces", default=",".join(TRACES))
+    a = p.parse_args()
 
     import ray
     from ray import serve
@@ -173,35 +325,42 @@ def main() -> None:
 
     from radixcache.cluster.app import grpc_options
 
+    load_before = load_average()
     port = free_port()
     ray.init(num_cpus=3, include_dashboard=False, namespace="radixcache", log_to_driver=False)
     serve.start(grpc_options=grpc_options(port), http_options=HTTPOptions(host="127.0.0.1", port=free_port()))
-    table = {}
+    table: dict[str, dict[str, dict]] = {}
     try:
-        for name in args.routers.split(","):
-            table[name] = measure_router(name, args, model, port)
-            print(name, json.dumps(table[name]), flush=True)
+        for trace in a.traces.split(","):
+            for router in a.routers.split(","):
+                table.setdefault(trace, {})[router] = r = measure(trace, router, a, port)
+                print(trace, router, json.dumps(r), flush=True)
     finally:
         serve.shutdown()
         ray.shutdown()
     decision = decision_time_ms()
-    print("\n| router | hit rate of max | TTFT p50 ms | TTFT p90 ms | output tok/s | unique: max share |")
+    load_after = load_average()
+    print("\n| trace | router | hit rate of max | TTFT p50 ms | TTFT p90 ms | failed |")
     print("|---|---|---|---|---|---|")
-    for name, r in table.items():
-        print(
-            f"| {name} | {r['hit_rate_of_max']:.3f} | {r['ttft_p50_ms']:.0f} | {r['ttft_p90_ms']:.0f} "
-            f"| {r['throughput_tok_s']:.1f} | {r['unique_max_share']:.2f} |"
-        )
-    print(f"\nrouting decision (ours, 1,024-token prompt): p50 {decision:.3f} ms")
+    for trace, rows in table.items():
+        for router, r in rows.items():
+            print(
+                f"| {trace} | {router} | {r['hit_rate_of_max']:.3f} | {r['ttft_p50_ms']:.0f} | {r['ttft_p90_ms']:.0f} "
+                f"| {r['failed']}/{r['requests']} |"
+            )
+    print(
+        f"\nrouting decision (ours, 1,024-token prompt): p50 {decision:.3f} ms; load average {load_before} -> {load_after}"
+    )
     summary = {
-        "hit_rate_of_max": {k: round(v["hit_rate_of_max"], 4) for k, v in table.items()},
-        "ttft_p50_ms": {k: round(v["ttft_p50_ms"], 1) for k, v in table.items()},
-        "ttft_p50_speedup_vs_p2c": round(table["p2c"]["ttft_p50_ms"] / table["exact"]["ttft_p50_ms"], 2)
-        if {"p2c", "exact"} <= table.keys()
-        else None,
-        "decision_ms_p50": round(decision, 4),
-        "unique_max_share": round(table["exact"]["unique_max_share"], 3) if "exact" in table else None,
+        trace: {
+            router: {k: round(r[k], 4) for k in ("hit_rate_of_max", "ttft_p50_ms", "ttft_p90_ms")}
+            | {k: r[k] for k in ("failed", "unique_max_share", "restart_s") if k in r}
+            for router, r in rows.items()
+        }
+        for trace, rows in table.items()
     }
+    summary["decision_ms_p50"] = round(decision, 4)
+    summary["load_average"] = [load_before, load_after]
     print(json.dumps(summary))
 
 

@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from radixcache.event_log import EventLog  # noqa: E402
 from radixcache.keys import encode  # noqa: E402
 from radixcache.tree import RadixTree  # noqa: E402
+from radixcache.tree_check import check_tree  # noqa: E402
 
 VOCAB, PREFIXES, PREFIX_LEN, SUFFIX_LEN = 32000, 64, 1024, 256
 
@@ -88,7 +89,7 @@ def bench_trace(trace: list[list[int]], page_size: int, evict_calls: int, *, sin
         gc.enable()
     assert hits == sum(len(t) for t in trace), "every request should hit in full"
     assert evicted == evict_calls * per_call
-    tree.check()
+    check_tree(tree)
     n = len(trace)
     return {
         "insert_us": (t1 - t0) / n * 1e6,
@@ -136,7 +137,7 @@ def bench_evict_scaling(num_leaves: int, calls: int, page_size: int = 16) -> tup
     finally:
         gc.enable()
     assert tree.evictable_leaves == num_leaves
-    tree.check()
+    check_tree(tree)
     return statistics.median(times) * 1e6, rebuild * 1e6
 
 

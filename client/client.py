@@ -185,6 +185,7 @@ def _stats(m: pb.CacheStats) -> dict[str, Any]:
 def _model_info(m: pb.ModelInfo) -> dict[str, Any]:
     d: dict[str, Any] = {f.name: getattr(m, f.name) for f in m.DESCRIPTOR.fields}
     d["eos_token_ids"] = list(m.eos_token_ids)
+    d["layer_kinds"] = list(m.layer_kinds)
     return d
 
 

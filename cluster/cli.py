@@ -14,7 +14,7 @@ import sys
 import threading
 from pathlib import Path
 
-from radixcache.cluster.policy import DEFAULT_BALANCE_ABS, DEFAULT_BALANCE_REL, DEFAULT_MIN_MATCH_PAGES
+from radixcache.cluster.policy import DEFAULT_BALANCE_ABS, DEFAULT_BALANCE_REL, DEFAULT_MIN_MATCH_PAGES, LoadWeights
 
 
 def parser() -> argparse.ArgumentParser:
@@ -25,10 +25,17 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--replicas", type=int, default=2, help="engine replicas (default 2)")
     p.add_argument("--replica-cpus", type=float, default=1.0, help="Ray CPUs (and torch threads) per replica")
+    p.add_argument("--replica-gpus", type=float, default=0.0,
+                   help="Ray GPUs per replica (default 0); > 0 runs each engine on CUDA unless --device is given")  # fmt: skip
     p.add_argument("--ray-address", help="join this Ray cluster (default: start a local instance)")
     p.add_argument("--host", default="127.0.0.1", help="address of Serve's proxies (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=50051, help="gRPC port of Serve's proxy (default 50051)")
     p.add_argument("--auth-tokens", type=Path, help="bearer tokens, as for `radixcache serve`")
+    p.add_argument("--ingress-replicas", type=int, default=1,
+                   help="ingress replicas relaying the streams (default 1); Abort reaches across them")  # fmt: skip
+    p.add_argument("--grace-period", type=float, default=30.0,
+                   help="seconds a replica being stopped lets its streams run before ending them with UNAVAILABLE "
+                   "(default 30)")  # fmt: skip
     r = p.add_argument_group("routing")
     r.add_argument(
         "--balance-abs",
@@ -44,6 +51,15 @@ def parser() -> argparse.ArgumentParser:
     )
     r.add_argument("--min-match-pages", type=int, default=DEFAULT_MIN_MATCH_PAGES,
                    help=f"cached pages below which a match is ignored (default {DEFAULT_MIN_MATCH_PAGES})")  # fmt: skip
+    w = LoadWeights()
+    r.add_argument("--queued-weight", type=float, default=w.queued,
+                   help=f"cost of a queued prefill token, in uncached prompt tokens (default {w.queued})")  # fmt: skip
+    r.add_argument("--requests-weight", type=float, default=w.requests,
+                   help=f"cost of a request running on a replica, in tokens (default {w.requests})")  # fmt: skip
+    r.add_argument("--kv-weight", type=float, default=w.kv,
+                   help=f"weight of the busy share of a replica's KV pool (default {w.kv})")  # fmt: skip
+    r.add_argument("--evict-weight", type=float, default=w.evict,
+                   help=f"cost of a cached token a request would push out (default {w.evict})")  # fmt: skip
     return p
 
 
@@ -55,23 +71,31 @@ def main(argv: list[str]) -> int:
 
     from radixcache.cluster.app import ClusterOptions, build_app, grpc_options
     from radixcache.cluster.policy import RoutingThresholds
-    from radixcache.worker.auth import load_tokens
+    from radixcache.worker.auth import load_token_file
 
     try:
-        thresholds = RoutingThresholds(args.balance_abs, args.balance_rel, args.min_match_pages)
-        tokens = load_tokens(args.auth_tokens) if args.auth_tokens else None
+        tokens, admins = load_token_file(args.auth_tokens) if args.auth_tokens else (None, set())
+        options = ClusterOptions(
+            serve_argv=serve_argv,
+            replicas=args.replicas,
+            replica_cpus=args.replica_cpus,
+            replica_gpus=args.replica_gpus,
+            thresholds=RoutingThresholds(args.balance_abs, args.balance_rel, args.min_match_pages),
+            weights=LoadWeights(args.queued_weight, args.requests_weight, args.kv_weight, args.evict_weight),
+            auth_tokens=tokens,
+            admin_tokens=frozenset(admins),
+            grace_period_s=args.grace_period,
+            ingress_replicas=args.ingress_replicas,
+        )
     except (OSError, ValueError) as e:
         print(f"radixcache cluster: {e}", file=sys.stderr)
         return 2
-    options = ClusterOptions(
-        serve_argv=serve_argv,
-        replicas=args.replicas,
-        replica_cpus=args.replica_cpus,
-        thresholds=thresholds,
-        auth_tokens=tokens,
-    )
     ray.init(address=args.ray_address, namespace=options.hub_namespace, include_dashboard=False)
-    serve.start(grpc_options=grpc_options(args.port), http_options=HTTPOptions(host=args.host, port=0))
+    serve.start(  # a proxy on every node with a replica: streams spread instead of all crossing the head
+        proxy_location="EveryNode",
+        grpc_options=grpc_options(args.port),
+        http_options=HTTPOptions(host=args.host, port=0),
+    )
     serve.run(build_app(options), name=options.app_name)
     print(f"serving on {args.host}:{args.port}", flush=True)
     print(json.dumps({"replicas": args.replicas, "serve_argv": serve_argv}), flush=True)

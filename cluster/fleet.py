@@ -75,6 +75,11 @@ class FleetEngine:
         task.add_done_callback(self._aborts.discard)
         return True
 
+    async def abort_anywhere(self, request_id: str) -> bool:
+        """Abort a request this ingress does not relay (with several ingress replicas, another one may): every
+        engine replica is asked; True if one ended it."""
+        return any(await self._broadcast_async("abort", request_id))
+
     async def _abort_async(self, request_id: str) -> None:
         answers = await self._broadcast_async("abort", request_id)
         relay = self._relays.get(request_id)
@@ -112,11 +117,16 @@ class FleetEngine:
                 return
 
     # -- fleet-wide calls, made from a worker thread ------------------------------------------------------------
-    def stats(self) -> EngineStats:
-        return sum_stats([s for _, s in self.per_replica_stats()])
+    def stats(self, namespace: str | None = None) -> EngineStats:
+        """Every replica's figures added up (one tenant's, with a namespace: see Engine.stats)."""
+        return sum_stats([s for _, s in self.per_replica_stats(namespace)])
 
-    def per_replica_stats(self) -> list[tuple[str, EngineStats]]:
-        return sorted(self._broadcast("stats"))
+    async def replica_ids(self) -> list[str]:
+        """The replicas that answer now."""
+        return sorted(await self._broadcast_async("whoami"))
+
+    def per_replica_stats(self, namespace: str | None = None) -> list[tuple[str, EngineStats]]:
+        return sorted(self._broadcast("stats", namespace))
 
     def flush_cache(self, namespace: str | None = None) -> int:
         return sum(self._broadcast("flush_cache", namespace or ""))
@@ -140,6 +150,15 @@ class FleetEngine:
             if isinstance(r, BaseException):
                 log.warning("%s: a replica did not answer: %s", method, r)
         return [r for r in results if not isinstance(r, BaseException)]
+
+
+def remote_apart(method: Any, *args: Any) -> Any:
+    """`method.remote(*args)` as a request of its own for Serve's router: Serve matches the replica it chose to a
+    pending request by internal request id, which calls made in one request's context share (two such calls in
+    flight at once could be swapped, or one never served)."""
+    context = contextvars.copy_context()
+    context.run(_new_serve_request_id)
+    return context.run(method.remote, *args)
 
 
 def _new_serve_request_id() -> None:

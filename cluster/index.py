@@ -23,6 +23,7 @@ Replica = Hashable
 class _ReplicaView:
     cached: dict[str, set[int]] = field(default_factory=dict)  # namespace -> page hashes its events say it holds
     inflight: dict[tuple[str, int], float] = field(default_factory=dict)  # (namespace, hash) -> expiry time
+    routed: int = 0  # prompts routed here (expired in-flight entries are swept every 256)
 
 
 class PrefixIndex:
@@ -83,7 +84,11 @@ class PrefixIndex:
     def routed(self, replica: Replica, namespace: str, page_hashes: Sequence[int]) -> None:
         """A prompt was sent to `replica`: count its pages as (soon) cached there until events say otherwise."""
         view = self._view(replica)
-        expiry = self.clock() + self.inflight_ttl_s
+        now = self.clock()
+        expiry = now + self.inflight_ttl_s
+        view.routed += 1
+        if view.routed % 256 == 0:  # so that held_pages does not count what expired long ago
+            view.inflight = {k: t for k, t in view.inflight.items() if t >= now}
         cached = view.cached.get(namespace, ())
         for h in page_hashes:
             if h not in cached:
@@ -109,6 +114,16 @@ class PrefixIndex:
                 break
             n += 1
         return n
+
+    def holds(self, replica: Replica, namespace: str, page_hash: int) -> bool:
+        """Whether `replica` caches that page by its events, or was sent it moments ago (in flight)."""
+        view = self._replicas.get(replica)
+        if view is None:
+            return False
+        if page_hash in view.cached.get(namespace, ()):
+            return True
+        expiry = view.inflight.get((namespace, page_hash))
+        return expiry is not None and expiry >= self.clock()
 
     def held_pages(self, replica: Replica) -> int:
         """Pages `replica` holds by its events, plus those in flight (expired ones included until looked up)."""

@@ -12,6 +12,7 @@ from the address.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -54,8 +55,11 @@ class Ingress:
     """The deployment class (wrapped with serve.ingress() and serve.deployment by the app): the gRPC methods below,
     and the OpenAI-compatible HTTP API (worker.openai's app over the same servicer) through Serve's HTTP proxy."""
 
-    async def __init__(self, replicas: Any, auth_tokens: dict[str, str] | None) -> None:
-        from radixcache.cluster.fleet import FleetEngine
+    async def __init__(
+        self, replicas: Any, auth_tokens: dict[str, str] | None, admin_tokens: frozenset[str] = frozenset()
+    ) -> None:
+        from radixcache.cluster.fleet import FleetEngine, remote_apart
+        from radixcache.cluster.fleet_events import FleetEvents, ReplicaTarget
         from radixcache.worker.auth import Authenticator
         from radixcache.worker.front import FrontCore
         from radixcache.worker.servicer import RadixCacheServicer
@@ -63,9 +67,11 @@ class Ingress:
         facts = await replicas.model_facts.remote()
         tokenizer = await replicas.tokenizer.remote()
         self.fleet = FleetEngine(replicas, tokenizer, facts, asyncio.get_running_loop())
-        self.core = FrontCore(Authenticator(auth_tokens))
+        self.core = FrontCore(Authenticator(auth_tokens, admin_tokens))
         self.core.attach(self.fleet, facts)
         self.servicer = RadixCacheServicer(self.core)
+        stream = replicas.options(stream=True).cache_events
+        self.cache_events = FleetEvents(self.fleet.replica_ids, lambda rid: remote_apart(stream, ReplicaTarget(rid)))
 
     def __serve_build_asgi_app__(self) -> Any:
         from radixcache.worker.openai.app import create_app
@@ -102,8 +108,9 @@ class Ingress:
     async def GetCacheStats(self, request: pb.GetCacheStatsRequest, grpc_context: Any) -> pb.CacheStats:
         from radixcache.worker.servicer import cache_stats_message
 
-        total = await self._unary("GetCacheStats", request, grpc_context)
-        for replica, stats in await asyncio.to_thread(self.fleet.per_replica_stats):
+        total = await self._unary("GetCacheStats", request, grpc_context)  # authenticated: it raised otherwise
+        view = self.core.stats_view(grpc_context.invocation_metadata())  # a tenant sees its own figures
+        for replica, stats in await asyncio.to_thread(self.fleet.per_replica_stats, view):
             total.replicas.add(replica_id=replica, stats=cache_stats_message(stats))
         return total
 
@@ -117,12 +124,30 @@ class Ingress:
         return await self._unary("UnpinPrefix", request, grpc_context)
 
     async def Abort(self, request: pb.AbortRequest, grpc_context: Any) -> pb.AbortResponse:
-        return await self._unary("Abort", request, grpc_context)
+        """As on one worker; a request this ingress replica does not relay may stream through another one (Serve's
+        proxies spread calls over the ingress replicas): then every engine replica is asked."""
+        from radixcache.worker.front import engine_request_id
+
+        response = await self._unary("Abort", request, grpc_context)
+        if not response.aborted:
+            tenant = self.core.tenant(grpc_context.invocation_metadata())  # _unary has checked the token
+            response.aborted = await self.fleet.abort_anywhere(engine_request_id(tenant, request.request_id))
+        return response
 
     async def SubscribeCacheEvents(self, request: Any, grpc_context: Any) -> AsyncIterator[Any]:
-        grpc_context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        grpc_context.set_details(
-            "a cluster has no single cache: its router indexes every replica's events itself; subscribe to a worker"
-        )
-        raise RuntimeError("SubscribeCacheEvents is per worker")
-        yield  # an async generator, as Serve's gRPC proxy expects of a streaming method
+        """Every replica's cache events, each batch tagged with its replica_id (cluster.fleet_events); an admin
+        token is required, as on one worker."""
+        from radixcache.worker.front import Refusal
+        from radixcache.worker.servicer import STATUS
+
+        metadata = grpc_context.invocation_metadata()
+        try:
+            self.core.tenant(metadata)
+            self.core.require_admin(metadata, "cache events")
+        except Refusal as r:
+            grpc_context.set_code(STATUS[r.kind])
+            grpc_context.set_details(r.message)
+            raise RuntimeError(r.message) from None  # Ray Serve answers with the status set on grpc_context
+        async with contextlib.aclosing(self.cache_events.subscribe()) as batches:
+            async for message in batches:
+                yield message

@@ -1,10 +1,28 @@
-"""The routing decision, apart from Ray: longest cached prefix, unless the load is imbalanced.
+"""The routing decision, apart from Ray: the replica where the request's first token should come soonest.
 
-Like SGLang's cache-aware router: when the busiest and the idlest replica differ by more than `balance_abs`
-requests AND the busiest has more than `balance_rel` times the idlest's, the least loaded replica wins whatever it
-caches; otherwise the replica holding the longest prefix wins (ties to the less loaded), and when no replica holds at
-least `min_match_pages` pages of the prompt, the least loaded one does. Remaining ties go to the replica holding the
-fewest pages (so new prefixes spread over the fleet's memory, as SGLang's router does), then at random.
+Each candidate gets a cost, in tokens of prefill work, estimating what stands between the request and its first
+token there:
+
+    cost = uncached                                the prompt tokens it would compute: all, less its cached prefix
+         + weights.queued   x queued_tokens        prefill tokens already queued there
+         + weights.requests x requests             requests running or waiting there (each slows every step)
+         + weights.kv       x uncached x kv_busy   kv_busy: the share of its KV pool held by running requests or
+                                                   pins; the fuller, the likelier the new pages wait for room
+         + weights.evict    x evicted x uses       cached tokens its new pages would push out of a full pool (its
+                                                   pages less what it caches and was sent, when known), each
+                                                   counted as often as routed prompts used its page (at least
+                                                   once): where pools are full everywhere, a new prefix displaces
+                                                   the least asked-for cache (cluster.reuse)
+
+and the cheapest wins (`cheapest` lists those within TIE_TOKENS of it). `Policy.pick`, the router's, takes tied
+ones in turn, so prompts that share nothing alternate over an idle fleet instead of drifting by chance; `choose`
+picks one at random. With the default weights a cached prefix keeps its requests until the
+queue there is longer than recomputing it elsewhere: 1,024 cached tokens outweigh 1,024 queued ones, or 256 running
+requests (the imbalance rule below steps in long before).
+
+Two rules of SGLang's cache-aware router come first. When the request counts are imbalanced (the busiest and the
+idlest differ by more than `balance_abs` AND the busiest has more than `balance_rel` times the idlest's), the cache
+is ignored and load alone decides. A match shorter than `min_match_pages` pages counts as none.
 """
 
 from __future__ import annotations
@@ -16,6 +34,7 @@ from dataclasses import dataclass
 DEFAULT_BALANCE_ABS = 8
 DEFAULT_BALANCE_REL = 1.5
 DEFAULT_MIN_MATCH_PAGES = 1
+TIE_TOKENS = 1.0
 
 
 @dataclass(frozen=True)
@@ -34,28 +53,100 @@ class RoutingThresholds:
 
 
 @dataclass(frozen=True)
+class LoadWeights:
+    """How much each load term weighs against one uncached prompt token (see the module docstring)."""
+
+    queued: float = 1.0  # a queued prefill token delays the first token as much as one of the request's own
+    requests: float = 4.0  # tokens per request running or waiting there (its decode row in each step of the prefill)
+    kv: float = 1.0  # x uncached tokens x busy share of the KV pool
+    evict: float = 1.0  # per cached token pushed out (a token to recompute, should it be asked for again)
+
+    def __post_init__(self) -> None:
+        for name in ("queued", "requests", "kv", "evict"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"load weight {name} must be >= 0, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
 class Candidate:
     replica: Hashable
-    load: int  # requests queued or running there
-    matched_pages: int  # leading pages of the prompt it holds
-    held_pages: int = 0  # pages it holds (or will, in flight) in all
+    requests: int  # running or waiting there
+    matched_pages: int  # leading pages of the prompt it holds (or will: in flight)
+    queued_tokens: int = 0  # prefill tokens queued there
+    kv_busy: float = 0.0  # share of its KV pool held by running requests or pins, in [0, 1]
+    free_tokens: int | None = None  # room in its pool before anything cached is evicted (None: not known yet)
+    victim_uses: tuple[int, ...] = ()  # request counts of the pages it would evict next, in eviction order
 
 
-def imbalanced(loads: Sequence[int], t: RoutingThresholds) -> bool:
-    hi, lo = max(loads), min(loads)
+def imbalanced(requests: Sequence[int], t: RoutingThresholds) -> bool:
+    hi, lo = max(requests), min(requests)
     return hi - lo > t.balance_abs and hi > t.balance_rel * lo
 
 
-def choose(candidates: Sequence[Candidate], t: RoutingThresholds, rng: random.Random | None = None) -> Candidate:
-    """The replica a request goes to (candidates must not be empty)."""
+def cost(c: Candidate, prompt_tokens: int, cached_tokens: int, w: LoadWeights, page_size: int = 1) -> float:
+    """Estimated tokens of prefill work before this request's first token on `c` (see the module docstring)."""
+    uncached = max(0, prompt_tokens - cached_tokens)
+    load = uncached * (1.0 + w.kv * c.kv_busy) + w.queued * c.queued_tokens + w.requests * c.requests
+    return load + w.evict * eviction_tokens(c, uncached, page_size)
+
+
+def eviction_tokens(c: Candidate, uncached: int, page_size: int) -> int:
+    """Cached tokens `uncached` new tokens would push out of `c`'s pool, each weighted by its page's uses."""
+    if c.free_tokens is None or uncached <= c.free_tokens:
+        return 0
+    pages = -(-(uncached - c.free_tokens) // page_size)
+    named = c.victim_uses[:pages]
+    return page_size * (sum(max(1, n) for n in named) + pages - len(named))
+
+
+def cheapest(
+    candidates: Sequence[Candidate],
+    prompt_tokens: int,
+    page_size: int,
+    t: RoutingThresholds | None = None,
+    w: LoadWeights | None = None,
+) -> list[Candidate]:
+    """The candidates a request of `prompt_tokens` tokens may go to: those within TIE_TOKENS of the lowest cost (in
+    the order given; candidates must not be empty)."""
     if not candidates:
         raise ValueError("no candidate replicas")
-    rng = rng or random
-    loads = [c.load for c in candidates]
-    best_match = max(c.matched_pages for c in candidates)
-    if not imbalanced(loads, t) and best_match >= t.min_match_pages:
-        pool = [c for c in candidates if c.matched_pages == best_match]
-    else:
-        pool = list(candidates)
-    best = min((c.load, c.held_pages) for c in pool)
-    return rng.choice([c for c in pool if (c.load, c.held_pages) == best])
+    t, w = t or RoutingThresholds(), w or LoadWeights()
+    use_cache = not imbalanced([c.requests for c in candidates], t)
+
+    def cached(c: Candidate) -> int:
+        if not use_cache or c.matched_pages < t.min_match_pages:
+            return 0
+        return min(c.matched_pages * page_size, prompt_tokens - 1)  # one token is always computed
+
+    costs = [cost(c, prompt_tokens, cached(c), w, page_size) for c in candidates]
+    best = min(costs)
+    return [c for c, x in zip(candidates, costs, strict=True) if x <= best + TIE_TOKENS]
+
+
+def choose(
+    candidates: Sequence[Candidate],
+    prompt_tokens: int,
+    page_size: int,
+    t: RoutingThresholds | None = None,
+    w: LoadWeights | None = None,
+    rng: random.Random | None = None,
+) -> Candidate:
+    """One of the cheapest, at random."""
+    return (rng or random).choice(cheapest(candidates, prompt_tokens, page_size, t, w))
+
+
+class Policy:
+    """The router's decision: thresholds, weights, and whose turn it is among tied candidates. Not thread-safe."""
+
+    def __init__(self, thresholds: RoutingThresholds | None = None, weights: LoadWeights | None = None) -> None:
+        self.thresholds = thresholds or RoutingThresholds()
+        self.weights = weights or LoadWeights()
+        self.ties = 0  # decisions that had several cheapest candidates
+
+    def pick(self, candidates: Sequence[Candidate], prompt_tokens: int, page_size: int) -> Candidate:
+        tied = cheapest(candidates, prompt_tokens, page_size, self.thresholds, self.weights)
+        if len(tied) == 1:
+            return tied[0]
+        tied.sort(key=lambda c: str(c.replica))
+        self.ties += 1
+        return tied[self.ties % len(tied)]

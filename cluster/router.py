@@ -1,28 +1,30 @@
-"""CacheAwareRouter: Ray Serve's pluggable request router, choosing the replica that holds the longest prefix.
+"""CacheAwareRouter: Ray Serve's pluggable request router, choosing the replica where a Generate's first token comes
+soonest: the one holding the longest prefix of its prompt, unless load elsewhere makes recomputing it cheaper.
 
 Ray Serve calls `choose_replicas` for every request sent through a handle to the EngineReplica deployment. For a
 Generate (a `Request` as first argument) it hashes the prompt's whole pages with the same chained page hash the
 replicas' cache events carry, asks its PrefixIndex how many leading pages each candidate holds in the request's
-namespace, and lets `policy.choose` weigh that against load. Other calls go to the least loaded replica.
+namespace, asks its LoadView for each candidate's load in tokens, and lets `policy.choose` weigh the two. Other
+calls go to the replica with the fewest requests.
 
-The index is fed by a background task long-polling the cluster's EventHub; it runs on the router's own event loop,
-so a routing decision is local work only (no remote call).
+The index and the load view (a FleetView) are fed by a background task long-polling the cluster's EventHub; it
+runs on the router's own event loop, so a routing decision is local work only (no remote call). Hub restarts: see
+cluster.view.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import random
-import threading
 import time
-from collections import defaultdict
-from typing import Any
 
 from ray.serve.request_router import PendingRequest, ReplicaID, ReplicaResult, RequestRouter, RunningReplica
 
-from radixcache.cluster.index import PrefixIndex
-from radixcache.cluster.policy import Candidate, RoutingThresholds, choose
+from radixcache.cluster.fleet_events import ReplicaTarget
+from radixcache.cluster.policy import Candidate, LoadWeights, Policy, RoutingThresholds
+from radixcache.cluster.view import FleetView
 from radixcache.events import page_hashes
 from radixcache.worker.request import Request
 
@@ -40,14 +42,25 @@ class CacheAwareRouter(RequestRouter):
         balance_rel: float = 1.5,
         min_match_pages: int = 1,
         inflight_ttl_s: float = 30.0,
+        queued_weight: float | None = None,
+        requests_weight: float | None = None,
+        kv_weight: float | None = None,
+        evict_weight: float | None = None,
     ) -> None:
+        defaults = LoadWeights()
         self.page_size = page_size
         self.thresholds = RoutingThresholds(balance_abs, balance_rel, min_match_pages)
-        self.index = PrefixIndex(inflight_ttl_s=inflight_ttl_s)
+        self.weights = LoadWeights(
+            defaults.queued if queued_weight is None else queued_weight,
+            defaults.requests if requests_weight is None else requests_weight,
+            defaults.kv if kv_weight is None else kv_weight,
+            defaults.evict if evict_weight is None else evict_weight,
+        )
+        self.view = FleetView(inflight_ttl_s=inflight_ttl_s)
+        self.index, self.loads, self.reuse = self.view.index, self.view.loads, self.view.reuse
         self.hub_name, self.hub_namespace = hub_name, hub_namespace
-        self._load: dict[str, int] = defaultdict(int)  # requests this router sent and not seen finish
-        self._load_lock = threading.Lock()  # done callbacks run on Ray's threads
         self._sync_task: asyncio.Task | None = None
+        self.policy = Policy(self.thresholds, self.weights)
         self._rng = random.Random()
         self.decision_seconds: list[float] = []  # bounded sample, for the benchmark
 
@@ -64,6 +77,9 @@ class CacheAwareRouter(RequestRouter):
         # back off between attempts instead of spinning the router's loop.
         pending_request.routing_context.should_backoff = True
         request = pending_request.args[0] if pending_request.args else None
+        if isinstance(request, ReplicaTarget):  # a call for one replica (its cache events)
+            named = [r for r in candidate_replicas if r.replica_id.to_full_id_str() == request.replica_id]
+            return [named or [self._least_loaded(candidate_replicas)]]
         if not isinstance(request, Request):
             return [[self._least_loaded(candidate_replicas)]]
         start = time.perf_counter()
@@ -74,19 +90,16 @@ class CacheAwareRouter(RequestRouter):
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: ReplicaResult) -> None:
         key = replica_id.to_full_id_str()
-        with self._load_lock:
-            self._load[key] += 1
-
-        def done(_: Any) -> None:
-            with self._load_lock:
-                self._load[key] = max(0, self._load[key] - 1)
-
-        result.add_done_callback(done)
         request = pending_request.args[0] if pending_request.args else None
+        uncached = 0
         if isinstance(request, Request):
-            self.index.routed(
-                key, request.namespace, page_hashes(request.prompt_ids, self.page_size, request.namespace)
-            )
+            hashes = page_hashes(request.prompt_ids, self.page_size, request.namespace)
+            cached = self.index.match(key, request.namespace, hashes) * self.page_size
+            uncached = max(0, len(request.prompt_ids) - cached)
+            self.index.routed(key, request.namespace, hashes)
+            self.reuse.routed(key, request.namespace, hashes)
+        sent = self.loads.routed(key, uncached)
+        result.add_done_callback(lambda _: self.loads.finished(key, sent))
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)
@@ -102,60 +115,37 @@ class CacheAwareRouter(RequestRouter):
     def route(self, request: Request, candidates: list[RunningReplica]) -> RunningReplica:
         hashes = page_hashes(request.prompt_ids, self.page_size, request.namespace)
         by_key = {r.replica_id.to_full_id_str(): r for r in candidates}
-        with self._load_lock:
-            scored = [
-                Candidate(
-                    key, self._load[key], self.index.match(key, request.namespace, hashes), self.index.held_pages(key)
-                )
-                for key in by_key
-            ]
-        return by_key[choose(scored, self.thresholds, self._rng).replica]
+        prompt = len(request.prompt_ids)
+        scored = [self._candidate(key, request.namespace, hashes, prompt) for key in by_key]
+        return by_key[self.policy.pick(scored, prompt, self.page_size).replica]
+
+    def _candidate(self, key: str, namespace: str, hashes: list[int], prompt: int) -> Candidate:
+        total = self.loads.pages_total(key)
+        free = None if total is None else max(0, total - self.index.held_pages(key)) * self.page_size
+        victims: list[int] = []
+        if free is not None and free < prompt:  # the prompt might not fit without evicting: what would go
+            victims = self.reuse.victim_uses(key, -(-(prompt - free) // self.page_size), self.index.holds)
+        return Candidate(
+            key,
+            requests=self.loads.requests(key),
+            matched_pages=self.index.match(key, namespace, hashes),
+            queued_tokens=self.loads.queued_tokens(key),
+            kv_busy=self.loads.kv_busy(key),
+            free_tokens=free,
+            victim_uses=tuple(victims),
+        )
 
     def _least_loaded(self, candidates: list[RunningReplica]) -> RunningReplica:
-        with self._load_lock:
-            least = min(self._load[r.replica_id.to_full_id_str()] for r in candidates)
-            pool = [r for r in candidates if self._load[r.replica_id.to_full_id_str()] == least]
-        return self._rng.choice(pool)
+        counts = [self.loads.requests(r.replica_id.to_full_id_str()) for r in candidates]
+        least = min(counts)
+        return self._rng.choice([r for r, n in zip(candidates, counts, strict=True) if n == least])
 
     def _forget(self, key: str) -> None:
-        self.index.forget(key)
-        with self._load_lock:
-            self._load.pop(key, None)
-        hub = self._hub()
-        if hub is not None:
-            hub.forget.remote(key)
-
-    # -- the event feed ------------------------------------------------------------------------------------------
-    def _hub(self) -> Any:
-        if self.hub_name is None:
-            return None
-        import ray
-
-        try:
-            return ray.get_actor(self.hub_name, namespace=self.hub_namespace)
-        except ValueError:
-            return None
+        self.view.forget(key)
 
     def _ensure_sync(self) -> None:
         if self._sync_task is None and self.hub_name is not None:
-            self._sync_task = asyncio.get_running_loop().create_task(self._sync())
+            from radixcache.cluster.hub import get_or_create_hub
 
-    async def _sync(self) -> None:
-        cursor = 0
-        while True:
-            hub = self._hub()
-            if hub is None:
-                await asyncio.sleep(0.5)
-                continue
-            try:
-                cursor, reset, batches = await hub.poll.remote(cursor, 1.0)
-            except Exception as e:  # the hub restarting: start over with a snapshot
-                log.warning("cache-event feed interrupted (%s); resubscribing", e)
-                cursor = 0
-                await asyncio.sleep(0.5)
-                continue
-            if reset:
-                for key in self.index.replicas():
-                    self.index.cleared(key)
-            for replica, events in batches:
-                self.index.apply(replica, events)
+            connect = functools.partial(get_or_create_hub, self.hub_name, self.hub_namespace)
+            self._sync_task = asyncio.get_running_loop().create_task(self.view.run(connect))

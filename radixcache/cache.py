@@ -151,6 +151,8 @@ class PrefixCache:
         self.tier = tier
         if tier is not None:
             tier.attach(self)
+        self._lookups: dict[str, list[int]] = {}  # namespace -> [queried, hit, copied] tokens
+        self._evicted_from: dict[str, int] = {}  # namespace -> its pages evicted
 
     # ---- the request path ------------------------------------------------------------------------------------
     def acquire(
@@ -213,6 +215,11 @@ class PrefixCache:
         self._queried += queried
         self._hit += hit
         self._copied += copied
+        if queried:
+            mine = self._lookups.setdefault(lease.namespace, [0, 0, 0])
+            mine[0] += queried
+            mine[1] += hit
+            mine[2] += copied
         lease._lookup = (0, 0, 0)
 
     def copied(self, lease: Lease) -> None:
@@ -346,37 +353,55 @@ class PrefixCache:
 
     def evict(self, num_pages: int) -> int:
         """Evict up to `num_pages` pages from LRU unlocked, unpinned leaves; returns pages freed."""
-        freed = self.tree.evict(num_pages)
+        freed = self.tree.evict(num_pages, self._evicted_from)
         if self.tier is not None:
             self.tier.spill(freed)
         self.allocator.decref(freed)
         self._evicted += len(freed)
         return len(freed)
 
-    def stats(self) -> CacheStats:
-        in_use = set()
-        for lease in self._leases.values():
-            in_use.update(lease.pages)
+    def stats(self, namespace: str | None = None) -> CacheStats:
+        """The whole cache's figures, or (namespace given) one tenant's view: that namespace's cached and pinned
+        pages, leases, pages they read, lookups and evicted pages, beside the pool's capacity (pages_total,
+        pages_free, pages_evictable, max_pinned_pages); the counters kept only for the whole cache read 0."""
+        tree = self.tree
+        evictable = tree.evictable_pages  # first: it expires due pins, which the pinned counts below must reflect
+        if namespace is None:
+            leases = list(self._leases.values())
+            queried, hit, copied = self._queried, self._hit, self._copied
+            own = {
+                "pages_cached": tree.cached_pages,
+                "pages_pinned": tree.pinned_pages,
+                "extended_pages": self._extended,
+                "published_pages": self._published,
+                "evicted_pages": self._evicted,
+                "flushed_pages": self._flushed,
+                "evictable_leaves": tree.evictable_leaves,
+                "namespaces": len(tree.namespaces()),
+                "pages_partial": tree.partial_pages,
+            }
+        else:
+            leases = [lease for lease in self._leases.values() if lease.namespace == namespace]
+            queried, hit, copied = self._lookups.get(namespace, (0, 0, 0))
+            own = {
+                "pages_cached": tree.namespace_cached.get(namespace, 0),
+                "pages_pinned": tree.namespace_pinned.get(namespace, 0),
+                "evicted_pages": self._evicted_from.get(namespace, 0),
+                "namespaces": int(namespace in tree.namespace_cached),
+            }
         return CacheStats(
             pages_total=self.num_pages,
             pages_free=self.allocator.num_free,
-            pages_cached=self.tree.cached_pages,
-            pages_evictable=self.tree.evictable_pages,
-            pages_pinned=self.tree.pinned_pages,
+            pages_evictable=evictable,
             max_pinned_pages=self.max_pinned_pages,
-            pages_in_use=len(in_use),
-            queried_tokens=self._queried,
-            hit_tokens=self._hit,
-            copied_tokens=self._copied,
-            extended_pages=self._extended,
-            published_pages=self._published,
-            evicted_pages=self._evicted,
-            flushed_pages=self._flushed,
-            live_leases=len(self._leases),
-            evictable_leaves=self.tree.evictable_leaves,
-            namespaces=len(self.tree.namespaces()),
-            pages_partial=self.tree.partial_pages,
-            **self._tier_stats(),
+            pages_in_use=len({page for lease in leases for page in lease.pages}),
+            live_leases=len(leases),
+            queried_tokens=queried,
+            hit_tokens=hit,
+            copied_tokens=copied,
+            **{"extended_pages": 0, "published_pages": 0, "flushed_pages": 0, "evictable_leaves": 0}
+            | own
+            | (self._tier_stats() if namespace is None else {}),  # the tiers' figures are the whole worker's
         )
 
     def _tier_stats(self) -> dict:
@@ -529,7 +554,7 @@ class PrefixCache:
                     f"(of {self.num_pages}; {held} cached pages are locked by {len(self._leases)} live leases or "
                     f"pinned, the rest are private to running requests)"
                 )
-            freed = self.tree.evict(n - free)
+            freed = self.tree.evict(n - free, self._evicted_from)
             if self.tier is not None:
                 self.tier.spill(freed)  # before the pages are free: their data is still in the pool
             self.allocator.decref(freed)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 class Node:
     __slots__ = ("key", "first", "pages", "parent", "children", "sorted_keys", "access", "lock", "own_locks")
-    __slots__ += ("pin_until", "pin_ref", "ev_key", "id", "evicted", "tail", "partial_children")
+    __slots__ += ("pin_until", "pin_ref", "ev_key", "id", "evicted", "tail", "partial_children", "namespace")
 
     def __init__(self, key: bytes, pages: list[int], parent: Node | None, node_id: int, access: int) -> None:
         self.key = key  # the edge's tokens, encoded: whole pages, except a leaf's last page may hold `tail` tokens
@@ -31,6 +31,7 @@ class Node:
         self.evicted = False
         self.tail = 0  # valid tokens in the last page when it is a partial tail (then a leaf), else 0
         self.partial_children = 0  # children whose only page is a partial tail (their `first` is shorter than a page)
+        self.namespace = parent.namespace if parent is not None else ""  # its root's (the tree sets roots' own)
 
 
 class Match:

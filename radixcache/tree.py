@@ -64,6 +64,9 @@ class RadixTree:
         self.protected_pages = 0  # pages in nodes whose subtree is locked or pinned
         self.pinned_pages = 0
         self.partial_pages = 0  # cached pages that hold a partial tail
+        # Per namespace (a tenant's view of the cache), kept with the totals above: cached and pinned pages.
+        self.namespace_cached: dict[str, int] = {}
+        self.namespace_pinned: dict[str, int] = {}
         self._sink: EventSink | None = None
 
     # ---- queries -------------------------------------------------------------------------------------------
@@ -80,6 +83,14 @@ class RadixTree:
 
     def namespaces(self) -> list[str]:
         return list(self._roots)
+
+    @staticmethod
+    def _count(table: dict[str, int], namespace: str, delta: int) -> None:
+        left = table.get(namespace, 0) + delta
+        if left:
+            table[namespace] = left
+        else:  # a namespace with nothing left takes no room
+            table.pop(namespace, None)
 
     def match(self, key: bytes, namespace: str = "", *, touch: bool = True) -> Match:
         """Longest cached prefix of `key`: whole pages, then the best partial page (token-exact, page_size > 1).
@@ -181,6 +192,7 @@ class RadixTree:
         node = self._roots.get(namespace)
         if node is None:
             node = self._roots[namespace] = Node(b"", [], None, next(self._ids), 0)
+            node.namespace = namespace
         self._tick += 1
         tick = self._tick
         node.access = tick
@@ -272,6 +284,7 @@ class RadixTree:
         node.pages = node.pages[:keep] + pages
         grown = len(pages) - 1
         self.cached_pages += grown
+        self._count(self.namespace_cached, namespace, grown)
         if node.lock or node.pin_ref:
             self.protected_pages += grown
         tail = len(key) % bpp // TOKEN_BYTES
@@ -316,6 +329,7 @@ class RadixTree:
                 if i == len(sk) or sk[i] != first:  # equal: a stale entry of an evicted child, current again
                     sk.insert(i, first)
         self.cached_pages += len(pages)
+        self._count(self.namespace_cached, namespace, len(pages))
         if parent.ev_key is not None:
             self._refresh(parent)
         node.ev_key = RECENT  # listed inline (insert hot path): the newest tick goes last in `recent`
@@ -410,10 +424,12 @@ class RadixTree:
         if old is None:
             self._pinned[node.id] = node
             self.pinned_pages += len(node.pages)
+            self._count(self.namespace_pinned, node.namespace, len(node.pages))
             self._adjust(node, 0, 1)
         elif until is None:
             del self._pinned[node.id]
             self.pinned_pages -= len(node.pages)
+            self._count(self.namespace_pinned, node.namespace, -len(node.pages))
             self._adjust(node, 0, -1)
 
     def pin(self, key: bytes, namespace: str = "", ttl: float | None = None) -> int:
@@ -470,9 +486,10 @@ class RadixTree:
         return count
 
     # ---- eviction ------------------------------------------------------------------------------------------
-    def evict(self, num_pages: int) -> list[int]:
+    def evict(self, num_pages: int, dropped: dict[str, int] | None = None) -> list[int]:
         """Drop up to `num_pages` pages from least recently used unprotected leaves (the tail of a leaf first when
-        only part of it is needed). Returns the dropped page ids; the caller releases the tree's reference."""
+        only part of it is needed). Returns the dropped page ids; the caller releases the tree's reference.
+        `dropped`, when given, is added the pages dropped per namespace."""
         if self._expiry:
             self.expire()
         bpp, need, freed, lru = self.bpp, num_pages, [], self._lru
@@ -492,9 +509,14 @@ class RadixTree:
                     self._sink.removed(node.pages[keep : n - 1] if node.tail else node.pages[keep:])
                 node.pages, node.key, node.tail = node.pages[:keep], node.key[: keep * bpp], 0
                 self.cached_pages -= need
+                self._count(self.namespace_cached, node.namespace, -need)
+                if dropped is not None:
+                    dropped[node.namespace] = dropped.get(node.namespace, 0) + need
                 break
             freed += self._drop_leaf(node)
             need -= n
+            if dropped is not None:
+                dropped[node.namespace] = dropped.get(node.namespace, 0) + n
         return freed
 
     def _drop_leaf(self, node: Node) -> list[int]:
@@ -506,6 +528,7 @@ class RadixTree:
         if node.tail:
             self.partial_pages -= 1
         self.cached_pages -= len(node.pages)
+        self._count(self.namespace_cached, node.namespace, -len(node.pages))
         parent = node.parent
         del parent.children[node.first]
         if len(node.first) < self.bpp:

@@ -24,12 +24,17 @@ def check_tree(tree: RadixTree) -> None:
     lru = tree._lru
     bpp, seen = tree.bpp, set()
     cached = protected = pinned = leaves = partial = 0
+    by_namespace: dict[str, list[int]] = {}  # namespace -> [cached, pinned]
     for namespace, root in tree._roots.items():
         assert root.parent is None and not root.pages and not root.key, f"root of {namespace!r} is malformed"
+        counts = by_namespace.setdefault(namespace, [0, 0])
         stack = [root]
         while stack:
             node = stack.pop()
             assert not node.evicted, f"evicted node {node.id} is reachable in namespace {namespace!r}"
+            assert node.namespace == namespace, f"node {node.id} says namespace {node.namespace!r}, is in {namespace!r}"
+            counts[0] += len(node.pages)
+            counts[1] += len(node.pages) if node.pin_until is not None else 0
             assert node is root or (
                 node.pages and (len(node.pages) - 1) * bpp < len(node.key) <= len(node.pages) * bpp
             ), f"bad edge {node.id}"
@@ -76,5 +81,8 @@ def check_tree(tree: RadixTree) -> None:
     assert (cached, protected, pinned, partial) == counters, (
         f"counters (cached, protected, pinned, partial) {counters} != recomputed {(cached, protected, pinned, partial)}"
     )
+    for i, (name, table) in enumerate((("cached", tree.namespace_cached), ("pinned", tree.namespace_pinned))):
+        recount = {ns: c[i] for ns, c in by_namespace.items() if c[i]}
+        assert table == recount, f"pages {name} per namespace {table} != recomputed {recount}"
     finite = sorted((n.pin_until, n.id) for n in tree._pinned.values() if n.pin_until != math.inf)
     assert list(tree._expiry) == finite, "pin expiry list out of sync"

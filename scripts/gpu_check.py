@@ -10,7 +10,9 @@ Sections (each row says ok / FAIL; exit status 1 if any check fails, 0 otherwise
 2. backend selection and fallbacks: fp32, head_dim 96 and a CPU device must give the torch backend under `auto`
    (and run a step), while an explicit `flashinfer` must refuse with its reason.
 3. kernels, on the configurations users hit: the default model's geometry (4 heads, 2 KV heads, head_dim 64) and
-   head_dim 128 with GQA groups 1, 4 and 8; bf16 and fp16; page sizes 1 and 16. Per configuration, one backend
+   head_dim 128 with GQA groups 1, 4 and 8; bf16 and fp16; page sizes 1 and 16; and Gemma-shaped stacks (head_dim
+   256, sliding layers of windows 1024 / 4096 beside a global one, Gemma 2's soft cap 50 and a scale that is not
+   1/sqrt(head_dim)), where the pages a sliding layer's window has left hold NaN. Per configuration, one backend
    lives through a scripted serving lifecycle: re-planned every step, prefill / decode / mixed steps alternating,
    3 layers per plan, a partial prefix hit starting mid-page through KVPool.copy_prefix, a chunked prefill on a
    sequence's own prefix, and a context of 8k tokens. Every step and layer is compared with the torch backend in
@@ -77,7 +79,12 @@ import torch  # noqa: E402
 
 from radixcache.pool import KVPool, KVShape  # noqa: E402
 from radixcache.worker.attention import AttentionBackend, BatchLayout, SequenceSlice, create_backend  # noqa: E402
-from radixcache.worker.attention.base import BackendUnavailableError, resolve_backend_name  # noqa: E402
+from radixcache.worker.attention.base import (  # noqa: E402
+    AttentionOptions,
+    BackendUnavailableError,
+    resolve_backend_name,
+)
+from radixcache.worker.attention.window import first_visible  # noqa: E402
 
 log = logging.getLogger("radixcache.gpu_check")
 LAYERS = 3
@@ -129,29 +136,40 @@ class Config:
     head_dim: int
     dtype: torch.dtype
     page_size: int
+    attention: AttentionOptions = AttentionOptions()  # per layer of the LAYERS: windows, scale, soft cap
 
     @property
     def group(self) -> int:
         return self.heads // self.kv_heads
 
     def options(self) -> dict[str, Any]:
-        return {"num_heads": self.heads, "num_kv_heads": self.kv_heads, "head_dim": self.head_dim, "dtype": self.dtype}
+        return {"num_heads": self.heads, "num_kv_heads": self.kv_heads, "head_dim": self.head_dim, "dtype": self.dtype,
+                "attention": self.attention}  # fmt: skip
 
 
 GEOMETRIES = [("default model", 4, 2, 64), ("hd128 group 4", 32, 8, 128), ("hd128 group 1", 8, 8, 128)]
 GEOMETRIES += [("hd128 group 8", 64, 8, 128)]
+# Gemma 2 (9B's heads, 27B's scale 144 ** -0.5, its soft cap, window 4096) and Gemma 3 (1B: window 512 here 1024).
+GEMMA2 = AttentionOptions(scale=144**-0.5, soft_cap=50.0, windows=(4096, None, 4096))
+GEMMA3 = AttentionOptions(windows=(1024, 1024, None))
 
 
 def config_matrix() -> list[Config]:
-    """Every geometry x dtype x page size, most used first (the default model in bf16, then head_dim 128), so the
-    time budget cuts the rarest; each new (dtype, head_dim) pair JIT-compiles its own kernels."""
+    """Every geometry x dtype x page size, most used first (the default model in bf16, then head_dim 128), the
+    Gemma-shaped sliding stacks after the bf16 page-16 ones, so the time budget cuts the rarest; each new (dtype,
+    head_dim) pair JIT-compiles its own kernels."""
     configs = [
         Config(label, heads, kv_heads, dim, dtype, page)
         for dtype in (torch.bfloat16, torch.float16)
         for page in (16, 1)
         for label, heads, kv_heads, dim in GEOMETRIES
     ]
-    return configs
+    sliding = [
+        Config("gemma2 sliding", 16, 8, 256, torch.bfloat16, 16, GEMMA2),
+        Config("gemma3 sliding", 4, 1, 256, torch.bfloat16, 16, GEMMA3),
+        Config("gemma3 sliding", 4, 1, 256, torch.float16, 1, GEMMA3),
+    ]
+    return configs[: len(GEOMETRIES)] + sliding + configs[len(GEOMETRIES) :]
 
 
 # --- one configuration through a serving lifecycle -----------------------------------------------------------------
@@ -217,14 +235,30 @@ def per_sequence_errors(got: torch.Tensor, want: torch.Tensor, layout: BatchLayo
 
 
 def nan_buffer_check(backend: AttentionBackend, q: torch.Tensor, kv_layer: torch.Tensor, got: torch.Tensor) -> bool:
-    """Run the planned FlashInfer kernel again into a NaN-filled buffer: every element must be written, and equal
-    to what forward returned. True for backends without a wrapper (nothing to check)."""
-    wrapper = getattr(backend, "_decode" if getattr(backend, "_use_decode", False) else "_prefill", None)
-    if wrapper is None:
+    """Run layer 0's planned FlashInfer kernel again into a NaN-filled buffer: every element must be written, and
+    equal to what forward returned. True for backends without wrappers (nothing to check)."""
+    wrappers = getattr(backend, "_decode" if getattr(backend, "_use_decode", False) else "_prefill", None)
+    if wrappers is None:
         return True
+    wrapper = wrappers[backend.attention.window(0)]
     out = torch.full_like(q, float("nan"))
     wrapper.run(q.contiguous(), kv_layer, out=out)
     return bool(torch.isfinite(out).all()) and torch.equal(out, got)
+
+
+def poison_left_pages(pools: list[KVPool], seqs: dict[str, SeqState], attention: AttentionOptions) -> None:
+    """NaN into each sliding layer's pages that no sequence's window reaches any more (every holder's next query
+    sees none of it): what a window-aware cache may give back, so no backend may read them."""
+    ps = pools[0].page_size
+    for layer in range(LAYERS):
+        window = attention.window(layer)
+        if window is None:
+            continue
+        held = {p for seq in seqs.values() for p in seq.pages}
+        needed = {p for seq in seqs.values() for p in seq.pages[first_visible(seq.length, window) // ps :]}
+        dead = sorted(held - needed)
+        for pool in pools:
+            pool.kv[layer, dead] = float("nan")
 
 
 def run_case(
@@ -256,7 +290,7 @@ def run_case(
             seq.pages.append(free.pop())
 
     candidate = make_candidate(config)
-    reference = create_backend("torch", device)
+    reference = create_backend("torch", device, attention=config.attention)
     for step_no, spec in enumerate(lifecycle(context)):
         slices, names = [], []
         for name, new in spec.work:
@@ -280,6 +314,7 @@ def run_case(
             slices.append(SequenceSlice(list(seq.pages), seq.length, new))
             names.append(name)
         layout = BatchLayout.build(slices, ps, device)
+        poison_left_pages([pool, ref_pool], seqs, config.attention)
         step_start = time.monotonic()
         candidate.begin_step(layout)
         reference.begin_step(layout)
@@ -298,7 +333,7 @@ def run_case(
                     result.worst_error, result.worst_where = err, f"{name}@{step_no + 1}"
                 if not err <= TOLERANCE.get(config.dtype, 1e-4):
                     result.problems.append(f"{where}: sequence {name} rel err {err:.2e}")
-            if not torch.equal(pool.layer(layer).float(), ref_pool.layer(layer)):
+            if not torch.equal(pool.layer(layer).float().nan_to_num(), ref_pool.layer(layer).nan_to_num()):
                 result.problems.append(f"{where}: K/V not written to the same slots")
             if layer == 0 and not nan_buffer_check(candidate, q, pool.layer(layer), got):
                 result.problems.append(f"{where}: the kernel left elements unwritten (NaN buffer)")
@@ -614,7 +649,7 @@ def main(argv: list[str] | None = None) -> int:
                 report,
                 dry,
                 "cpu",
-                lambda c: create_backend("torch", "cpu"),
+                lambda c: create_backend("torch", "cpu", attention=c.attention),
                 context=args.context or 256,
                 deadline=deadline,
             )

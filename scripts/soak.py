@@ -34,6 +34,7 @@ from worker_process import WorkerProcess  # noqa: E402
 from radixcache.client import Client  # noqa: E402
 
 TOKENS = {"tok-alice": "alice", "tok-bob": "bob"}
+ADMIN = "tok-ops"  # the whole worker's stats (leases, pages, preemptions); a tenant's show its own
 ALICE = (("authorization", "Bearer tok-alice"),)
 
 
@@ -61,7 +62,7 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         tokens_file = Path(tmp) / "tokens.txt"
-        tokens_file.write_text("".join(f"{t} {tenant}\n" for t, tenant in TOKENS.items()))
+        tokens_file.write_text("".join(f"{t} {tenant}\n" for t, tenant in TOKENS.items()) + f"{ADMIN} ops admin\n")
         model = ("--random-model",) if args.random_model else ()
         worker_args = ["--kv-pages", "48", "--max-step-tokens", "128", "--auth-tokens", str(tokens_file)]
         with WorkerProcess(*worker_args, model=model) as worker:
@@ -76,13 +77,13 @@ def main() -> int:
             expected = reference_tokens(worker.target, "tok-alice", workload)
             warm = run_chaos(worker.target, TOKENS, workload, expected, count=args.warmup, seed=args.seed + 1,
                              concurrency=args.concurrency, seconds=600)  # fmt: skip
-            wait_idle(worker.target, "tok-alice")
+            wait_idle(worker.target, ADMIN)
             rss_before = rss_mb(pid)
             say(f"warm-up: {warm.requests} requests; worker RSS {rss_before:.1f} MB")
             started = time.monotonic()
             report = run_chaos(worker.target, TOKENS, workload, expected, count=args.requests, seed=args.seed + 2,
                                concurrency=args.concurrency, seconds=1800)  # fmt: skip
-            idle = wait_idle(worker.target, "tok-alice")
+            idle = wait_idle(worker.target, ADMIN)
             rss_after = rss_mb(pid)
             say(
                 f"chaos: {report.requests} requests in {time.monotonic() - started:.0f} s, {report.cancelled} "
@@ -94,12 +95,12 @@ def main() -> int:
             say(f"fuzz: {fuzz.calls} calls, statuses {dict(fuzz.statuses)}")
             stall = measure_loop_stall(worker.target, seconds=args.stall_seconds, metadata=ALICE)
             say(f"loop stall: {stall}")
-            leaks = {t: wait_idle(worker.target, t) for t in TOKENS}
+            leaks = {t: wait_idle(worker.target, t) for t in [*TOKENS, ADMIN]}
             rss_end = rss_mb(pid)
             worker.terminate()
             exit_code = worker.wait(60)
             log = worker.log()
-    s = leaks["tok-alice"]
+    s = leaks[ADMIN]
     leaked = int(s["live_leases"])
     pages_ok = s["pages_in_use"] == 0 and s["pages_free"] + s["pages_cached"] == s["pages_total"]
     broken = report.broken + warm.broken + [f"fuzz: {u}" for u in fuzz.unexpected]

@@ -35,7 +35,16 @@ def byte_tokenizer() -> Tokenizer:
     return Tokenizer(tok, eos_token=EOS)
 
 
-def tiny_model(seed: int = 0, *, with_eos: bool = True, context: int = 4096) -> LoadedModel:
+# A Gemma-shaped tiny decoder: a sliding layer of window 8 beside a global one, with every switch Gemma 2/3 set.
+SLIDING = dict(
+    layer_kinds=("sliding", "global"), sliding_window=8, qk_norm=True, norm_plus_one=True, sandwich_norms=True,
+    embedding_scale=8.0, hidden_act="gelu_pytorch_tanh", query_pre_attn_scalar=24.0, attn_logit_softcap=20.0,
+    rope_local_theta=1e4,
+)  # fmt: skip
+
+
+def tiny_model(seed: int = 0, *, with_eos: bool = True, context: int = 4096, **fields: object) -> LoadedModel:
+    """`fields`: further ModelConfig fields (SLIDING: a sliding-window model)."""
     tokenizer = byte_tokenizer()
     config = tiny_config(
         vocab_size=tokenizer.vocab_size,
@@ -43,6 +52,7 @@ def tiny_model(seed: int = 0, *, with_eos: bool = True, context: int = 4096) -> 
         intermediate_size=128,
         max_position_embeddings=context,
         eos_token_ids=(tokenizer.token_to_id(EOS),) if with_eos else (),
+        **fields,
     )
     loaded = random_model(config, seed=seed, std=0.3)
     loaded.tokenizer = tokenizer

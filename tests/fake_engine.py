@@ -125,17 +125,22 @@ class FakeEngine:
             self._lock.notify_all()
             return True
 
-    def stats(self) -> SimpleNamespace:
+    def stats(self, namespace: str | None = None) -> SimpleNamespace:
+        """The whole fake's figures, or (namespace) that tenant's: its requests and pins; capacity is shared."""
+
+        def mine(ns: str) -> bool:
+            return namespace is None or ns == namespace
+
         with self._lock:
-            running = len(self._seqs)
+            running = sum(mine(s.request.namespace) for s in self._seqs.values())
             cache = SimpleNamespace(
                 pages_total=self.num_pages,
-                pages_free=self.num_pages - running,
+                pages_free=self.num_pages - len(self._seqs),
                 pages_cached=0,
                 pages_evictable=0,
-                pages_pinned=len(self.pins),
+                pages_pinned=sum(mine(ns) for ns, _ in self.pins),
                 pages_in_use=running,
-                queried_tokens=sum(len(r.prompt_ids) for r in self.submitted),
+                queried_tokens=sum(len(r.prompt_ids) for r in self.submitted if mine(r.namespace)),
                 hit_tokens=0,
                 evicted_pages=0,
                 live_leases=running,

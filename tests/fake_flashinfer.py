@@ -4,9 +4,11 @@ FakeFlashInfer is a module to put in sys.modules["flashinfer"]. Its two wrappers
 run() parameters of 0.6.1 under the same names (a misspelt keyword is a TypeError, as it would be there), record
 every call, and check what the real kernels assume: int32 index arrays, NHD paged K/V of the planned geometry and
 dtype, q in the planned dtype. run() then computes what FlashInfer documents, in float32 torch: each sequence's
-K/V gathered through kv_indptr / kv_indices / last_page_len, query head h reading KV head h // group, softmax
-scaled by sm_scale, and for a causal prefill the mask aligned bottom-right (query i of n sees KV positions up to
-kv_len - n + i). So a test checks the arguments and what they mean, not only that a call happened.
+K/V gathered through kv_indptr / kv_indices / last_page_len, query head h reading KV head h // group, scores
+scaled by sm_scale and, with logits_soft_cap, capped to cap * tanh(x / cap), for a causal prefill the mask aligned
+bottom-right (query i of n sees KV positions up to kv_len - n + i; a decode query is the last position), and with
+window_left >= 0 only the window_left positions before that one besides it. So a test checks the arguments and what
+they mean, not only that a call happened.
 
 With hopper=True, prefill plan() refuses a head_dim outside 64/128/256 as the FA3 module's compile does, while
 decode accepts it: the failure a decode-only warm-up cannot see.
@@ -43,6 +45,8 @@ class Plan:
     sm_scale: float | None
     q_data_type: torch.dtype
     kv_data_type: torch.dtype
+    window_left: int = -1
+    logits_soft_cap: float | None = None
 
 
 def _int32_list(name: str, t: torch.Tensor) -> list[int]:
@@ -74,6 +78,8 @@ class _Wrapper:
         batch = len(plan.last_page_len)
         assert len(plan.qo_indptr) == len(plan.kv_indptr) == batch + 1 and plan.kv_indptr[-1] == len(plan.kv_indices)
         assert all(1 <= n <= plan.page_size for n in plan.last_page_len), plan.last_page_len
+        assert isinstance(plan.window_left, int) and plan.window_left >= -1, plan.window_left
+        assert plan.logits_soft_cap is None or plan.logits_soft_cap > 0, plan.logits_soft_cap
         self.plan_info = plan
         self.lib.calls.append((self.kind, "plan", plan))
 
@@ -100,6 +106,7 @@ class _Wrapper:
         assert (page_size, kv_heads, dim) == (plan.page_size, plan.num_kv_heads, plan.head_dim), paged_kv_cache.shape
         assert paged_kv_cache.dtype == plan.kv_data_type, (paged_kv_cache.dtype, plan.kv_data_type)
         assert q.dtype == plan.q_data_type and tuple(q.shape) == (plan.qo_indptr[-1], plan.num_qo_heads, dim)
+        assert window_left is None, "the window is planned (plan() picks the kernel by it), not passed to run()"
         group = plan.num_qo_heads // kv_heads
         scale = plan.sm_scale if plan.sm_scale is not None else 1.0 / math.sqrt(dim)
         result = torch.empty(q.shape, dtype=torch.float32)
@@ -113,9 +120,14 @@ class _Wrapper:
             n = qb.shape[0]
             keys, values = keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1)
             scores = torch.einsum("nhd,lhd->hnl", qb, keys) * scale
-            if plan.causal:
-                visible = torch.arange(kv_len)[None, :] <= (kv_len - n + torch.arange(n))[:, None]
-                scores = scores.masked_fill(~visible, float("-inf"))
+            if plan.logits_soft_cap is not None:
+                scores = plan.logits_soft_cap * torch.tanh(scores / plan.logits_soft_cap)
+            last = (kv_len - n + torch.arange(n))[:, None] if plan.causal else torch.full((n, 1), kv_len - 1)
+            kv_pos = torch.arange(kv_len)[None, :]
+            visible = kv_pos <= last if plan.causal else torch.ones(n, kv_len, dtype=torch.bool)
+            if plan.window_left >= 0:
+                visible = visible & (kv_pos >= last - plan.window_left)
+            scores = scores.masked_fill(~visible, float("-inf"))
             result[rows] = torch.einsum("hnl,lhd->nhd", scores.softmax(-1), values)
         if out is None:
             return result.to(q.dtype)
@@ -186,6 +198,8 @@ class BatchPrefillWithPagedKVCacheWrapper(_Wrapper):
             sm_scale,
             q_dtype,
             _dtype(kv_data_type) if kv_data_type is not None else q_dtype,
+            window_left,
+            logits_soft_cap,
         )
         self._plan(plan, pos_encoding_mode)
 
@@ -247,6 +261,8 @@ class BatchDecodeWithPagedKVCacheWrapper(_Wrapper):
             sm_scale,
             q_dtype,
             _dtype(kv_data_type) if kv_data_type is not None else q_dtype,
+            window_left,
+            logits_soft_cap,
         )
         self._plan(plan, pos_encoding_mode)
 

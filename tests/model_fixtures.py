@@ -1,4 +1,4 @@
-"""Tiny random Hugging Face checkpoints (Llama, Mistral, Qwen2) saved to disk, for parity and loader tests.
+"""Tiny random Hugging Face checkpoints of every supported architecture saved to disk, for parity and loader tests.
 
 Every checkpoint is a real folder (config.json, model.safetensors, tokenizer.json, tokenizer_config.json) built
 with transformers' save_pretrained and a byte-level BPE trained here with `tokenizers`, so load_checkpoint runs
@@ -52,8 +52,18 @@ def build_tokenizer_files(folder: Path, with_chat_template: bool = True) -> None
     (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
 
 
+WINDOW = 8  # the sliding window of the sliding-window fixtures: their test sequences span several windows
+# What Gemma 2 and 3 fixtures share: a sliding layer, then a global one, and a scale other than head_dim ** -0.5.
+GEMMA = dict(
+    head_dim=16, sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention"], query_pre_attn_scalar=24
+)
+
+
 def hf_config(arch: str, **overrides: object):  # noqa: ANN201 (transformers config class)
-    """A tiny transformers config of `arch` (hidden 64, 2 layers, 4 heads over 2 KV heads)."""
+    """A tiny transformers config of `arch` (hidden 64, 2 layers, 4 heads over 2 KV heads), each exercising what its
+    architecture adds: Mistral slides every layer over WINDOW tokens; Gemma 2/3 interleave a sliding and a global
+    layer with a query_pre_attn_scalar != head_dim (Gemma 2 soft-caps tightly enough to matter, Gemma 3 scales the
+    global RoPE linearly); Phi-3 has longrope with a partial rotary."""
     import transformers
 
     common = dict(
@@ -84,11 +94,42 @@ def hf_config(arch: str, **overrides: object):  # noqa: ANN201 (transformers con
         )
         cls = transformers.LlamaConfig
     elif arch == "MistralForCausalLM":
-        common.update(sliding_window=None, head_dim=32, rope_theta=1e6)  # head_dim != hidden/heads
+        common.update(sliding_window=WINDOW, head_dim=32, rope_theta=1e6)  # head_dim != hidden/heads
         cls = transformers.MistralConfig
     elif arch == "Qwen2ForCausalLM":
         common.update(num_key_value_heads=1, rope_theta=1e6)  # GQA ratio 4, q/k/v bias
         cls = transformers.Qwen2Config
+    elif arch == "Qwen3ForCausalLM":
+        common.update(head_dim=32, tie_word_embeddings=True, rope_theta=1e6)  # q/k norms over head_dim 32
+        cls = transformers.Qwen3Config
+    elif arch == "Gemma2ForCausalLM":
+        common.update(GEMMA, attn_logit_softcapping=4.0, final_logit_softcapping=8.0)
+        cls = transformers.Gemma2Config
+    elif arch == "Gemma3ForCausalLM":
+        common.update(
+            GEMMA,
+            rope_parameters={
+                "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+            },
+        )
+        cls = transformers.Gemma3TextConfig
+    elif arch == "Phi3ForCausalLM":
+        # longrope: the served context (512) is past original_max_position_embeddings (16), so the long factors
+        # apply, as transformers applies them to every sequence longer than 16 tokens (the tests' prompts are).
+        common.update(
+            max_position_embeddings=512,
+            original_max_position_embeddings=16,
+            rope_parameters={
+                "rope_type": "longrope",
+                "rope_theta": 1e4,
+                "partial_rotary_factor": 0.5,
+                "short_factor": [1.0, 1.2, 1.5, 2.0],
+                "long_factor": [1.0, 2.0, 4.0, 8.0],
+            },
+            pad_token_id=None,
+        )
+        cls = transformers.Phi3Config
     else:
         raise ValueError(arch)
     common.update(overrides)

@@ -1,4 +1,5 @@
-"""The torch attention backend against a naive dense reference, on random paged layouts."""
+"""The torch attention backend against a naive dense reference, on random paged layouts (sliding windows, scale and
+soft cap included)."""
 
 from __future__ import annotations
 
@@ -10,28 +11,44 @@ import pytest
 import torch
 
 from radixcache.pool import KVPool, KVShape
-from radixcache.worker.attention import BatchLayout, SequenceSlice, create_backend
-from radixcache.worker.attention.base import AttentionBackend
+from radixcache.worker.attention import BatchLayout, SequenceSlice, create_backend, torch_backend
+from radixcache.worker.attention.base import AttentionBackend, AttentionOptions
 
 
-def dense_reference(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, num_cached: int) -> torch.Tensor:
-    """One sequence, float64, explicit causal mask: q [n, H, D], keys/values [L, KVH, D] for positions 0..L-1."""
+def dense_reference(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    num_cached: int,
+    *,
+    window: int | None = None,
+    scale: float | None = None,
+    soft_cap: float | None = None,
+) -> torch.Tensor:
+    """One sequence, float64, explicit mask: q [n, H, D], keys/values [L, KVH, D] for positions 0..L-1. Query i (at
+    position num_cached + i) sees keys up to its own position, and with a window only the last `window` of them."""
     n, heads, dim = q.shape
     group = heads // keys.shape[1]
     out = torch.empty(n, heads, dim, dtype=torch.float64)
     for h in range(heads):
         kh, vh = keys[:, h // group].double(), values[:, h // group].double()
-        scores = q[:, h].double() @ kh.T / math.sqrt(dim)
+        scores = q[:, h].double() @ kh.T * (scale if scale is not None else 1 / math.sqrt(dim))
+        if soft_cap is not None:
+            scores = soft_cap * torch.tanh(scores / soft_cap)
         for i in range(n):
-            scores[i, num_cached + i + 1 :] = float("-inf")
+            pos = num_cached + i
+            scores[i, pos + 1 :] = float("-inf")
+            if window is not None:
+                scores[i, : max(0, pos - window + 1)] = float("-inf")
         out[:, h] = torch.softmax(scores, dim=-1) @ vh
     return out
 
 
-def random_case(rng: random.Random, page_size: int, heads: int, kv_heads: int, dim: int, kinds: str):
-    """Random batch: kinds is a string of 'p' (prefill chunk, maybe on a cached prefix) and 'd' (decode)."""
+def random_case(rng: random.Random, page_size: int, heads: int, kv_heads: int, dim: int, kinds: str, layers: int = 1):  # noqa: ANN201
+    """Random batch: kinds is a string of 'p' (prefill chunk, maybe on a cached prefix) and 'd' (decode). The cached
+    prefix is written into every layer of the pool."""
     num_pages = 400
-    pool = KVPool(KVShape(1, kv_heads, dim), page_size=page_size, num_pages=num_pages)
+    pool = KVPool(KVShape(layers, kv_heads, dim), page_size=page_size, num_pages=num_pages)
     pool.kv.normal_()  # stale garbage everywhere: only the right slots may be read
     free = list(range(num_pages))
     rng.shuffle(free)  # block tables are scattered, not contiguous
@@ -43,8 +60,8 @@ def random_case(rng: random.Random, page_size: int, heads: int, kv_heads: int, d
         pages = [free.pop() for _ in range(-(-total // page_size) + rng.randint(0, 1))]  # maybe one spare page
         keys, values = torch.randn(total, kv_heads, dim), torch.randn(total, kv_heads, dim)
         for pos in range(cached):  # the cached prefix lives in the pages already
-            pool.kv[0, pages[pos // page_size], 0, pos % page_size] = keys[pos]
-            pool.kv[0, pages[pos // page_size], 1, pos % page_size] = values[pos]
+            pool.kv[:, pages[pos // page_size], 0, pos % page_size] = keys[pos]
+            pool.kv[:, pages[pos // page_size], 1, pos % page_size] = values[pos]
         slices.append(SequenceSlice(pages, cached, new))
         dense_k.append(keys)
         dense_v.append(values)
@@ -79,6 +96,54 @@ def test_torch_backend_matches_dense_reference(page_size: int, group: int, kinds
             assert torch.equal(pool.kv[0, page, 0, slot], keys[pos])
             assert torch.equal(pool.kv[0, page, 1, slot], values[pos])
         start += s.num_new
+
+
+@pytest.mark.parametrize("page_size", [1, 4, 16])
+@pytest.mark.parametrize("kinds", ["p", "dddd", "pdpd"])
+@pytest.mark.parametrize(("soft_cap", "block_rows"), [(None, None), (2.0, None), (2.0, 3)])
+def test_sliding_and_global_layers_match_the_dense_reference_without_reading_outside_the_window(
+    page_size: int, kinds: str, soft_cap: float | None, block_rows: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Layer 0 slides over 5 positions, layer 1 is global, both with a scale of 0.3 (and a soft cap, whose explicit
+    scores may be formed a few query rows at a time). The pages a sliding layer's window has left hold NaN in layer
+    0: the backend must never read them (a cache may give them back), and both layers must attend as the dense
+    reference does."""
+    if block_rows is not None:  # a budget of 3 query rows' scores per block (4 heads x <= 70 keys)
+        monkeypatch.setattr(torch_backend, "SCORE_BLOCK_ELEMENTS", block_rows * 4 * 70)
+    torch.manual_seed(0)
+    rng = random.Random(f"window-{page_size}-{kinds}")
+    window, kv_heads, dim = 5, 2, 16
+    pool, layout, slices, q, k, v, dense_k, dense_v = random_case(rng, page_size, 4, kv_heads, dim, kinds, layers=2)
+    poisoned = 0
+    for s in slices:
+        first_seen = max(0, s.num_cached - window + 1)  # the step's first query sees no earlier position
+        for page in s.pages[: first_seen // page_size]:
+            pool.kv[0, page] = float("nan")
+            poisoned += 1
+    assert poisoned or (kinds == "p" and page_size > 1)  # (seeded: those draw a prefix shorter than a page)
+    options = AttentionOptions(scale=0.3, soft_cap=soft_cap, windows=(window, None))
+    backend = create_backend("torch", attention=options)
+    backend.begin_step(layout)
+    for layer, layer_window in ((0, window), (1, None)):
+        out = backend.forward(layer, q, k, v, pool.layer(layer), layout)
+        start = 0
+        for s, keys, values in zip(slices, dense_k, dense_v, strict=True):
+            want = dense_reference(
+                q[start : start + s.num_new], keys, values, s.num_cached, window=layer_window, scale=0.3,
+                soft_cap=soft_cap,
+            )  # fmt: skip
+            torch.testing.assert_close(out[start : start + s.num_new].double(), want, atol=1e-5, rtol=1e-5)
+            start += s.num_new
+
+
+def test_attention_options_are_checked_and_normalised() -> None:
+    assert AttentionOptions(windows=(None, None)) == AttentionOptions()  # all global is the default
+    assert AttentionOptions(windows=(8, None, 8)).distinct_windows == (None, 8)
+    assert AttentionOptions(windows=(8, 8)).distinct_windows == (8,)
+    assert AttentionOptions().window(3) is None and AttentionOptions(windows=(8, None)).window(0) == 8
+    for bad in ({"scale": 0.0}, {"soft_cap": float("inf")}, {"windows": (0, None)}):
+        with pytest.raises(ValueError, match="attention"):
+            AttentionOptions(**bad)
 
 
 def test_torch_backend_bfloat16_close_to_float32() -> None:

@@ -209,6 +209,28 @@ def test_pin_ttl_expires_on_the_injected_clock() -> None:
     assert cache.unpin([1, 1]) == 0
 
 
+def test_a_namespaces_stats_count_only_its_pages_pins_lookups_and_evictions() -> None:
+    clock = FakeClock()
+    cache = PrefixCache(8, 2, clock=clock)
+    serve(cache, "a1", [1, 2, 3, 4], "alice")
+    serve(cache, "a2", [1, 2, 3, 4, 5], "alice")  # hits the 4 tokens alice cached
+    assert cache.pin([1, 2], "alice", ttl=10) == 2
+    serve(cache, "b1", [7, 7, 7, 7, 7, 7], "bob")
+    alice, bob, carol = cache.stats("alice"), cache.stats("bob"), cache.stats("carol")
+    assert (alice.queried_tokens, alice.hit_tokens, bob.queried_tokens, bob.hit_tokens) == (9, 4, 6, 0)
+    assert (alice.pages_cached, alice.pages_pinned, bob.pages_cached, bob.pages_pinned) == (3, 1, 3, 0)
+    assert carol.pages_cached == carol.queried_tokens == carol.live_leases == 0
+    serve(cache, "b2", [8, 8, 8, 8, 8, 8, 8, 8], "bob")  # 4 pages into a full pool: evicts LRU leaves, not the pin
+    alice, bob = cache.stats("alice"), cache.stats("bob")
+    assert alice.evicted_pages + bob.evicted_pages == cache.stats().evicted_pages > 0
+    assert alice.pages_cached == 3 - alice.evicted_pages and alice.pages_pinned == 1
+    clock.now = 10.0  # the pin's TTL runs out: the namespace's pinned count follows
+    assert cache.stats("alice").pages_pinned == 0 and cache.stats().pages_pinned == 0
+    for view in (alice, bob, carol):  # the pool's capacity is everyone's
+        assert view.pages_total == 8 and view.max_pinned_pages == cache.stats().max_pinned_pages
+    cache.check(idle=True)
+
+
 def test_unpin_and_pin_without_ttl() -> None:
     cache = PrefixCache(4, 1)
     serve(cache, "sys", [1, 2, 3])

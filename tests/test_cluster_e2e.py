@@ -6,6 +6,7 @@ One Ray instance for the module (it takes ~20 s to start on 2 cores); each test 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import socket
@@ -22,12 +23,16 @@ from radixcache.client import Client
 from radixcache.cluster.app import ClusterOptions, build_app, grpc_options
 from radixcache.cluster.policy import RoutingThresholds
 from radixcache.events import page_hashes
+from radixcache.v1 import radixcache_pb2 as pb
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(300)]
 
 PAGE, PAGES = 16, 64
+INFLIGHT_TTL_S = 1.0  # short, so a test can wait until only cache events (not prompts in flight) guide routing
+GRACE_S = 3.0  # a replica being stopped hands back what still streams after this
 HOGS = 4  # long streams sharing one prefix: all stick to its replica, whose load is then imbalanced
-TOKENS = {"tok-alice": "alice", "tok-bob": "bob"}
+TOKENS = {"tok-alice": "alice", "tok-bob": "bob", "tok-admin": "ops"}
+ADMINS = frozenset({"tok-admin"})  # may read every replica's cache events
 
 
 def free_port() -> int:
@@ -39,18 +44,24 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def cluster():
     port, http_port = free_port(), free_port()
+    zmq_base = free_port()  # replica rank r (on this one node) publishes its ZMQ feed to zmq_base + r
+    argv = ["--random-model", "--page-size", str(PAGE), "--kv-pages", str(PAGES), "--max-step-tokens", "64"]
     options = ClusterOptions(
-        serve_argv=["--random-model", "--page-size", str(PAGE), "--kv-pages", str(PAGES), "--max-step-tokens", "64"],
+        serve_argv=[*argv, "--kv-events-endpoint", f"tcp://127.0.0.1:{zmq_base}"],
         replicas=2,
         thresholds=RoutingThresholds(balance_abs=3, balance_rel=1.5),  # 4 streams on one replica: imbalanced
         auth_tokens=TOKENS,
+        admin_tokens=ADMINS,
         app_name="rc-test",
+        inflight_ttl_s=INFLIGHT_TTL_S,
+        grace_period_s=GRACE_S,
     )
     ray.init(num_cpus=3, include_dashboard=False, namespace=options.hub_namespace, log_to_driver=False)
     try:
         serve.start(grpc_options=grpc_options(port), http_options=HTTPOptions(host="127.0.0.1", port=http_port))
         serve.run(build_app(options), name=options.app_name)
         options.http_port = http_port  # for the OpenAI test
+        options.zmq_base = zmq_base
         yield f"127.0.0.1:{port}", options
     finally:
         serve.shutdown()
@@ -233,6 +244,67 @@ def test_a_killed_replica_ends_its_streams_and_the_fleet_serves_on(cluster):
         wait_idle(c, timeout=60)
 
 
+def routed_by_events(client: Client, salts: range) -> int:
+    """How many of these new prefixes' second requests hit the replica that computed the first, sent once the
+    prompts in flight expired (so only the cache events can say where each prefix is)."""
+    prefixes = [ids(64, salt=s) for s in salts]
+    for p in prefixes:
+        generate(client, p + [5])
+    time.sleep(INFLIGHT_TTL_S + 0.3)
+    return sum(generate(client, p + [6])["cached"] >= 64 for p in prefixes)
+
+
+def background_streams(target: str, n: int, salt: int) -> tuple[list[threading.Thread], list[Exception]]:
+    """n streams of 150 tokens, running once this returns; what they raise lands in the list."""
+    errors: list[Exception] = []
+    started = threading.Event()
+
+    def stream(i: int) -> None:
+        try:
+            with Client(target, token="tok-alice") as s:
+                for _ in s.generate(token_ids=ids(40, salt=salt + i), max_tokens=150, ignore_eos=True):
+                    started.set()
+        except Exception as e:  # noqa: BLE001 - the caller asserts there is none
+            errors.append(e)
+
+    threads = [threading.Thread(target=stream, args=(i,), daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    assert started.wait(60)
+    return threads, errors
+
+
+def test_a_killed_event_hub_comes_back_fed_and_routing_recovers(cluster):
+    target, options = cluster
+    with Client(target, token="tok-alice") as c:
+        assert routed_by_events(c, range(800, 804)) == 4  # the events route, before any kill
+        timeline = {}
+        for kill, no_restart in (("restarted", False), ("recreated", True)):
+            threads, errors = background_streams(target, 3, salt=900 + 10 * no_restart)
+            hub = ray.get_actor(options.hub_name, namespace=options.hub_namespace)
+            killed = time.monotonic()
+            ray.kill(hub, no_restart=no_restart)  # under load: three streams running
+            deadline = killed + 60
+            while True:  # Ray restarts it (or the first replica to look creates another); the replicas register
+                try:
+                    hub = ray.get_actor(options.hub_name, namespace=options.hub_namespace)
+                    if len(ray.get(hub.replicas.remote(), timeout=5)) == 2:
+                        break
+                except Exception:  # noqa: BLE001 - not back yet
+                    pass
+                assert time.monotonic() < deadline, "the replicas did not register with the new hub"
+                time.sleep(0.05)
+            registered = time.monotonic() - killed
+            hits = routed_by_events(c, range(810 + 10 * no_restart, 818 + 10 * no_restart))
+            timeline[kill] = {"registered_s": round(registered, 2), "hits_of_8": hits}
+            for t in threads:
+                t.join(120)
+            assert not errors, errors  # the streams under way never noticed
+            assert hits >= 7, timeline  # new prefixes land where the events (through the new hub) say they are
+        print("hub kill timeline:", timeline)
+        wait_idle(c)
+
+
 def test_the_openai_api_is_served_for_the_fleet(cluster):
     import openai
 
@@ -289,3 +361,105 @@ def test_a_forced_tool_call_is_served_by_the_fleet(cluster):
     assert set(json.loads(call.function.arguments)) == {"city"}
     with Client(target, token="tok-alice") as c:
         wait_idle(c)
+
+
+def test_the_fleets_cache_events_come_from_every_replica_tagged_with_it(cluster):
+    target, options = cluster
+    with Client(target, token="tok-alice") as c:
+        with pytest.raises(grpc.RpcError) as refused:
+            next(iter(c.cache_events(timeout=30)))
+        assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED  # events show every tenant's tokens
+        replicas = {r["replica_id"] for r in c.stats()["replicas"]}
+    with Client(target, token="tok-admin") as admin, Client(target, token="tok-alice") as alice:
+        stream = admin.cache_events(timeout=120)
+        snapshots: set[str] = set()
+        for batch in stream:  # first, each replica's snapshot
+            if batch.kind == pb.CACHE_EVENT_BATCH_KIND_SNAPSHOT and batch.snapshot_complete:
+                snapshots.add(batch.replica_id)
+            if snapshots == replicas:
+                break
+        prefix = ids(64, salt=1500)
+        first_page = page_hashes(prefix, PAGE, "alice")[0]
+        generate(alice, prefix + [5])
+        for batch in stream:  # then live events, each from the replica whose cache changed
+            stored = [h for e in batch.events if e.WhichOneof("event") == "stored" for h in e.stored.page_hashes]
+            if batch.kind == pb.CACHE_EVENT_BATCH_KIND_EVENTS and first_page in stored:
+                holder = batch.replica_id
+                break
+        stream.close()
+    assert holders(options, prefix, "alice", expect=1) == 1
+    hub = ray.get_actor(options.hub_name, namespace=options.hub_namespace)
+    assert first_page in ray.get(hub.cached_hashes.remote(holder, "alice"))  # the tag names the replica holding it
+
+
+def test_each_replica_publishes_its_own_zmq_feed(cluster):
+    """vLLM's data-parallel rule: replica of local rank r on the endpoint's port + r, its batches tagged with its
+    rank in the deployment (data_parallel_rank)."""
+    import msgpack
+    import zmq
+
+    target, options = cluster
+    ctx = zmq.Context()
+    subs = []
+    try:
+        for r in range(2):
+            sub = ctx.socket(zmq.SUB)
+            sub.setsockopt(zmq.SUBSCRIBE, b"")
+            sub.setsockopt(zmq.LINGER, 0)
+            sub.bind(f"tcp://127.0.0.1:{options.zmq_base + r}")  # the replicas connect (a concrete host)
+            subs.append(sub)
+        ranks: dict[int, set[int]] = {0: set(), 1: set()}
+        deadline = time.monotonic() + 60
+        salt = 1600
+        with Client(target, token="tok-alice") as c:
+            while time.monotonic() < deadline and not all(ranks.values()):
+                generate(c, ids(64, salt=salt) + [5])  # new prefixes: stored events, on one replica or the other
+                salt += 1
+                for port_offset, sub in enumerate(subs):
+                    while sub.poll(50):
+                        _, _, payload = sub.recv_multipart()
+                        ranks[port_offset].add(msgpack.unpackb(payload)[2])
+        assert all(ranks.values()), ranks  # both replicas publish, each on its own port
+        assert ranks[0] | ranks[1] == {0, 1} and not ranks[0] & ranks[1]  # one rank per feed, no two alike
+    finally:
+        for sub in subs:
+            sub.close(linger=0)
+        ctx.term()
+
+
+def test_a_replica_scaled_away_drains_then_hands_back_its_streams(cluster):
+    """Last in the module: it leaves one replica. Streams longer than the grace period on the replica Serve stops
+    end with UNAVAILABLE saying so, at the grace period (not cut when the actor is killed); the others finish."""
+    target, options = cluster
+    outcomes: dict[int, object] = {}
+
+    def stream(i: int) -> None:
+        try:
+            with Client(target, token="tok-alice") as s:
+                chunks = list(s.generate(token_ids=ids(8, salt=1000 + i), max_tokens=1000, ignore_eos=True))
+                outcomes[i] = chunks[-1].finish_reason
+        except grpc.RpcError as e:
+            outcomes[i] = (e.code(), e.details())
+
+    with Client(target, token="tok-alice") as c:
+        threads = [threading.Thread(target=stream, args=(i,), daemon=True) for i in range(4)]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # both replicas stream (tied prompts take turns)
+            busy = [r["running"] for r in c.stats()["replicas"]]
+            if len(busy) == 2 and min(busy) >= 1:
+                break
+            time.sleep(0.05)
+        assert len(busy) == 2 and min(busy) >= 1, busy
+        started = time.monotonic()
+        serve.run(build_app(dataclasses.replace(options, replicas=1)), name=options.app_name)  # scale down
+        for t in threads:
+            t.join(180)
+        assert len(c.stats()["replicas"]) == 1
+    handed_back = [o for o in outcomes.values() if isinstance(o, tuple)]
+    assert handed_back, outcomes  # the stopped replica had streams longer than the grace period
+    for code, details in handed_back:
+        assert code == grpc.StatusCode.UNAVAILABLE and "drained" in details, details
+    assert all(o == "length" for o in outcomes.values() if not isinstance(o, tuple)), outcomes
+    assert time.monotonic() - started < 60  # within grace + margin, not Serve's kill after a long wait

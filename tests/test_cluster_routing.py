@@ -1,4 +1,5 @@
-"""The cluster's routing pieces without Ray: the prefix index, the policy, the event hub's log and snapshots."""
+"""The cluster's routing pieces without Ray: the prefix index, the policy, the load view, the event hub's log and
+snapshots, and the feed between replicas, hub and routers across hub restarts (actor handles faked in-process)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,14 @@ import random
 import pytest
 from helpers import FakeClock
 
-from radixcache.cluster.hub import EventHub
+from radixcache.cluster.events_feed import HubLink
+from radixcache.cluster.hub import REPORT_DRAIN, REPORT_OK, REPORT_REGISTER, EventHub, Poll
 from radixcache.cluster.index import PrefixIndex
-from radixcache.cluster.policy import Candidate, RoutingThresholds, choose, imbalanced
+from radixcache.cluster.load import LoadView
+from radixcache.cluster.policy import Candidate, LoadWeights, Policy, RoutingThresholds, choose, cost, imbalanced
+from radixcache.cluster.reuse import ReuseTracker
+from radixcache.cluster.view import FleetView
+from radixcache.worker.engine_api import EngineLoad
 
 
 def test_match_counts_leading_cached_pages_per_namespace():
@@ -57,32 +63,104 @@ def test_apply_replays_hub_events_and_snapshot_round_trips():
         index.apply("a", [("bogus",)])
 
 
+PAGE = 16
+
+
 def test_policy_prefers_the_longest_match_unless_load_is_imbalanced():
     t = RoutingThresholds(balance_abs=4, balance_rel=2.0, min_match_pages=2)
     rng = random.Random(0)
-    cached = Candidate("a", load=3, matched_pages=10)
-    idle = Candidate("b", load=0, matched_pages=0)
-    assert choose([cached, idle], t, rng).replica == "a"  # 3 - 0 is within balance_abs
-    busy = Candidate("a", load=9, matched_pages=10)
+    prompt = 10 * PAGE + 5
+    cached = Candidate("a", requests=3, matched_pages=10)
+    idle = Candidate("b", requests=0, matched_pages=0)
+    assert choose([cached, idle], prompt, PAGE, t, rng=rng).replica == "a"  # 3 - 0 is within balance_abs
+    busy = Candidate("a", requests=9, matched_pages=10)
     assert imbalanced([9, 0], t)
-    assert choose([busy, idle], t, rng).replica == "b"
+    assert choose([busy, idle], prompt, PAGE, t, rng=rng).replica == "b"
     assert not imbalanced([9, 5], t)  # 9 is less than 2x 5: still balanced
-    assert choose([busy, Candidate("b", 5, 0)], t, rng).replica == "a"
-    short = Candidate("a", load=1, matched_pages=1)  # below min_match_pages: load decides
-    assert choose([short, idle], t, rng).replica == "b"
+    assert choose([busy, Candidate("b", 5, 0)], prompt, PAGE, t, rng=rng).replica == "a"
+    short = Candidate("a", requests=1, matched_pages=1)  # below min_match_pages: load decides
+    assert choose([short, idle], prompt, PAGE, t, rng=rng).replica == "b"
     tie = [Candidate("a", 2, 4), Candidate("b", 1, 4)]
-    assert choose(tie, t, rng).replica == "b"  # equal matches: the less loaded
-    fuller = [Candidate("a", 0, 0, held_pages=300), Candidate("b", 0, 0, held_pages=100)]
-    assert choose(fuller, t, rng).replica == "b"  # a new prefix goes where memory is freest
+    assert choose(tie, prompt, PAGE, t, rng=rng).replica == "b"  # equal matches: the less loaded
+
+
+def test_policy_weighs_cached_tokens_against_load_in_tokens():
+    w = LoadWeights(queued=1.0, requests=32.0, kv=1.0)  # requests weighs more than its default here
+    rng = random.Random(0)
+    prompt = 64 * PAGE  # 1,024 tokens, all cached on "a"
+    cached = dict(replica="a", requests=0, matched_pages=64)
+    # The cached prefix is worth ~1,023 tokens of prefill: a queue shorter than that keeps the request there...
+    a = Candidate(**cached, queued_tokens=900)
+    assert choose([a, Candidate("b", 0, 0)], prompt, PAGE, w=w, rng=rng).replica == "a"
+    # ...a longer one makes recomputing it on the idle replica sooner.
+    a = Candidate(**cached, queued_tokens=1100)
+    assert choose([a, Candidate("b", 0, 0)], prompt, PAGE, w=w, rng=rng).replica == "b"
+    # Running requests count 32 tokens each, below the imbalance rule (counts 0 and 40 would be imbalanced).
+    assert cost(Candidate("a", 31, 64), prompt, prompt - 1, w) < cost(Candidate("b", 0, 0), prompt, 0, w)
+    assert cost(Candidate("a", 33, 64), prompt, prompt - 1, w) > cost(Candidate("b", 0, 0), prompt, 0, w)
+    # No match anywhere: the replica whose KV pool is less busy computes it (its pages need not wait or evict).
+    full, free = Candidate("a", 0, 0, kv_busy=0.9), Candidate("b", 0, 0, kv_busy=0.1)
+    assert choose([full, free], prompt, PAGE, w=w, rng=rng).replica == "b"
+    # ...but a pool busy with the prompt's own cached prefix costs nothing: only uncached tokens need pages.
+    assert cost(Candidate("a", 0, 64, kv_busy=0.9), prompt, prompt - 1, w) == pytest.approx(1 + 0.9)
+    # A new prefix goes where it fits without pushing cached pages out (a restarted, empty replica takes it).
+    fresh, full = Candidate("new", 0, 0, free_tokens=4096), Candidate("old", 0, 0, free_tokens=100)
+    assert choose([full, fresh], prompt, PAGE, w=w, rng=rng).replica == "new"
+    assert cost(full, prompt, 0, w) == cost(fresh, prompt, 0, w) + (prompt - 100)
+    roomy = [Candidate("a", 0, 0, free_tokens=2000), Candidate("b", 0, 0, free_tokens=4000)]
+    assert cost(roomy[0], prompt, 0, w) == cost(roomy[1], prompt, 0, w)  # both have room: no preference
+    with pytest.raises(ValueError, match="requests"):
+        LoadWeights(requests=-1)
 
 
 def test_policy_spreads_prompts_that_share_nothing():
-    t = RoutingThresholds()
+    policy = Policy()
+    counts = {"a": 0, "b": 0, "c": 0}
+    for _ in range(20):  # tied candidates take turns: exactly even, however few prompts
+        counts[policy.pick([Candidate("b", 0, 0), Candidate("a", 0, 0)], 128, PAGE).replica] += 1
+    assert counts == {"a": 10, "b": 10, "c": 0}
+    assert policy.pick([Candidate("a", 0, 0), Candidate("b", 1, 0)], 128, PAGE).replica == "a"  # no tie: no turn
+    assert policy.pick([Candidate("a", 0, 0), Candidate("b", 1, 0)], 128, PAGE).replica == "a"
     rng = random.Random(1)
-    counts = {"a": 0, "b": 0}
-    for _ in range(200):
-        counts[choose([Candidate("a", 0, 0), Candidate("b", 0, 0)], t, rng).replica] += 1
-    assert max(counts.values()) <= 120
+    for _ in range(200):  # `choose` breaks ties at random
+        counts[choose([Candidate("a", 0, 0), Candidate("c", 0, 0)], 128, PAGE, rng=rng).replica] += 1
+    assert 80 <= counts["c"] <= 120
+
+
+def test_a_new_prefix_displaces_the_least_asked_for_cache():
+    w = LoadWeights()
+    prompt = 4 * PAGE
+    hot = Candidate("hot", 0, 0, free_tokens=0, victim_uses=(9, 9, 8, 8))  # would evict pages asked for 8-9 times
+    cold = Candidate("cold", 0, 0, free_tokens=0, victim_uses=(1, 1, 1, 0))
+    assert choose([hot, cold], prompt, PAGE, w=w).replica == "cold"
+    assert cost(cold, prompt, 0, w, PAGE) == prompt + PAGE * 4  # each page at least once: the plain evicted tokens
+    assert cost(hot, prompt, 0, w, PAGE) == prompt + PAGE * 34
+    roomy = Candidate("roomy", 0, 0, free_tokens=2 * PAGE, victim_uses=(9, 9, 8, 8))  # evicts only 2 pages
+    assert cost(roomy, prompt, 0, w, PAGE) == prompt + PAGE * 18
+    unnamed = Candidate("x", 0, 0, free_tokens=0, victim_uses=(5,))  # pages the mirror cannot name count once
+    assert cost(unnamed, prompt, 0, w, PAGE) == prompt + PAGE * (5 + 3)
+
+
+def test_reuse_tracker_mirrors_each_replicas_lru_order_and_counts_uses():
+    reuse = ReuseTracker(age_every=4)
+    held = {("a", "", h) for h in (1, 2, 3, 4, 5)}
+
+    def holds(replica, namespace, h):
+        return (replica, namespace, h) in held
+
+    reuse.apply("a", [("stored", "", [1, 2])])  # computed (a pin, a generated turn): joins the back, never asked for
+    reuse.routed("a", "", [3, 4])
+    reuse.routed("a", "", [3, 4, 5])
+    reuse.routed("a", "", [1])  # asked for again: moves to the back
+    assert reuse.victim_uses("a", 3, holds) == [0, 2, 2]  # pages 2, 3, 4 go first
+    held.discard(("a", "", 3))  # the index says it is gone (an event the mirror missed): dropped on the way
+    assert reuse.victim_uses("a", 10, holds) == [0, 2, 1, 1]
+    reuse.apply("a", [("removed", "", [2]), ("cleared", "x")])
+    assert reuse.victim_uses("a", 10, holds) == [2, 1, 1]
+    reuse.routed("a", "", [5])  # the 4th routed prompt: every count halves
+    assert (reuse.uses("", 4), reuse.uses("", 5), reuse.uses("", 1)) == (1, 1, 0)  # 2, 2, 1 halved
+    reuse.apply("a", [("reset",)])
+    assert reuse.victim_uses("a", 10, holds) == [] and reuse.victim_uses("b", 1, holds) == []
 
 
 def test_thresholds_are_validated():
@@ -91,29 +169,183 @@ def test_thresholds_are_validated():
     with pytest.raises(ValueError, match="min_match_pages"):
         RoutingThresholds(min_match_pages=0)
     with pytest.raises(ValueError, match="no candidate"):
-        choose([], RoutingThresholds())
+        choose([], 16, PAGE)
+
+
+def load(running=0, waiting=0, queued=0, busy=0, total=100) -> EngineLoad:
+    return EngineLoad(running, waiting, queued, busy, total, steps=0)
+
+
+def test_load_view_adds_what_the_router_sent_until_a_report_covers_it():
+    clock = FakeClock()
+    view = LoadView(report_lag_s=0.2, max_age_s=5.0, clock=clock)
+    first, second = view.routed("a", 1000), view.routed("a", 24)
+    assert (view.requests("a"), view.queued_tokens("a"), view.kv_busy("a")) == (2, 1024, 0.0)
+    clock.now = 0.1
+    view.reported("a", load(running=1, queued=1000, busy=25))  # sent 0.1 s ago: maybe not in it yet
+    assert view.queued_tokens("a") == 1000 + 1024 and view.kv_busy("a") == 0.25
+    clock.now = 0.5
+    view.reported("a", load(running=5, queued=300))  # arrived 0.5 s after the sends: includes them
+    assert view.queued_tokens("a") == 300
+    assert view.requests("a") == 5  # the replica's count (other routers' requests too) when larger than ours
+    view.finished("a", first)
+    view.finished("a", second)
+    view.reported("a", load())
+    assert view.requests("a") == 0
+    done = view.routed("b", 70)
+    view.finished("b", done)
+    assert view.queued_tokens("b") == 0  # a request that ended queues nothing, report or not
+    view.routed("b", 50)
+    clock.now = 10.0  # no report ever came (the hub is down): what was sent ages out
+    assert view.queued_tokens("b") == 0 and view.requests("b") == 1
+    assert view.pages_total("a") == 100 and view.pages_total("b") is None
+    view.forget("b")
+    assert view.requests("b") == 0
 
 
 def test_hub_log_snapshot_and_forget():
     async def scenario() -> None:
         hub = EventHub(max_log=3)
-        await hub.register("r1")
-        await hub.register("r2")
-        await hub.publish("r1", [("stored", "", [1, 2])])
-        cursor, reset, batches = await hub.poll(0, 0.01)  # a new router: a snapshot
-        assert reset and dict(batches)["r1"] == [("reset",), ("stored", "", [1, 2])]
-        await hub.publish("r2", [("stored", "", [5])])
-        cursor2, reset, batches = await hub.poll(cursor, 0.01)
-        assert not reset and batches == [("r2", [("stored", "", [5])])] and cursor2 == cursor + 1
-        assert await hub.poll(cursor2, 0.01) == (cursor2, False, [])  # nothing new: waits, then empty
+        epoch = await hub.register("r1")
+        assert await hub.register("r2") == epoch
+        await hub.publish("r1", epoch, [("stored", "", [1, 2])])
+        first = await hub.poll(0, None, 0.01)  # a new router: a snapshot
+        assert (
+            first.reset and first.epoch == epoch and dict(first.batches)["r1"] == [("reset",), ("stored", "", [1, 2])]
+        )
+        await hub.publish("r2", epoch, [("stored", "", [5])])
+        second = await hub.poll(first.cursor, epoch, 0.01)
+        assert not second.reset and second.batches == [("r2", [("stored", "", [5])])]
+        assert second.cursor == first.cursor + 1
+        assert await hub.poll(second.cursor, epoch, 0.01) == Poll(epoch, second.cursor, False, [], {})
         for i in range(5):  # the log keeps 3 batches: a router that far behind gets a snapshot
-            await hub.publish("r1", [("stored", "", [10 + i])])
-        _, reset, batches = await hub.poll(cursor2, 0.01)
-        assert reset and dict(batches)["r2"] == [("reset",), ("stored", "", [5])]
+            await hub.publish("r1", epoch, [("stored", "", [10 + i])])
+        behind = await hub.poll(second.cursor, epoch, 0.01)
+        assert behind.reset and dict(behind.batches)["r2"] == [("reset",), ("stored", "", [5])]
+        assert await hub.report("r1", epoch, load(queued=7)) == REPORT_OK
+        assert (await hub.poll(behind.cursor, epoch, 0.01)).loads == {"r1": load(queued=7)}
         await hub.forget("r2")
         assert await hub.replicas() == ["r1"]
-        await hub.publish("r2", [("stored", "", [6])])  # a late batch from the dead replica is dropped
-        _, reset, batches = await hub.poll(0, 0.01)
-        assert "r2" not in dict(batches)
+        await hub.publish("r2", epoch, [("stored", "", [6])])  # a late batch from the dead replica is dropped
+        assert "r2" not in dict((await hub.poll(0, None, 0.01)).batches)
+        assert await hub.report("r2", epoch, load()) == REPORT_DRAIN  # ...and, if it still runs, that it is stopped
+        assert await hub.register("r2") == epoch and await hub.report("r2", epoch, load()) == REPORT_OK  # came back
+
+    asyncio.run(scenario())
+
+
+def test_a_new_hub_has_a_new_epoch_and_refuses_the_old_one():
+    async def scenario() -> None:
+        old, new = EventHub(), EventHub()
+        old_epoch = await old.register("r1")
+        new_epoch = await new.register("r1")
+        assert old_epoch != new_epoch
+        await new.publish("r1", old_epoch, [("stored", "", [1])])  # sent before the restart: dropped
+        assert await new.cached_hashes("r1", "") == set()
+        assert await new.report("r1", old_epoch, load()) == REPORT_REGISTER  # register (and resync) again
+        poll = await new.poll(17, old_epoch, 0.01)  # a router that followed the old hub: this one's snapshot
+        assert poll.reset and poll.epoch == new_epoch and poll.batches == [("r1", [("reset",)])]
+
+    asyncio.run(scenario())
+
+
+def test_fleet_view_keeps_a_replica_until_it_registers_with_a_restarted_hub():
+    clock = FakeClock()
+    view = FleetView(stale_s=10.0, clock=clock)
+    view.apply(Poll("e1", 2, True, [("a", [("reset",), ("stored", "", [1, 2])]), ("b", [("stored", "", [3])])], {}))
+    assert view.index.match("a", "", [1, 2]) == 2
+    view.apply(Poll("e2", 1, True, [("b", [("reset",)])], {}))  # the hub restarted; only b registered so far
+    assert view.index.match("a", "", [1, 2]) == 2 and view.unconfirmed == ["a"]  # a's cache did not go anywhere
+    assert view.index.cached_hashes("b", "") == set() and view.hub_restarts == 1
+    view.apply(Poll("e2", 2, False, [("a", [("reset",), ("stored", "", [1])])], {}))  # a registered and resent
+    assert view.index.match("a", "", [1, 2]) == 1 and view.unconfirmed == []
+    view.apply(Poll("e3", 0, True, [], {"b": load(queued=5)}))  # another restart: nobody registers in time
+    clock.now = 11.0
+    view.apply(Poll("e3", 0, False, [], {}))
+    assert view.index.cached_hashes("a", "") == set() and view.unconfirmed == []
+    assert view.loads.queued_tokens("b") == 5
+    view.apply(Poll("e3", 1, False, [("a", [("stored", "", [9])])], {}))
+    view.apply(Poll("e3", 9, True, [("b", [("reset",)])], {}))  # same hub, fell behind: a is gone from it
+    assert view.index.cached_hashes("a", "") == set()
+
+
+class FakeActor:
+    """An actor handle over an object in this process: `handle.method.remote(...)` schedules the coroutine.
+    `kill()` makes every later call fail, as calls to a dead actor do."""
+
+    def __init__(self, target: object) -> None:
+        self.target, self.dead = target, False
+
+    def __getattr__(self, name: str):
+        actor = self
+
+        class Method:
+            @staticmethod
+            def remote(*args):
+                async def call():
+                    if actor.dead:
+                        raise RuntimeError("actor died")
+                    return await getattr(actor.target, name)(*args)
+
+                return asyncio.ensure_future(call())
+
+        return Method
+
+
+def test_replicas_and_routers_recover_from_a_hub_restart():
+    """The replica's link and the router's view, wired through an in-process hub that is killed and replaced (as
+    Ray restarts it: same name, empty, new epoch): both find the new one and the router's view of the replica's
+    cache is whole again within one report period, with the events in between included."""
+
+    async def scenario() -> None:
+        hubs = [FakeActor(EventHub())]
+        cache: set[int] = set()  # what the replica's engine holds (its snapshot)
+        resyncs = []
+
+        link = HubLink("r1", connect=lambda: hubs[-1], load=lambda: asyncio.sleep(0, load(queued=3)),
+                       resync=lambda: asyncio.sleep(0, resyncs.append(1)), period_s=0.01)  # fmt: skip
+
+        def store(*hashes: int) -> None:
+            cache.update(hashes)
+            link.publish([("stored", "", list(hashes))])
+
+        async def resync() -> None:  # what CacheEventHub.resync_publishers does: a reset + the whole cache
+            resyncs.append(1)
+            link.publish([("reset",), ("stored", "", sorted(cache))])
+
+        link._resync = resync
+        await link.register()
+        link.start()
+        view = FleetView()
+        feed = asyncio.ensure_future(view.run(lambda: hubs[-1], retry_s=0.01))
+        store(1, 2)
+
+        async def until(condition, timeout=5.0) -> float:
+            start = asyncio.get_running_loop().time()
+            while not condition():
+                assert asyncio.get_running_loop().time() - start < timeout, "not recovered"
+                await asyncio.sleep(0.005)
+            return asyncio.get_running_loop().time() - start
+
+        await until(lambda: view.index.cached_hashes("r1", "") == {1, 2})
+        hubs[-1].dead = True
+        hubs.append(FakeActor(EventHub()))  # restarted: empty, another epoch
+        store(3)  # lost with the old hub
+        await until(lambda: view.index.cached_hashes("r1", "") == {1, 2, 3})
+        assert view.hub_restarts == 1 and resyncs and link.registrations == 2
+        assert view.loads.queued_tokens("r1") == 3  # load reports flow again too (as plain dicts)
+        assert (await hubs[-1].target.poll(0, None, 0.01)).loads["r1"]["queued_prefill_tokens"] == 3
+        store(4)  # and live events after the resync
+        await until(lambda: 4 in view.index.cached_hashes("r1", ""))
+        assert await link.check() == REPORT_OK  # registered: nothing to do
+        drained = []
+        link._on_drain = lambda: drained.append(1)
+        await hubs[-1].target.forget("r1")  # a router retired it: Serve is stopping this replica
+        assert await link.check() == REPORT_DRAIN and drained == [1]
+        registrations = link.registrations
+        await asyncio.sleep(0.05)
+        assert link._task.done() and link.registrations == registrations  # it stops reporting, registers no more
+        await link.close()
+        feed.cancel()
 
     asyncio.run(scenario())

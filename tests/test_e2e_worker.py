@@ -20,7 +20,7 @@ from radixcache.worker.cli import default_model_path
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
 PAGE, PAGES = 16, 96  # a 1536-token pool: small enough to put it under pressure
-TOKENS = "tok-alice alice\ntok-bob bob\n"
+TOKENS = "tok-alice alice\ntok-bob bob\ntok-ops ops admin\n"
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +42,8 @@ def alice(worker):
 
 
 def wait_idle(worker, timeout: float = 10.0) -> dict:
-    """Stats once nothing runs; asserts no lease or page leaked."""
-    with Client(worker.target, token="tok-alice") as c:
+    """The whole worker's stats (an admin's view) once nothing runs; asserts no lease or page leaked."""
+    with Client(worker.target, token="tok-ops") as c:
         deadline = time.monotonic() + timeout
         while True:
             s = c.stats()
@@ -166,6 +166,25 @@ def test_auth_and_tenant_isolation(worker):
         assert a.generate_text(token_ids=prompt, max_tokens=2).cached_tokens == 0
         assert b.generate_text(token_ids=prompt, max_tokens=2).cached_tokens == 0  # alice's pages are not bob's
         assert a.generate_text(token_ids=prompt, max_tokens=2).cached_tokens >= 80
+
+
+def test_stats_show_a_tenant_its_own_figures_and_an_admin_the_whole_workers(worker):
+    with Client(worker.target, token="tok-alice") as a, Client(worker.target, token="tok-bob") as b:
+        a.flush(), b.flush()
+        with Client(worker.target, token="tok-ops") as ops:
+            before = {"alice": a.stats(), "bob": b.stats(), "ops": ops.stats()}
+            a.generate_text(token_ids=ids(96, 21), max_tokens=2)
+            a.generate_text(token_ids=ids(96, 21), max_tokens=2)
+            after = {"alice": a.stats(), "bob": b.stats(), "ops": ops.stats()}
+    grew = {who: after[who]["queried_tokens"] - before[who]["queried_tokens"] for who in after}
+    assert grew == {"alice": 192, "bob": 0, "ops": 192}  # bob sees nothing of alice's traffic
+    assert (
+        after["alice"]["hit_tokens"] - before["alice"]["hit_tokens"] >= 80
+        and after["bob"]["hit_tokens"] == (before["bob"]["hit_tokens"])
+    )
+    assert after["bob"]["pages_cached"] == 0 < after["alice"]["pages_cached"] <= after["ops"]["pages_cached"]
+    assert after["bob"]["pages_total"] == after["ops"]["pages_total"] == PAGES  # the pool's capacity is shared
+    assert after["bob"]["replicas"] == []
 
 
 def test_pin_survives_pressure(worker, alice):

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import random
 import threading
 
 import pytest
-from engine_fixtures import tiny_model
+from engine_fixtures import SLIDING, tiny_model
 
 from radixcache.worker.engine import Engine, EngineConfig, RequestTooLargeError
 from radixcache.worker.request import FinishReason, Request, RequestOutput, SamplingParams
@@ -58,6 +59,14 @@ def run_alone(model, prompt: list[int], params: SamplingParams, page_size: int =
     return sink.tokens("alone")
 
 
+def run_requests(engine: Engine, requests: list[Request]) -> Collector:
+    sink = Collector()
+    for r in requests:
+        engine.submit(r, sink)
+    engine.run_until_idle()
+    return sink
+
+
 def workload(n: int, seed: int = 0) -> list[list[int]]:
     """Prompts sharing a few prefixes (like system prompts), with suffixes of different lengths."""
     rng = random.Random(seed)
@@ -98,6 +107,26 @@ def test_memory_pressure_preempts_and_still_gives_identical_answers(model):
     assert engine.stats().preemptions > 0
     for i, prompt in enumerate(prompts):
         assert sink.tokens(f"p{i}") == run_alone(model, prompt, params, page_size=page)
+    assert_clean(engine)
+
+
+def test_a_sliding_window_model_answers_as_with_the_cache_off_under_pressure():
+    """Prompts that share prefixes several windows long (window 8), hits, preemptions: every answer equals the
+    request run alone with the cache off. The window does not cap the context."""
+    model = tiny_model(**SLIDING)
+    prompts = workload(6, seed=2)
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    need = sum(-(-(len(p) + params.max_tokens) // 4) for p in prompts)
+    engine = make_engine(model, page_size=4, kv_pages=need // 3, max_step_tokens=64)
+    assert engine.context_length == 4096
+    sink = Collector()
+    for i, prompt in enumerate(prompts):
+        engine.submit(Request(f"s{i}", prompt, params), sink)
+        engine.step()
+    engine.run_until_idle()
+    assert engine.stats().preemptions > 0 and sum(sink.last(f"s{i}").cached_tokens for i in range(6)) > 8
+    for i, prompt in enumerate(prompts):
+        assert sink.tokens(f"s{i}") == run_alone(model, prompt, params), f"request s{i} changed"
     assert_clean(engine)
 
 
@@ -377,4 +406,61 @@ def test_a_failure_between_lease_and_compute_leaks_nothing(model, monkeypatch):
     engine.submit(Request("second", prompt[:10] + [50, 51], GREEDY), sink)
     engine.run_until_idle()
     assert sink.last("second").finish_reason is FinishReason.ERROR
+    assert_clean(engine)
+
+
+def test_load_counts_the_prefill_still_queued_and_the_pages_held(model):
+    """What a cluster router weighs (Engine.load): tokens left to prefill, pages running requests hold."""
+    engine = make_engine(model, page_size=4, kv_pages=64, max_step_tokens=16)
+    idle = engine.load()
+    assert (idle.running, idle.waiting, idle.queued_prefill_tokens, idle.pages_busy) == (0, 0, 0, 0)
+    assert idle.pages_total == 64 and not engine.alive  # not started: no engine thread
+    sink = Collector()
+    engine.submit(Request("a", list(range(1, 41)), GREEDY), sink)  # 40 prompt tokens
+    engine.submit(Request("b", list(range(50, 60)), GREEDY), sink)  # 10
+    engine.step()  # takes both in; 16 tokens of prefill this step
+    mid = engine.load()
+    assert mid.running + mid.waiting == 2 and mid.steps == 1
+    assert mid.queued_prefill_tokens == 39 + 9 - 16  # a prompt's last token is computed by its first decode
+    assert mid.pages_busy == 4  # the 16 tokens computed, in pages of 4
+    engine.run_until_idle()
+    done = engine.load()
+    assert (done.running, done.waiting, done.queued_prefill_tokens, done.pages_busy) == (0, 0, 0, 0)
+    engine.start()
+    try:
+        assert engine.alive
+    finally:
+        engine.shutdown(drain=True, timeout=10)
+    assert not engine.alive
+
+
+def test_a_tenants_stats_show_its_own_figures_and_the_pools_capacity(model):
+    # alice repeats a prompt (hits), pins it, and is squeezed out by bob's long prompts (evictions); bob never
+    # repeats. Each tenant's view holds exactly its own traffic and pages; the worker's view is their sum.
+    engine = make_engine(model, kv_pages=24, page_size=4)
+    alice_prompt = list(range(3, 43))
+    run_requests(engine, [Request("a1", alice_prompt, SamplingParams(max_tokens=2), namespace="alice")])
+    run_requests(engine, [Request("a2", alice_prompt, SamplingParams(max_tokens=2), namespace="alice")])
+    engine.pin(alice_prompt[:8], "alice")
+    bob = [Request(f"b{i}", [(i * 37 + j) % 250 + 3 for j in range(60)], SamplingParams(max_tokens=3), namespace="bob")
+           for i in range(3)]  # fmt: skip
+    run_requests(engine, bob)
+    everyone, alice, bob_view = engine.stats(), engine.stats("alice"), engine.stats("bob")
+    nobody = engine.stats("carol")
+    assert (alice.prompt_tokens, bob_view.prompt_tokens) == (80, 180) and alice.cached_tokens >= 36
+    assert bob_view.cached_tokens == 0 and alice.generated_tokens == 4 and bob_view.generated_tokens == 9
+    assert (alice.finished_requests, bob_view.finished_requests, nobody.finished_requests) == (2, 3, 0)
+    assert alice.cache.queried_tokens == 80 and bob_view.cache.queried_tokens == 180
+    assert alice.cache.hit_tokens == alice.cached_tokens and bob_view.cache.hit_tokens == 0
+    assert alice.cache.pages_pinned == 2 and bob_view.cache.pages_pinned == 0
+    held = engine.call(lambda: collections.Counter(ns for ns, _, _ in engine.cache.tree.items()))
+    assert alice.cache.pages_cached == held.get("alice", 0) and bob_view.cache.pages_cached == held["bob"]
+    assert alice.cache.evicted_pages > 0 and bob_view.cache.evicted_pages + alice.cache.evicted_pages == (
+        everyone.cache.evicted_pages
+    )
+    for field in ("prompt_tokens", "cached_tokens", "generated_tokens", "finished_requests"):
+        assert getattr(everyone, field) == getattr(alice, field) + getattr(bob_view, field), field
+    for view in (alice, bob_view, nobody):  # the pool's capacity is everyone's
+        assert (view.cache.pages_total, view.cache.pages_free) == (24, everyone.cache.pages_free)
+    assert nobody.cache.pages_cached == nobody.cache.queried_tokens == nobody.cache.live_leases == 0
     assert_clean(engine)

@@ -18,10 +18,11 @@ import pytest
 from engine_fixtures import tiny_model
 
 from radixcache.cluster.fleet import FleetEngine
+from radixcache.cluster.lifecycle import Drain, HealthCheck
 from radixcache.cluster.replica import EngineReplica
 from radixcache.worker.engine import Engine, EngineConfig
 from radixcache.worker.engine_api import ENGINE_FACTS, ENGINE_METHODS, EngineLike, EngineStats
-from radixcache.worker.front import FrontCore, Refusal, RefusalKind
+from radixcache.worker.front import FrontCore, Refusal, RefusalKind, engine_request_id
 from radixcache.worker.request import FinishReason
 from radixcache.worker.server import describe
 from radixcache.worker.validation import PromptInput, SamplingValues
@@ -80,6 +81,7 @@ class InProcessReplica(EngineReplica):
     def __init__(self, engine: Engine) -> None:  # noqa: D107 (not EngineReplica's async __init__)
         self.engine, self.replica_id, self.events = engine, "replica-0", None
         self.facts = describe(engine, model_name="tiny")
+        self.drain, self.health = Drain(engine.abort, grace_s=30.0), HealthCheck()
 
     def __del__(self) -> None:  # the engine is the test fixture's: it outlives this replica
         pass
@@ -155,6 +157,19 @@ async def scenario(host: EngineLike, facts: Any) -> None:
         assert out.finish_reason is FinishReason.ABORTED
     finally:
         running.close()
+    if isinstance(host, FleetEngine):  # a request relayed by another ingress replica: every replica is asked
+        other = await core.admit("t", "elsewhere", prompt, SamplingValues(max_tokens=200, ignore_eos=True))
+        try:
+            await other.next(30)
+            host._relays.pop(engine_request_id("t", "elsewhere"))  # as if another ingress replica relayed it
+            assert not core.abort("t", "elsewhere")  # this ingress does not know it...
+            assert await host.abort_anywhere(engine_request_id("t", "elsewhere"))  # ...a replica ends it
+            assert not await host.abort_anywhere(engine_request_id("t", "never-ran"))
+            while not other.finished:
+                out = await other.next(30)
+            assert out.finish_reason is FinishReason.ABORTED
+        finally:
+            other.close()
     # the fleet-wide calls
     stats = await core.stats()
     assert isinstance(stats, EngineStats) and stats.finished_requests >= 2

@@ -15,6 +15,7 @@ import time
 import grpc
 import msgpack
 import pytest
+import vllm_kv_events
 import zmq
 from engine_fixtures import tiny_model
 from helpers import tree_index
@@ -235,68 +236,89 @@ def test_a_slow_subscriber_gets_a_reset_and_a_fresh_snapshot(worker) -> None:
     assert hub.subscribers == 0
 
 
-def test_zmq_messages_decode_to_vllm_structures_and_replay_to_the_tree() -> None:
+class ZmqReader:
+    """A SUB socket reading the worker's vLLM KV events: decodes every message with vLLM's own structs (`decoder`)
+    and replays them into `blocks` {hash: parent} (what a vLLM-indexing router would hold)."""
+
+    def __init__(self, sub: zmq.Socket, structs: tuple) -> None:
+        self.sub, (self.decoder, self.stored, self.removed, self.cleared) = sub, structs
+        self.blocks: dict[int, int | None] = {}
+        self.tags: dict[str, int] = {}
+        self.last_seq: int | None = None
+        self.raw: list = []  # each message's payload as plain msgpack
+
+    def receive(self, timeout_ms: int) -> bool:
+        if not self.sub.poll(timeout_ms):
+            return False
+        topic, seq, payload = self.sub.recv_multipart()
+        assert topic == b"" and len(seq) == 8
+        seq_no = int.from_bytes(seq, "big")
+        assert self.last_seq is None or seq_no == self.last_seq + 1, "consecutive sequence numbers"
+        self.last_seq = seq_no
+        self.raw.append(msgpack.unpackb(payload))
+        batch = self.decoder.decode(payload)
+        assert abs(batch.ts - time.time()) < 60 and batch.data_parallel_rank == 0
+        for event in batch.events:
+            name = type(event).__name__
+            self.tags[name] = self.tags.get(name, 0) + 1
+            if isinstance(event, self.cleared):
+                self.blocks.clear()
+            elif isinstance(event, self.stored):
+                assert event.block_size == 4 and len(event.token_ids) == 4 * len(event.block_hashes)
+                assert event.medium == "GPU" and event.lora_id is None and event.lora_name is None
+                parent = event.parent_block_hash
+                for h in event.block_hashes:
+                    assert h not in self.blocks
+                    self.blocks[h] = parent
+                    parent = h
+            else:
+                assert isinstance(event, self.removed) and event.medium == "GPU"
+                for h in event.block_hashes:
+                    del self.blocks[h]
+        return True
+
+
+def replay_until_in_step(w: ThreadedWorker, engine: Engine, reader: ZmqReader) -> dict[int, int | None]:
+    """Read until the replayed blocks equal the engine's tree (20 s at most); returns the tree's {hash: parent}."""
+    deadline = time.monotonic() + 20
+    while True:
+        received = reader.receive(100)
+        expected = engine.call(lambda: tree_index(engine.cache.tree))
+        flat = {h: p for held in expected.values() for h, p in held.items()}
+        if (flat == reader.blocks and not received) or time.monotonic() > deadline:
+            return flat
+
+
+@pytest.mark.parametrize("layout", ["vllm", "vllm-legacy"])
+def test_zmq_messages_decode_with_vllms_structs_and_replay_to_the_tree(layout) -> None:
     ctx = zmq.Context()
     sub = ctx.socket(zmq.SUB)
     sub.setsockopt(zmq.SUBSCRIBE, b"")
     sub.setsockopt(zmq.LINGER, 0)
     port = sub.bind_to_random_port("tcp://127.0.0.1")
     engine = Engine(tiny_model(), EngineConfig(page_size=4, kv_pages=40, max_step_tokens=64, max_running=6))
-    w = ThreadedWorker(engine, kv_events_endpoint=f"tcp://127.0.0.1:{port}").start()  # a concrete host: connects
+    options = {"kv_events_endpoint": f"tcp://127.0.0.1:{port}", "kv_events_format": layout}  # a host: connects
+    w = ThreadedWorker(engine, **options).start()
+    reader = ZmqReader(sub, vllm_kv_events.current() if layout == "vllm" else vllm_kv_events.legacy())
     try:
         hub = w.server.core.events
         while not sub.poll(200):  # a PUB drops what it sends before the subscription reaches it: resend until seen
             w.run(hub.resync_publishers())
-        blocks: dict[int, int | None] = {}
-        tags: dict[str, int] = {}
-        last_seq = None
-
-        def receive(timeout_ms: int) -> bool:
-            nonlocal last_seq
-            if not sub.poll(timeout_ms):
-                return False
-            topic, seq, payload = sub.recv_multipart()
-            assert topic == b"" and len(seq) == 8
-            seq = int.from_bytes(seq, "big")
-            assert last_seq is None or seq == last_seq + 1, "consecutive sequence numbers"
-            last_seq = seq
-            ts, events, dp_rank = msgpack.unpackb(payload)  # EventBatch, array_like
-            assert isinstance(ts, float) and abs(ts - time.time()) < 60 and dp_rank == 0
-            for event in events:
-                tag = event[0]
-                tags[tag] = tags.get(tag, 0) + 1
-                if tag == "AllBlocksCleared":
-                    assert event == ["AllBlocksCleared"]
-                    blocks.clear()
-                elif tag == "BlockStored":
-                    hashes, parent, token_ids, block_size, lora_id, medium, lora_name = event[1:]
-                    assert block_size == 4 and len(token_ids) == 4 * len(hashes) and medium == "GPU"
-                    assert lora_id is None and lora_name is None
-                    for h in hashes:
-                        assert h not in blocks
-                        blocks[h] = parent
-                        parent = h
-                elif tag == "BlockRemoved":
-                    hashes, medium = event[1:]
-                    assert medium == "GPU"
-                    for h in hashes:
-                        del blocks[h]
-                else:
-                    raise AssertionError(f"unknown event {event!r}")
-            return True
-
         rng = random.Random(7)
         prefixes = [[rng.randrange(3, 290) for _ in range(rng.randrange(6, 20))] for _ in range(3)]
         traffic(w.target, "", rng, 16, prefixes)
-        deadline = time.monotonic() + 20
-        while True:
-            received = receive(100)
-            expected = engine.call(lambda: tree_index(engine.cache.tree))
-            flat = {h: p for held in expected.values() for h, p in held.items()}
-            if (flat == blocks and not received) or time.monotonic() > deadline:
-                break
-        assert blocks == flat and len(flat) > 5
+        flat = replay_until_in_step(w, engine, reader)
+        assert reader.blocks == flat and len(flat) > 5
+        tags = reader.tags
         assert tags["AllBlocksCleared"] >= 1 and tags["BlockStored"] > 5 and tags["BlockRemoved"] > 0, tags
+        events = [e for _, batch, _ in reader.raw for e in batch]
+        stored = next(e for e in events if (e["type"] if layout == "vllm" else e[0]) == "BlockStored")
+        if layout == "vllm":  # named fields, the storage facts of one full-attention group
+            assert all(isinstance(e, dict) for e in events) and {"type": "AllBlocksCleared"} in events
+            assert stored["group_idx"] == 0 and stored["kv_cache_spec_kind"] == "full_attention"
+            assert "kv_cache_spec_sliding_window" not in stored and "extra_keys" not in stored  # None: omitted
+        else:  # exactly the arrays of vLLM before #42892
+            assert all(isinstance(e, list) for e in events) and ["AllBlocksCleared"] in events and len(stored) == 8
     finally:
         w.stop()
         sub.close()
@@ -434,3 +456,114 @@ def test_records_lost_inside_the_worker_reset_every_reader() -> None:
         loop.call_soon_threadsafe(loop.stop)
         thread.join(5)
         loop.close()
+
+
+def test_each_rank_publishes_on_its_own_port_and_tags_its_batches() -> None:
+    """vLLM's data-parallel rule, which a cluster's replicas follow: rank r on the port + r, data_parallel_rank r."""
+    from radixcache.worker.kv_events_zmq import ZmqKvEventPublisher, rank_endpoint
+
+    assert rank_endpoint("tcp://*:5557", 0) == "tcp://*:5557"
+    assert rank_endpoint("tcp://*:5557", 3) == "tcp://*:5560"
+    assert rank_endpoint("tcp://[::]:5557", 1) == "tcp://[::]:5558"
+    assert rank_endpoint("ipc:///tmp/kv", 2) == "ipc:///tmp/kv_dp2"
+    assert rank_endpoint("bind+tcp://127.0.0.1:5557", 1) == "bind+tcp://127.0.0.1:5558"  # one interface, per rank
+    for bad in ("tcp://host", "tcp://*:65535"):
+        with pytest.raises(ValueError, match="--kv-events-endpoint"):
+            rank_endpoint(bad, 1)
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.setsockopt(zmq.LINGER, 0)
+    port = sub.bind_to_random_port("tcp://127.0.0.1", min_port=20000, max_port=40000)
+    endpoint = rank_endpoint(f"tcp://127.0.0.1:{port - 2}", 2)  # rank 2 of a base 2 below: where we listen
+    assert endpoint == f"tcp://127.0.0.1:{port}"
+    publisher = ZmqKvEventPublisher(endpoint, 4, data_parallel_rank=2)
+    try:
+        while not sub.poll(200):  # a PUB drops what it sends before the subscription reaches it
+            publisher.reset([])
+        _, _, payload = sub.recv_multipart()
+        assert msgpack.unpackb(payload)[2] == 2
+    finally:
+        publisher.close()
+        sub.close(linger=0)
+
+
+def test_endpoint_prefixes_say_bind_or_connect_and_otherwise_vllms_rule_holds() -> None:
+    from radixcache.worker.kv_events_zmq import parse_endpoint
+
+    assert parse_endpoint("bind+tcp://127.0.0.1:5557") == ("tcp://127.0.0.1:5557", True)
+    assert parse_endpoint("connect+tcp://*:5557") == ("tcp://*:5557", False)
+    assert parse_endpoint("tcp://127.0.0.1:5557") == ("tcp://127.0.0.1:5557", False)  # vLLM's rule: a host connects
+    assert parse_endpoint("tcp://*:5557")[1] and parse_endpoint("tcp://[::]:5557")[1]
+    assert parse_endpoint("ipc:///tmp/events")[1] and parse_endpoint("inproc://events")[1]
+
+
+def test_with_auth_tokens_publishing_over_tcp_needs_curve_or_insecure_and_the_refusal_names_the_flags(tmp_path):
+    from radixcache.worker.kv_events_zmq import CurveKeys, check_security
+    from radixcache.worker.server import ServerOptions, WorkerServer
+
+    flags = "--kv-events-curve-secret.*--kv-events-curve-clients.*--kv-events-insecure"
+    for endpoint in ("tcp://*:5557", "bind+tcp://127.0.0.1:5557", "tcp://router:5557"):
+        with pytest.raises(ValueError, match=flags):
+            check_security(endpoint, auth=True, curve=None, insecure=False)
+        check_security(endpoint, auth=False, curve=None, insecure=False)  # no auth: nothing to protect per tenant
+        check_security(endpoint, auth=True, curve=None, insecure=True)
+        check_security(endpoint, auth=True, curve=CurveKeys(tmp_path / "k", tmp_path), insecure=False)
+    check_security("ipc:///tmp/x", auth=True, curve=None, insecure=False)  # local: the socket file's permissions
+    options = ServerOptions(auth_tokens=TOKENS, kv_events_endpoint="tcp://*:0")
+    with pytest.raises(ValueError, match=flags):  # before any port is bound
+        asyncio.run(WorkerServer(options).start())
+    tokens = tmp_path / "tokens.txt"
+    tokens.write_text("s3cret alice\n")
+    cmd = [sys.executable, "-m", "radixcache", "serve", "--random-model", "--port", "0", "--auth-tokens", str(tokens)]
+    done = subprocess.run([*cmd, "--kv-events-endpoint", "tcp://*:0"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "--kv-events-insecure" in done.stderr and "--kv-events-curve-secret" in done.stderr
+
+
+def test_with_curve_only_subscribers_holding_an_allowed_key_read_the_events(tmp_path) -> None:
+    import zmq.auth
+
+    from radixcache.worker.kv_events_zmq import CurveKeys
+
+    for name in ("worker", "router", "stranger", "clients"):
+        (tmp_path / name).mkdir()
+    _, worker_secret = zmq.auth.create_certificates(tmp_path / "worker", "worker")
+    router_public, router_secret = zmq.auth.create_certificates(tmp_path / "router", "router")
+    _, stranger_secret = zmq.auth.create_certificates(tmp_path / "stranger", "stranger")
+    (tmp_path / "clients" / "router.key").write_bytes(open(router_public, "rb").read())  # only the router's key
+    server_public, _ = zmq.auth.load_certificate(worker_secret)
+    engine = Engine(tiny_model(), EngineConfig(page_size=4, kv_pages=40, max_step_tokens=64, max_running=6))
+    curve = CurveKeys(worker_secret, tmp_path / "clients")
+    options = {"kv_events_endpoint": "bind+tcp://127.0.0.1:*", "kv_events_curve": curve}
+    w = ThreadedWorker(engine, auth_tokens=TOKENS, admin_tokens={ADMIN}, **options).start()
+    ctx = zmq.Context()
+
+    def subscriber(secret_file: str | None) -> zmq.Socket:
+        sub = ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.setsockopt(zmq.LINGER, 0)
+        if secret_file is not None:
+            sub.curve_publickey, sub.curve_secretkey = zmq.auth.load_certificate(secret_file)
+            sub.curve_serverkey = server_public
+        sub.connect(w.server.kv_events.endpoint)
+        return sub
+
+    subs = [subscriber(router_secret), subscriber(None), subscriber(stranger_secret)]
+    try:
+        assert w.server.kv_events.endpoint.startswith("tcp://127.0.0.1:")  # that interface only
+        hub = w.server.core.events
+        deadline = time.monotonic() + 20
+        while not subs[0].poll(200) and time.monotonic() < deadline:
+            w.run(hub.resync_publishers())
+        rng = random.Random(3)
+        traffic(w.target, TENANT, rng, 12, [[rng.randrange(3, 290) for _ in range(10)] for _ in range(2)])
+        reader = ZmqReader(subs[0], vllm_kv_events.current())
+        flat = replay_until_in_step(w, engine, reader)
+        assert reader.blocks == flat and len(flat) > 3  # the allowed key decodes every event
+        w.run(hub.resync_publishers())
+        assert not subs[1].poll(500) and not subs[2].poll(0)  # no CURVE, or a key not allowed: nothing at all
+    finally:
+        w.stop()
+        for sub in subs:
+            sub.close()
+        ctx.term()

@@ -17,7 +17,7 @@ import radixcache.worker.attention.base as base
 import radixcache.worker.attention.flashinfer_backend as fb
 from radixcache.pool import KVPool, KVShape
 from radixcache.worker.attention import BatchLayout, SequenceSlice, create_backend
-from radixcache.worker.attention.base import BackendUnavailableError
+from radixcache.worker.attention.base import AttentionOptions, BackendUnavailableError
 from radixcache.worker.attention.torch_backend import TorchAttentionBackend
 from radixcache.worker.engine import Engine, EngineConfig
 from radixcache.worker.request import Request, SamplingParams
@@ -110,27 +110,29 @@ def _random_step(rng: random.Random, kinds: str, page_size: int, num_pages: int)
     return slices
 
 
-@pytest.mark.parametrize(
-    ("page_size", "heads", "kv_heads"), [(16, 4, 2), (1, 4, 2), (16, 8, 8), (16, 12, 2)]
-)  # the default model's group 2 (both page sizes); group 1; group 6 takes the tensor-core decode
-def test_flashinfer_backend_calls_mean_the_same_attention_as_torch(
-    fake_cuda, page_size: int, heads: int, kv_heads: int
-) -> None:  # noqa: ANN001, E501
-    """Prefill, decode and mixed steps, re-planned on one backend, several layers each: the fake kernels (FlashInfer's
-    documented semantics) over the backend's plan() arguments agree with the torch backend."""
+def _compare_with_torch(page_size: int, heads: int, kv_heads: int, attention: AttentionOptions) -> None:
+    """Prefill, decode and mixed steps, re-planned on one backend, two layers each: the fake kernels (FlashInfer's
+    documented semantics) over the backend's plan() arguments agree with the torch backend. A sliding layer's pages
+    that its window has left hold NaN: neither backend may read them."""
     rng = random.Random(page_size * 100 + heads)
     dim, num_pages, layers = 64, 200, 2
     shape = KVShape(layers, kv_heads, dim)
     pool = KVPool(shape, page_size=page_size, num_pages=num_pages, dtype=torch.bfloat16)
-    pool.kv.normal_()
     ref_pool = KVPool(shape, page_size=page_size, num_pages=num_pages, dtype=torch.float32)
-    ref_pool.kv.copy_(pool.kv.float())
-    backend = create_backend(
-        "flashinfer", "cuda", num_heads=heads, num_kv_heads=kv_heads, head_dim=dim, dtype=torch.bfloat16
-    )
-    reference = create_backend("torch", "cpu")
+    geometry = {"num_heads": heads, "num_kv_heads": kv_heads, "head_dim": dim, "attention": attention}
+    backend = create_backend("flashinfer", "cuda", dtype=torch.bfloat16, **geometry)
+    reference = create_backend("torch", "cpu", **geometry)
     for kinds in ("pp", "dddd", "pdpd", "d", "pdd"):
-        layout = BatchLayout.build(_random_step(rng, kinds, page_size, num_pages), page_size)
+        slices = _random_step(rng, kinds, page_size, num_pages)
+        layout = BatchLayout.build(slices, page_size)
+        pool.kv.normal_()  # the cached prefixes: whatever the pool holds
+        ref_pool.kv.copy_(pool.kv.float())
+        for layer in range(layers):
+            window = attention.window(layer)
+            for s in slices if window is not None else ():
+                gone = s.pages[: max(0, s.num_cached - window + 1) // page_size]
+                pool.kv[layer, gone] = float("nan")
+                ref_pool.kv[layer, gone] = float("nan")
         backend.begin_step(layout)
         reference.begin_step(layout)
         for layer in range(layers):
@@ -138,14 +140,40 @@ def test_flashinfer_backend_calls_mean_the_same_attention_as_torch(
             k, v = torch.randn(2, layout.num_tokens, kv_heads, dim).bfloat16()
             got = backend.forward(layer, q, k, v, pool.layer(layer), layout)
             want = reference.forward(layer, q.float(), k.float(), v.float(), ref_pool.layer(layer), layout)
-            assert got.dtype == torch.bfloat16
+            assert got.dtype == torch.bfloat16 and bool(torch.isfinite(got).all())
             torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=2e-2)
-            assert torch.equal(pool.layer(layer).float(), ref_pool.layer(layer))  # K/V written to the same slots
+            # K/V written to the same slots
+            assert torch.equal(pool.layer(layer).float().nan_to_num(), ref_pool.layer(layer).nan_to_num())
+
+
+@pytest.mark.parametrize(
+    ("page_size", "heads", "kv_heads"), [(16, 4, 2), (1, 4, 2), (16, 8, 8), (16, 12, 2)]
+)  # the default model's group 2 (both page sizes); group 1; group 6 takes the tensor-core decode
+def test_flashinfer_backend_calls_mean_the_same_attention_as_torch(
+    fake_cuda, page_size: int, heads: int, kv_heads: int
+) -> None:  # noqa: ANN001, E501
+    _compare_with_torch(page_size, heads, kv_heads, AttentionOptions())
     plans = [c for c in fake_cuda.lib.calls if c[1] == "plan"]
     assert [c[0] for c in plans] == ["prefill", "decode", "prefill", "decode", "prefill"]
-    assert all(p.causal and p.sm_scale == pytest.approx(dim**-0.5) for kind, _, p in plans if kind == "prefill")
+    assert all(p.causal and p.sm_scale == pytest.approx(64**-0.5) for kind, _, p in plans if kind == "prefill")
+    assert all(p.window_left == -1 and p.logits_soft_cap is None for _, _, p in plans)
     decode = next(w for w in fake_cuda.lib.wrappers if type(w).kind == "decode")
     assert decode.use_tensor_cores == (heads // kv_heads not in (1, 2, 3, 4, 8))
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_sliding_and_soft_capped_layers_plan_their_window_and_agree_with_torch(fake_cuda, page_size: int) -> None:  # noqa: ANN001
+    """Gemma 2's shape: a sliding layer (window 6) and a global one, a query_pre_attn_scalar scale, a soft cap."""
+    attention = AttentionOptions(scale=0.1, soft_cap=3.0, windows=(6, None))
+    _compare_with_torch(page_size, 4, 2, attention)
+    plans = [(kind, p) for kind, call, p in fake_cuda.lib.calls if call == "plan"]
+    assert [kind for kind, _ in plans] == [
+        k for k in ("prefill", "decode", "prefill", "decode", "prefill") for _ in "gs"
+    ]
+    assert [p.window_left for _, p in plans] == [-1, 5] * 5  # one plan per window per step: global, then sliding
+    assert all(p.logits_soft_cap == 3.0 and p.sm_scale == 0.1 for _, p in plans)
+    assert len(fake_cuda.lib.wrappers) == 4  # a prefill and a decode wrapper per window
+    assert len({id(w.workspace) for w in fake_cuda.lib.wrappers}) == 2  # each kind's windows share a workspace
 
 
 # --- defect 3: the warm-up runs a prefill, a decode and a mixed batch; under auto a failure falls back to torch ------

@@ -69,6 +69,24 @@ def test_lifecycle_runs_through_the_flashinfer_backend(gpu_check, monkeypatch) -
     assert len(runs) == len(plans) * (gpu_check.LAYERS + 1)  # every layer, plus the NaN-buffer rerun per step
 
 
+def test_sliding_lifecycle_plans_each_window_and_never_reads_the_pages_it_left(gpu_check, monkeypatch) -> None:  # noqa: ANN001
+    """A Gemma-shaped stack (two layers of window 16 around a global one, a soft cap) through the same lifecycle:
+    the pages no window reaches hold NaN, and every sequence still matches the torch backend."""
+    fake = install_fake_cuda(monkeypatch)
+    attention = gpu_check.AttentionOptions(scale=0.1, soft_cap=50.0, windows=(16, None, 16))
+    config = gpu_check.Config("gemma2 sliding", 4, 2, 64, torch.bfloat16, 4, attention)
+    result = gpu_check.run_case(config, "cpu", lambda c: FlashInferAttentionBackend("cuda", **c.options()), context=96)
+    assert result.ok, result.problems
+    plans = [p for _, call, p in fake.lib.calls if call == "plan"]
+    assert [p.window_left for p in plans] == [-1, 15] * len(gpu_check.lifecycle(96))
+
+
+def test_the_matrix_has_gemma_shaped_sliding_stacks(gpu_check) -> None:  # noqa: ANN001
+    sliding = [c for c in gpu_check.config_matrix() if c.attention.windows]
+    assert {c.attention.soft_cap for c in sliding} == {None, 50.0} and {c.page_size for c in sliding} == {1, 16}
+    assert all(c.head_dim == 256 and len(c.attention.windows) == gpu_check.LAYERS for c in sliding)
+
+
 class OneSequenceWrong(TorchAttentionBackend):
     """Right everywhere except the rows of the batch's last sequence in mixed steps: off by 2%."""
 

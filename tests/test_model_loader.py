@@ -39,13 +39,14 @@ def test_config_from_hf_reads_every_architecture() -> None:
     assert qwen.qkv_bias and not qwen.o_bias and qwen.num_kv_heads == 1
 
 
-def test_config_legacy_rope_fields_and_sliding_window_cap() -> None:
+def test_config_legacy_rope_fields_and_a_window_that_does_not_cap_the_context() -> None:
     hf = hf_config("MistralForCausalLM").to_dict()
     hf.pop("rope_parameters")
     hf.update(rope_theta=1234.0, sliding_window=128, max_position_embeddings=512)
     cfg = ModelConfig.from_hf_config(hf)
     assert cfg.rope_theta == 1234.0
-    assert cfg.max_position_embeddings == 128  # full attention within the window == sliding-window attention
+    assert cfg.max_position_embeddings == 512  # Mistral gets its whole context, every layer its window
+    assert cfg.layer_windows == (128, 128)
 
 
 def test_config_rejects_unsupported() -> None:
@@ -150,3 +151,23 @@ def test_incremental_detokenizer_flush_emits_a_dangling_partial(tmp_path: Path) 
     out = "".join(detok.push(i) for i in ids[:-1])
     assert out == "a"
     assert detok.flush().endswith("\ufffd")
+
+
+def test_a_model_refuses_a_backend_created_for_other_attention() -> None:
+    """A sliding-window model run through a backend built without its windows would attend globally, silently."""
+    from radixcache.pool import KVPool, KVShape
+    from radixcache.worker.attention import BatchLayout, SequenceSlice, create_backend
+    from radixcache.worker.model.llama import attention_options
+
+    cfg = ModelConfig(
+        vocab_size=50, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+        layer_kinds=("sliding", "global"), sliding_window=4,
+    )  # fmt: skip
+    loaded = random_model(cfg)
+    pool = KVPool(KVShape(2, 2, 8), page_size=4, num_pages=4)
+    layout = BatchLayout.build([SequenceSlice([0, 1], 0, 6)], 4)
+    ids = torch.arange(6)
+    with pytest.raises(ValueError, match="needs AttentionOptions.*windows=\\(4, None\\)"):
+        loaded.model(ids, layout, pool, create_backend("torch"))
+    logits = loaded.model(ids, layout, pool, create_backend("torch", attention=attention_options(cfg)))
+    assert logits.shape == (1, 50)

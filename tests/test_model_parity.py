@@ -1,9 +1,12 @@
 """Parity with Hugging Face transformers on the same weights: greedy tokens identical, fp32 logits within 1e-4.
 
-Every architecture x page size runs: a cold cache, a warm hit on whole pages, a hit ending inside a page
-(copy-on-write of its first k slots), chunked prefill with chunks that straddle page boundaries, and a mixed batch
-where one sequence decodes while another prefills on top of a cached prefix. The cache is simulated by hand:
-page ids come from a counter and block tables are assembled here, so this test does not depend on PrefixCache.
+Every supported architecture x page size (1, 7, 16) runs: a cold cache, a warm hit on whole pages, a hit ending
+inside a page (copy-on-write of its first k slots), chunked prefill with chunks that straddle page boundaries, a
+mixed batch where one sequence decodes while another prefills on top of a cached prefix, and a sequence preempted
+mid-generation and recomputed (prompt and generated tokens, chunked, on a cached prefix). The sliding-window
+fixtures (Mistral, Gemma 2/3: window 8) make every sequence span several windows and every hit (22 tokens) longer
+than the window. The cache is simulated by hand: page ids come from a counter and block tables are assembled here,
+so this test does not depend on PrefixCache.
 """
 
 from __future__ import annotations
@@ -17,11 +20,13 @@ from model_fixtures import build_checkpoint, hf_greedy
 
 from radixcache.pool import KVPool, KVShape
 from radixcache.worker.attention import BatchLayout, SequenceSlice, create_backend
-from radixcache.worker.model import load_checkpoint
+from radixcache.worker.model import SUPPORTED_ARCHITECTURES, load_checkpoint
+from radixcache.worker.model.llama import attention_options
 
-ARCHS = ["LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"]
+ARCHS = list(SUPPORTED_ARCHITECTURES)
+PAGE_SIZES = [1, 7, 16]
 MAX_NEW = 24
-SHARED = 21  # tokens prompt B shares with prompt A: 1 page + 5 slots at page size 16
+SHARED = 22  # tokens prompt B shares with prompt A: 1 page + 6 slots at page size 16, 3 + 1 at 7
 ATOL = 1e-4
 MIN_MARGIN = 1e-3  # top-1 minus top-2 reference logit at every compared position: ties cannot flip a token
 
@@ -59,6 +64,8 @@ def setup(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     a = tok.encode("a prefix cache shares pages between requests that start the same way")
     b = a[:SHARED] + tok.encode(" the quick brown fox jumps over", add_special_tokens=False)
     assert len(a) > 2 * 16 and len(b) > SHARED + 4 and a[SHARED] != b[SHARED]
+    window = loaded.config.sliding_window
+    assert window is None or len(a) > 4 * window and SHARED > 2 * window  # several windows; hits past the window
     refs = {}
     for name, prompt in (("a", a), ("b", b)):
         tokens, logits = hf_greedy(hf, prompt, MAX_NEW)
@@ -82,10 +89,6 @@ class Seq:
     def tokens(self) -> list[int]:
         return self.ref.prompt + self.generated
 
-    @property
-    def done(self) -> bool:
-        return len(self.generated) == MAX_NEW
-
 
 class Runner:
     """Drives the model step by step like the engine would, with page ids from a counter."""
@@ -94,7 +97,7 @@ class Runner:
         cfg = loaded.config
         self.model, self.page_size = loaded.model, page_size
         self.pool = KVPool(KVShape(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim), page_size=page_size, num_pages=600)
-        self.backend = create_backend("torch")
+        self.backend = create_backend("torch", attention=attention_options(cfg))
         self.next_page = 0
 
     def alloc(self, n: int) -> list[int]:
@@ -102,13 +105,14 @@ class Runner:
         self.next_page += n
         return pages
 
-    def run(self, *seqs: Seq) -> None:
-        while not all(s.done for s in seqs):
-            active = [s for s in seqs if not s.done]
+    def run(self, *seqs: Seq, until: int = MAX_NEW) -> None:
+        """Step the sequences together until each has `until` generated tokens."""
+        while not all(len(s.generated) >= until for s in seqs):
+            active = [s for s in seqs if len(s.generated) < until]
             slices, ids = [], []
             for s in active:
-                remaining = len(s.ref.prompt) - s.computed
-                n = 1 if remaining <= 0 else (remaining if s.chunks is None else min(next(s.chunks), remaining))
+                remaining = len(s.tokens) - s.computed  # known tokens whose K/V is not in the pages yet
+                n = remaining if s.chunks is None or remaining == 1 else min(next(s.chunks), remaining)
                 need = -(-(s.computed + n) // self.page_size)
                 s.pages.extend(self.alloc(need - len(s.pages)) if need > len(s.pages) else [])
                 slices.append(SequenceSlice(list(s.pages), s.computed, n))
@@ -143,7 +147,7 @@ def check(seq: Seq) -> None:
     assert err < ATOL, f"max abs logit error {err}"
 
 
-@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("page_size", PAGE_SIZES)
 def test_cold_cache(setup: Setup, page_size: int) -> None:
     runner = Runner(setup.loaded, page_size)
     a = Seq(setup.refs["a"], pages=[])
@@ -166,20 +170,21 @@ def test_warm_full_page_hit(setup: Setup, page_size: int) -> None:
     assert torch.equal(runner.pool.kv[:, shared_pages], before), "a reader wrote into shared pages"
 
 
-def test_hit_ending_mid_page(setup: Setup) -> None:
-    page_size = 16  # at page size 1 every hit ends on a page boundary
+@pytest.mark.parametrize("page_size", [7, 16])  # at page size 1 every hit ends on a page boundary
+def test_hit_ending_mid_page(setup: Setup, page_size: int) -> None:
     runner = Runner(setup.loaded, page_size)
     a = Seq(setup.refs["a"], pages=[])
     runner.run(a)
     before = runner.pool.kv[:, a.pages].clone()
     b = Seq(setup.refs["b"], pages=runner.cached_prefix(a, SHARED), computed=SHARED)
-    assert SHARED % page_size and b.pages[0] == a.pages[0] and b.pages[1] not in a.pages
+    full = SHARED // page_size
+    assert SHARED % page_size and b.pages[:full] == a.pages[:full] and b.pages[full] not in a.pages
     runner.run(b)
     check(b)
     assert torch.equal(runner.pool.kv[:, a.pages], before), "the partly shared page was written in place"
 
 
-@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("page_size", [7, 16])
 def test_chunked_prefill_unaligned(setup: Setup, page_size: int) -> None:
     runner = Runner(setup.loaded, page_size)
     a = Seq(setup.refs["a"], pages=[], chunks=itertools.cycle([7, 5, 11]))
@@ -187,7 +192,7 @@ def test_chunked_prefill_unaligned(setup: Setup, page_size: int) -> None:
     check(a)
 
 
-@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("page_size", PAGE_SIZES)
 def test_mixed_batch_prefill_and_decode(setup: Setup, page_size: int) -> None:
     runner = Runner(setup.loaded, page_size)
     first = Seq(setup.refs["a"], pages=[])
@@ -199,3 +204,20 @@ def test_mixed_batch_prefill_and_decode(setup: Setup, page_size: int) -> None:
     runner.run(a, b)
     check(a)
     check(b)
+
+
+@pytest.mark.parametrize("page_size", [7])
+def test_preempted_and_recomputed(setup: Setup, page_size: int) -> None:
+    """Preemption by recompute: a sequence stops after 9 tokens and loses its pages but the first SHARED tokens'
+    (as if the rest were evicted); it resumes by prefilling its prompt and generated tokens in chunks of 5 on top of
+    that hit, next to another sequence decoding, and ends as transformers does."""
+    runner = Runner(setup.loaded, page_size)
+    a, other = Seq(setup.refs["a"], pages=[]), Seq(setup.refs["b"], pages=[])
+    runner.run(a, other, until=9)
+    resumed = Seq(
+        a.ref, pages=runner.cached_prefix(a, SHARED), computed=SHARED, chunks=itertools.cycle([5]),
+        generated=list(a.generated), logits=list(a.logits),
+    )  # fmt: skip
+    runner.run(resumed, other)
+    check(resumed)
+    check(other)

@@ -9,6 +9,8 @@ import httpx
 import jsonschema
 import openai
 import pytest
+from pydantic import BaseModel, Field
+from test_structured import ANY_OF_40_X_40, ENDLESS_RECURSION
 from worker_harness import ThreadedWorker
 
 from radixcache.worker.cli import default_model_path
@@ -118,6 +120,42 @@ def test_tool_choice_named_and_required_force_a_valid_tool_call(served):
         jsonschema.validate(json.loads(call.function.arguments), schema)
 
 
+class Address(BaseModel):
+    city: str = Field(pattern="^[A-Z][a-z]{1,10}$")
+    zip: str = Field(pattern="^[0-9]{5}$")
+
+
+class Person(BaseModel):
+    name: str = Field(pattern="^[A-Za-z]{1,10}$")
+    home: Address
+    work: Address | None = None
+
+
+class Tree(BaseModel):
+    label: str = Field(pattern="^[a-z]{1,4}$")
+    children: list[Tree] = Field(default_factory=list, max_length=2)
+
+
+@pytest.mark.parametrize("model", [Person, Tree], ids=["nested", "recursive"])
+def test_forced_tool_call_with_pydantic_models_refs(served, model):
+    # pydantic puts nested models under "$defs" and points at them with "#/$defs/..." ("#/$defs/Tree" from inside
+    # Tree itself): the tool-call grammar nests the parameters, so those refs must still resolve (they gave 400
+    # "Pointer '/$defs/Address' does not exist").
+    client, _, engine = served
+    schema = model.model_json_schema()
+    assert "$defs" in schema
+    tools = [{"type": "function", "function": {"name": "save", "parameters": schema}}, TOOLS[1]]
+    for choice in ({"type": "function", "function": {"name": "save"}}, "required"):
+        reply = client.chat.completions.create(
+            model=MODEL, messages=MESSAGES, tools=tools, tool_choice=choice, max_tokens=160
+        )
+        (call,) = reply.choices[0].message.tool_calls
+        if call.function.name == "save":
+            model.model_validate_json(call.function.arguments)
+            jsonschema.validate(json.loads(call.function.arguments), schema)
+    assert engine.stats().cache.live_leases == 0
+
+
 @pytest.mark.parametrize(
     ("fields", "param", "named"),
     [
@@ -129,8 +167,12 @@ def test_tool_choice_named_and_required_force_a_valid_tool_call(served):
         (
             {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "integer", "minimum": 3, "maximum": 1}}}], "tool_choice": "required"},
             "tool_choice",
-            "minimum",
+            "unsatisfiable",
         ),
+        ({"response_format": {"type": "json_schema", "json_schema": {"schema": ENDLESS_RECURSION}}}, "response_format", "too complex"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"schema": ANY_OF_40_X_40}}}, "response_format", "too complex"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"schema": {"x-guidance": {"lenient": True}}}}}, "response_format", "x-guidance"),
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": ENDLESS_RECURSION}}], "tool_choice": "required"}, "tool_choice", "too complex"),
     ],
 )  # fmt: skip
 def test_bad_constraints_get_400_naming_the_parameter(served, fields, param, named):
@@ -140,5 +182,6 @@ def test_bad_constraints_get_400_naming_the_parameter(served, fields, param, nam
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert error["param"] == param and named in error["message"], error
+    assert len(error["message"]) < 400  # never the grammar
     assert client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2).choices[0].message.content
     assert engine.stats().running == 0

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from radixcache.worker.openai.tool_calls import ToolCallParser, parse_tool_calls
+from radixcache.worker.openai.tool_calls import ToolCallParser, parse_tool_calls, rebase_refs
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}\n</tool_call>'
 
@@ -76,3 +76,28 @@ def test_streaming_never_shows_a_tag_before_knowing_it_is_text():
     assert step.text == " ok" and [c.name for c in step.calls] == ["f"]
     assert parser.push(" <to").text == " "
     assert parser.finish().text == "<to"  # the end: a partial tag is text after all
+
+
+def test_rebase_refs_moves_local_refs_under_the_new_place_and_leaves_data_and_other_refs():
+    params = {
+        "$defs": {"Node": {"properties": {"next": {"$ref": "#/$defs/Node"}}}},
+        "properties": {
+            "root": {"$ref": "#"},
+            "node": {"$ref": "#/$defs/Node"},
+            "anchor": {"$ref": "#point"},
+            "remote": {"$ref": "https://example.com/s.json"},
+            "literal": {"const": {"$ref": "#/$defs/Node"}, "enum": [{"$ref": "#"}], "default": {"$ref": "#/x"}},
+        },
+    }
+    out = rebase_refs(params, "/anyOf/1/properties/arguments")
+    props = out["properties"]
+    assert out["$defs"]["Node"]["properties"]["next"]["$ref"] == "#/anyOf/1/properties/arguments/$defs/Node"
+    assert props["root"]["$ref"] == "#/anyOf/1/properties/arguments"
+    assert props["node"]["$ref"] == "#/anyOf/1/properties/arguments/$defs/Node"
+    assert props["anchor"] == params["properties"]["anchor"] and props["remote"] == params["properties"]["remote"]
+    assert props["literal"] == params["properties"]["literal"]  # values to match, not references
+    assert params["properties"]["root"] == {"$ref": "#"}  # a copy: the request's tools are untouched
+    deep: dict = {"$ref": "#"}
+    for _ in range(5000):  # past any schema llguidance reads: kept as is, without recursing 5000 deep
+        deep = {"items": deep}
+    assert rebase_refs(deep, "/x")["items"]["items"]["items"] is not None

@@ -26,6 +26,15 @@ def test_filters_keep_what_they_promise():
     assert torch.allclose(probs[:2], torch.tensor([0.5, 0.2]) / 0.7)
 
 
+def test_filters_apply_in_the_documented_order_each_on_what_the_previous_kept():
+    # top-k, then min-p, then top-p over the mass the earlier filters kept (filtered_probs' docstring; vLLM's order).
+    # top_k=2 keeps 0.5 and 0.2; 0.5 alone is 0.5 / 0.7 = 71% of that >= 60%. Top-p first would keep both
+    # (0.5 < 0.6 of the whole), and top-k after it changes nothing.
+    assert kept(SamplingParams(temperature=1.0, top_k=2, top_p=0.6)) == [0]
+    # min_p=0.3 keeps 0.5, 0.2, 0.15 (mass 0.85); 0.5 + 0.2 is 82% of that >= 80%. Top-p first would keep three.
+    assert kept(SamplingParams(temperature=1.0, min_p=0.3, top_p=0.8)) == [0, 1]
+
+
 def test_greedy_is_argmax_and_seeds_reproduce():
     assert sample_row(LOGITS, SamplingParams(), new_generator(None)) == 0
     params = SamplingParams(temperature=1.0)

@@ -8,7 +8,7 @@ import random
 import pytest
 
 from radixcache.memory import parse_size
-from radixcache.worker.auth import Authenticator, load_tokens
+from radixcache.worker.auth import Authenticator, load_token_file, load_tokens
 from radixcache.worker.cli import char_tokenizer
 
 
@@ -28,6 +28,18 @@ def test_load_tokens_json_and_lines(tmp_path):
     t.write_text("# nothing\n")
     with pytest.raises(ValueError, match="no tokens"):
         load_tokens(t)
+
+
+def test_tokens_file_lines_with_trailing_blanks_load_as_the_bare_tenant(tmp_path):
+    # Files written by hand or on Windows end lines with spaces, tabs or "\r": the tenant is still the bare name,
+    # and the token still authenticates (as that tenant, in that tenant's namespace).
+    t = tmp_path / "t.txt"
+    t.write_bytes(b"s3cret alice   \nother\tbob\t\r\nroot ops admin  \r\n")
+    tokens, admins = load_token_file(t)
+    assert tokens == {"s3cret": "alice", "other": "bob", "root": "ops"} and admins == {"root"}
+    auth = Authenticator(tokens, admins)
+    assert auth.tenant([("authorization", "Bearer s3cret")]) == "alice"
+    assert auth.is_admin([("authorization", "Bearer root")]) and not auth.is_admin([("authorization", "Bearer other")])
 
 
 def test_authenticator():
@@ -75,3 +87,20 @@ def test_rate_limited_warning_says_how_many_it_held_back(caplog):
     now[0] += 10.0
     assert warning.warn("bad again")
     assert [r.getMessage() for r in caplog.records] == ["bad 0", "bad again (and 4 more in the last 10 s)"]
+
+
+@pytest.mark.parametrize(
+    ("config", "kinds", "window"), [({}, ["global", "global"], 0), ("sliding", ["sliding", "global"], 8)]
+)
+def test_model_info_names_each_layers_attention_and_the_window(config, kinds, window):
+    from engine_fixtures import SLIDING, tiny_model
+
+    from radixcache.worker.engine import Engine, EngineConfig
+    from radixcache.worker.engine_api import ModelFacts
+    from radixcache.worker.server import describe
+
+    engine = Engine(tiny_model(**(SLIDING if config == "sliding" else {})), EngineConfig(page_size=4, kv_pages=16))
+    info = describe(engine, model_name="tiny")
+    assert (list(info.layer_kinds), info.sliding_window) == (kinds, window)
+    facts = ModelFacts.from_message(info)  # the front-side mirror keeps them, as plain values
+    assert (facts.layer_kinds, facts.sliding_window) == (tuple(kinds), window)

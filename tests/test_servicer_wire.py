@@ -93,8 +93,8 @@ class ScriptedEngine(FakeEngine):
                 self.pins[(namespace, tuple(token_ids))] = ttl_s
             return pinned
 
-    def stats(self):
-        s = super().stats()
+    def stats(self, namespace=None):
+        s = super().stats(namespace)
         s.cache.queried_tokens, s.cache.hit_tokens = self.hits
         return s
 

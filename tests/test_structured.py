@@ -6,6 +6,7 @@ padding id, and bad schemas / regexes / grammars are refused before anything is 
 from __future__ import annotations
 
 import json
+import logging
 import re
 import threading
 
@@ -14,7 +15,7 @@ import jsonschema
 import pytest
 from engine_fixtures import byte_tokenizer, tiny_model
 from helpers import tiny_config
-from test_engine import Collector, assert_clean, make_engine
+from test_engine import Collector, assert_clean, make_engine, run_requests
 from worker_harness import ThreadedWorker
 
 from radixcache.client import Client
@@ -101,12 +102,7 @@ def chat_prompt(loaded) -> list[int]:
     return tok.encode(text, add_special_tokens=False)
 
 
-def run(engine: Engine, requests: list[Request]) -> Collector:
-    sink = Collector()
-    for r in requests:
-        engine.submit(r, sink)
-    engine.run_until_idle()
-    return sink
+run = run_requests  # every request submitted, then the engine run until idle: the Collector
 
 
 def texts(sink: Collector, ids: list[str]) -> list[str]:
@@ -290,6 +286,15 @@ def test_padding_rows_of_the_model_vocab_are_never_sampled():
         assert re.fullmatch("[a-z ]{4,12}", texts(sink, [f"c{i}"])[0])
 
 
+# Accepted before the compile-time probe, then failing (500 / INTERNAL) on their first tokens, with the whole grammar
+# in the log: an object that must contain itself forever, 40 x 40 nested alternatives, a million forced characters.
+ENDLESS_RECURSION = {"$defs": {"n": {"type": "object", "properties": {"next": {"$ref": "#/$defs/n"}}, "required": ["next"]}}, "$ref": "#/$defs/n"}  # fmt: skip
+ANY_OF_40_X_40 = {"anyOf": [{"anyOf": [{"maxItems": i + j} for j in range(40)]} for i in range(40)]}
+EXPLODING = [
+    Constraint("json_schema", json.dumps(ENDLESS_RECURSION)),
+    Constraint("json_schema", json.dumps(ANY_OF_40_X_40)),
+    Constraint("regex", "(x{1000}){1000}"),
+]
 BAD = [
     (Constraint("json_schema", '{"type": "objekt"}'), "objekt"),
     (Constraint("json_schema", '{"type": "integer", "minimum": 5, "maximum": 1}'), "minimum"),
@@ -297,6 +302,7 @@ BAD = [
     (Constraint("regex", "a(b"), "unclosed group"),
     (Constraint("ebnf", 'root ::= "a" missing'), "missing"),
     (Constraint("ebnf", 'start: "a" | nothing'), "nothing"),
+    *((c, "too complex to serve") for c in EXPLODING),
 ]
 
 
@@ -307,12 +313,29 @@ def test_invalid_constraints_are_refused_before_anything_is_allocated(tiny, cons
     with pytest.raises(ConstraintError, match=re.escape(named)) as info:
         engine.submit(Request("bad", [1, 2, 3], constraint=constraint), Collector())
     assert str(info.value).startswith(constraint.kind)
+    assert len(str(info.value)) < 400  # one line: never the grammar, never the parser's state
     with pytest.raises(ConstraintError, match=re.escape(named)):
         engine.compile_constraint(constraint)
     assert not engine.step()  # nothing was queued
     assert engine.cache.stats() == before
     sink = run(engine, [Request("bad", [1, 2, 3], SamplingParams(max_tokens=2))])  # the id is free, it serves
     assert sink.last("bad").finish_reason is not None
+
+
+def test_a_grammar_failing_past_the_probe_ends_only_its_request_with_one_short_log_line(tiny, caplog):
+    # The probe takes two tokens; this regex forces a million x's only after "aaac", so it compiles, and fails while
+    # sampling its fourth token: that request ends with the error, its batch-mate is untouched, nothing leaks.
+    engine = make_engine(tiny, page_size=4)
+    late = Constraint("regex", "[ab][ab][ab]c(x{1000}){1000}")
+    with caplog.at_level(logging.INFO, logger="radixcache.engine"):
+        sink = run(engine, [Request("late", [1, 2, 3], SamplingParams(max_tokens=20), constraint=late),
+                            Request("other", [1, 2, 3], SamplingParams(max_tokens=8, ignore_eos=True))])  # fmt: skip
+    failed = sink.last("late")
+    assert failed.finish_reason is FinishReason.ERROR and "too many expressions" in failed.error
+    assert len(sink.tokens("other")) == 8
+    (record,) = [r for r in caplog.records if "late" in r.getMessage()]
+    assert record.levelno == logging.WARNING and record.exc_info is None and len(record.getMessage()) < 300
+    assert_clean(engine)
 
 
 def test_a_model_without_tokenizer_refuses_constraints():
@@ -376,16 +399,22 @@ def test_json_schema_over_grpc(wire):
         ({"ebnf": 'root ::= "a" missing'}, "missing"),
         ({"regex": "x" * 70_000}, "at most 65536 characters"),
         ({"json_schema": "[" * 60_000}, "nested too deeply"),
-        ({"json_schema": '{"items": ' * 700 + "{}" + "}" * 700}, "recursion limit"),
+        ({"json_schema": '{"items": ' * 700 + "{}" + "}" * 700}, "json_schema nests more than 64 levels"),
+        ({"json_schema": '{"items": ' * 65 + "{}" + "}" * 65}, "json_schema nests more than 64 levels"),
+        ({"json_schema": {"type": "object", "x-guidance": {"whitespace_flexible": True}}}, "x-guidance"),
+        ({"json_schema": ENDLESS_RECURSION}, "json_schema: the grammar is too complex to serve"),
+        ({"json_schema": ANY_OF_40_X_40}, "json_schema: the grammar is too complex to serve"),
+        ({"regex": "(x{1000}){1000}"}, "regex: the grammar is too complex to serve"),
         ({"ebnf": "root ::= " + "(" * 20_000 + '"a"' + ")" * 20_000}, "ebnf: "),
     ],
 )
-def test_bad_constraints_are_invalid_argument_and_the_worker_keeps_serving(wire, kwargs, named):
+def test_bad_constraints_are_invalid_argument_and_the_worker_keeps_serving(wire, kwargs, named, caplog):
     client, engine = wire
-    with pytest.raises(grpc.RpcError) as e:
+    with caplog.at_level(logging.INFO), pytest.raises(grpc.RpcError) as e:
         client.generate_text("<|bos|>Hello", max_tokens=4, **kwargs)
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert named in e.value.details()
+    assert len(e.value.details()) < 400 and sum(len(r.getMessage()) for r in caplog.records) < 400
     assert client.generate_text("<|bos|>Hello", max_tokens=2).completion_tokens == 2
     stats = engine.stats()
     assert stats.cache.live_leases == 0 and stats.running == 0

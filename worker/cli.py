@@ -110,12 +110,55 @@ def parser() -> argparse.ArgumentParser:
     )
     s.add_argument(
         "--kv-events-endpoint",
-        help="publish cache events in vLLM's KV-event format on this ZMQ endpoint, e.g. tcp://*:5557 "
-        "(a wildcard host binds, another host is connected to); needs the 'events' extra",
+        help="publish cache events in vLLM's KV-event format on this ZMQ endpoint, e.g. bind+tcp://127.0.0.1:5557 "
+        "(bind+ binds that interface, connect+ connects; unprefixed, vLLM's rule: a wildcard host such as "
+        "tcp://*:5557 or ipc:// binds, another host is connected to); needs the 'events' extra",
     )
-    s.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port (0: a free one)")
+    s.add_argument(
+        "--kv-events-format",
+        choices=("vllm", "vllm-legacy"),
+        default="vllm",
+        help="vllm (default): events as tagged maps, as vLLM >= 0.26 publishes them; vllm-legacy: positional "
+        "arrays, for consumers of older vLLM",
+    )
+    s.add_argument(
+        "--kv-events-curve-secret",
+        type=Path,
+        help="ZMQ CURVE: this worker's key file (a .key_secret file, as zmq.auth.create_certificates writes); "
+        "subscribers must then authenticate (with --kv-events-curve-clients)",
+    )
+    s.add_argument(
+        "--kv-events-curve-clients",
+        type=Path,
+        help="ZMQ CURVE: a directory of the public key files (*.key) of the subscribers allowed to read the events",
+    )
+    s.add_argument(
+        "--kv-events-insecure",
+        action="store_true",
+        help="with --auth-tokens, publish the events over TCP without CURVE: the network is trusted (the events "
+        "hold every tenant's token ids)",
+    )
+    s.add_argument(
+        "--metrics-port",
+        type=int,
+        help="serve Prometheus /metrics on this port (0: a free one): the whole worker's counters, no auth, for "
+        "the operator's scraper only",
+    )
+    s.add_argument("--metrics-host", help="address the metrics port binds (default: --host), e.g. 127.0.0.1")
     s.add_argument(
         "--http-port", type=int, help="also serve the OpenAI-compatible HTTP API on this port (0: a free one)"
+    )
+    s.add_argument(
+        "--http-max-connections",
+        type=int,
+        default=512,
+        help="open HTTP connections at most (default 512); one more is answered 503 and closed",
+    )
+    s.add_argument(
+        "--http-head-timeout",
+        type=float,
+        default=10.0,
+        help="seconds an HTTP request's line and headers may take to arrive (default 10; then 408, closed)",
     )
     s.add_argument("--grace-period", type=float, default=30.0, help="seconds to drain streams on SIGTERM")
     s.add_argument("--max-concurrent-rpcs", type=int, default=1024)
@@ -256,12 +299,21 @@ def main(argv: list[str]) -> int:
     if (why := check_tier_flags(args)) is not None:  # before loading the model, not after
         print(f"radixcache serve: {why}", file=sys.stderr)
         return 2
+    curve = None
+    if bool(args.kv_events_curve_secret) != bool(args.kv_events_curve_clients):
+        print("radixcache serve: CURVE needs both --kv-events-curve-secret and --kv-events-curve-clients",
+              file=sys.stderr)  # fmt: skip
+        return 2
     if args.kv_events_endpoint:  # fail before loading the model, not after
-        from radixcache.worker.kv_events_zmq import check_available
+        from radixcache.worker.kv_events_zmq import CurveKeys, check_available, check_security
 
+        if args.kv_events_curve_secret:
+            curve = CurveKeys(args.kv_events_curve_secret, args.kv_events_curve_clients)
         try:
             check_available()
-        except RuntimeError as e:
+            check_security(args.kv_events_endpoint, auth=tokens is not None, curve=curve,
+                           insecure=args.kv_events_insecure)  # fmt: skip
+        except (RuntimeError, ValueError) as e:
             print(f"radixcache serve: {e}", file=sys.stderr)
             return 2
     if args.http_port is not None:
@@ -280,11 +332,17 @@ def main(argv: list[str]) -> int:
         auth_tokens=tokens,
         admin_tokens=admins,
         kv_events_endpoint=args.kv_events_endpoint,
+        kv_events_format=args.kv_events_format,
+        kv_events_curve=curve,
+        kv_events_insecure=args.kv_events_insecure,
         metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host,
         grace_period=args.grace_period,
         max_message_bytes=args.max_message_mib << 20,
         max_concurrent_rpcs=args.max_concurrent_rpcs,
         http_port=args.http_port,
+        http_max_connections=args.http_max_connections,
+        http_head_timeout_s=args.http_head_timeout,
     )
 
     def load_engine() -> tuple[Any, Any]:

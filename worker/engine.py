@@ -18,6 +18,7 @@ In process (tests, benchmarks), without the thread:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import threading
@@ -33,6 +34,7 @@ from radixcache.tier import MEDIUM_DISK, MEDIUM_HOST
 from radixcache.tiering import IDLE_WRITE_BUDGET_S
 from radixcache.worker.engine_api import (
     DuplicateRequestError,
+    EngineLoad,
     EngineStats,
     EngineStoppedError,
     RequestTooLargeError,
@@ -45,6 +47,8 @@ from radixcache.worker.samples import RequestSamples
 from radixcache.worker.scheduler import Chunk, Scheduler
 from radixcache.worker.sequence import SeqStatus, Sequence
 from radixcache.worker.step import ModelStep
+from radixcache.worker.structured import ConstraintFailed
+from radixcache.worker.tenant_counts import TenantCounts
 from radixcache.worker.validation import check_engine_request
 
 __all__ = ["DuplicateRequestError", "Engine", "EngineConfig", "EngineStats", "RequestTooLargeError"]
@@ -269,8 +273,19 @@ class Engine:
                 if not thread.is_alive() and not future.done():
                     return fn()  # the loop ended before taking our call; nothing else touches the cache now
 
-    def stats(self) -> EngineStats:
-        return self.call(self._stats)
+    def stats(self, namespace: str | None = None) -> EngineStats:
+        """The whole worker's figures, or (namespace given) that tenant's own: its requests, tokens and cache view
+        (PrefixCache.stats(namespace)), with the pool's capacity and the step count, which are the worker's."""
+        return self.call(lambda: self._stats(namespace))
+
+    def load(self) -> EngineLoad:
+        return self.call(self._load)
+
+    @property
+    def alive(self) -> bool:
+        """The engine thread runs (False before start(), after shutdown(), or if the loop died)."""
+        thread = self._thread
+        return thread is not None and thread.is_alive()
 
     def flush_cache(self, namespace: str | None = None) -> int:
         """Drop what no running request reads: one tenant's namespace, or (None) every namespace."""
@@ -326,6 +341,7 @@ class Engine:
         if samples is not None and samples.done:
             self._requests.pop(seq.request_id, None)
             self._finished += 1
+            self.scheduler.tenants[seq.request.namespace].finished_requests += 1
             with self._ids_lock:
                 self._live_ids.discard(seq.request_id)
         self._emit(seq)
@@ -391,20 +407,43 @@ class Engine:
         except queue.Empty:
             pass
 
-    def _stats(self) -> EngineStats:
+    def _stats(self, namespace: str | None = None) -> EngineStats:
+        sched = self.scheduler
+        if namespace is None:
+            counts = TenantCounts(
+                prompt_tokens=sched.prompt_tokens,
+                cached_tokens=sched.cached_tokens,
+                inflight_shared_tokens=sched.inflight_shared_tokens,
+                preemptions=sched.preemptions,
+                generated_tokens=self._generated,
+                finished_requests=self._finished,
+                host_hit_tokens=sched.tier_hit_tokens.get(MEDIUM_HOST, 0),
+                disk_hit_tokens=sched.tier_hit_tokens.get(MEDIUM_DISK, 0),
+            )
+        else:
+            counts = sched.tenants.get(namespace) or TenantCounts()
+
+        def count(seqs: list[Sequence]) -> int:
+            return len(seqs) if namespace is None else sum(seq.request.namespace == namespace for seq in seqs)
+
         return EngineStats(
-            running=len(self.scheduler.running),
-            waiting=len(self.scheduler.waiting),
-            preemptions=self.scheduler.preemptions,
+            running=count(sched.running),
+            waiting=count(sched.waiting),
             steps=self._steps,
-            finished_requests=self._finished,
-            prompt_tokens=self.scheduler.prompt_tokens,
-            cached_tokens=self.scheduler.cached_tokens,
-            generated_tokens=self._generated,
-            inflight_shared_tokens=self.scheduler.inflight_shared_tokens,
-            host_hit_tokens=self.scheduler.tier_hit_tokens.get(MEDIUM_HOST, 0),
-            disk_hit_tokens=self.scheduler.tier_hit_tokens.get(MEDIUM_DISK, 0),
-            cache=self.cache.stats(),
+            cache=self.cache.stats(namespace),
+            **dataclasses.asdict(counts),
+        )
+
+    def _load(self) -> EngineLoad:
+        sched = self.scheduler
+        live = (*sched.running, *sched.waiting)
+        return EngineLoad(
+            running=len(sched.running),
+            waiting=len(sched.waiting),
+            queued_prefill_tokens=sum(max(0, len(s.tokens) - 1 - s.num_computed) for s in live),
+            pages_busy=self.pool.num_pages - self.cache.available_pages(),
+            pages_total=self.pool.num_pages,
+            steps=self._steps,
         )
 
     # --- one step ----------------------------------------------------------------------------------------------
@@ -451,9 +490,8 @@ class Engine:
                         # the forks' matchers are at the start too: the same mask holds for them
                         self._fork(seq, group.take_forks(), logits[row], allowed.get(row))
                 self._end_or_emit(seq)
-            except Exception:
-                log.exception("request %s failed", seq.name)
-                self._end(seq, FinishReason.ERROR, "internal error while sampling this request")
+            except Exception as exc:
+                self._sampling_failed(seq, exc)
 
     def _end_or_emit(self, seq: Sequence) -> None:
         if seq.finish_reason is not None:
@@ -472,10 +510,20 @@ class Engine:
                 if self.scheduler.fork(first, seq):
                     self._sample(seq, logits, allowed)
                     self._end_or_emit(seq)
-            except Exception:
-                log.exception("request %s failed", seq.name)
-                self._end(seq, FinishReason.ERROR, "internal error while sampling this request")
+            except Exception as exc:
+                self._sampling_failed(seq, exc)
+
+    def _sampling_failed(self, seq: Sequence, exc: Exception) -> None:
+        """End a request whose sampling raised; the others go on. A constraint that failed mid-generation is one
+        log line (its message is short by construction); anything else is a bug and gets its traceback."""
+        if isinstance(exc, ConstraintFailed):
+            log.warning("request %s: %s", seq.name, exc)
+            self._end(seq, FinishReason.ERROR, str(exc))
+            return
+        log.error("request %s failed", seq.name, exc_info=exc)
+        self._end(seq, FinishReason.ERROR, "internal error while sampling this request")
 
     def _sample(self, seq: Sequence, logits: torch.Tensor, allowed: torch.Tensor | None = None) -> None:
         self.runner.sample(seq, logits, allowed)
         self._generated += 1
+        self.scheduler.tenants[seq.request.namespace].generated_tokens += 1

@@ -60,6 +60,18 @@ class EngineStats:
 
 
 @dataclass(frozen=True)
+class EngineLoad:
+    """How busy an engine is, for a cluster router and a health check (cheap: O(requests), no tree walk)."""
+
+    running: int
+    waiting: int
+    queued_prefill_tokens: int  # tokens live requests still have to prefill (a waiting one's cache hits included)
+    pages_busy: int  # KV pages neither free nor evictable: held by running requests, or pinned
+    pages_total: int
+    steps: int  # engine steps so far (a health check sees it advance while there is work)
+
+
+@dataclass(frozen=True)
 class ModelFacts:
     """What a front needs to know about the served model and its engine, without any wire format: the gRPC front
     sends it as `ModelInfo` (same field names), the OpenAI front reads the model name and context from it."""
@@ -78,6 +90,8 @@ class ModelFacts:
     cache_enabled: bool = True
     eos_token_ids: tuple[int, ...] = ()
     max_pinned_pages: int = 0
+    layer_kinds: tuple[str, ...] = ()  # per layer "global" | "sliding"
+    sliding_window: int = 0  # tokens a sliding layer attends to; 0: none slides
 
     @property
     def kv_tokens(self) -> int:
@@ -93,6 +107,8 @@ class ModelFacts:
         values = {f.name: getattr(message, f.name) for f in fields(cls) if hasattr(message, f.name)}
         if "eos_token_ids" in values:
             values["eos_token_ids"] = tuple(int(t) for t in values["eos_token_ids"])
+        if "layer_kinds" in values:
+            values["layer_kinds"] = tuple(str(k) for k in values["layer_kinds"])
         return cls(**values)
 
 
@@ -111,7 +127,7 @@ class EngineLike(Protocol):
 
     def abort(self, request_id: str) -> bool: ...
 
-    def stats(self) -> EngineStats: ...
+    def stats(self, namespace: str | None = None) -> EngineStats: ...
 
     def flush_cache(self, namespace: str | None = None) -> int: ...
 

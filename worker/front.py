@@ -218,8 +218,14 @@ class FrontCore:
         except InvalidArgument as e:
             raise _invalid(e) from None
 
-    async def stats(self) -> EngineStats:
-        return await asyncio.to_thread(self.ready().stats)
+    def stats_view(self, credentials: Iterable[tuple[str, str | bytes]] | None) -> str | None:
+        """Whose figures a caller sees: a tenant its own (with the pool's capacity), an admin, or anyone with auth
+        off, the whole worker's (None). Refusal(UNAUTHENTICATED) for a bad token."""
+        return None if self.auth.is_admin(credentials) else self.tenant(credentials)
+
+    async def stats(self, namespace: str | None = None) -> EngineStats:
+        """The whole worker's figures, or (namespace) one tenant's: see Engine.stats and stats_view."""
+        return await asyncio.to_thread(self.ready().stats, namespace)
 
     async def flush(self, tenant: str) -> int:
         """Drop the caller's own cached pages (one tenant cannot empty another's cache)."""

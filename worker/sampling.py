@@ -41,7 +41,11 @@ def apply_penalties(logits: torch.Tensor, generated: list[int], params: Sampling
 
 
 def filtered_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """Probabilities after temperature, top-k, top-p and min-p (float32, one row [vocab]); finite, summing to 1.
+    """Probabilities after temperature, top-k, min-p and top-p (float32, one row [vocab]); finite, summing to 1.
+
+    The filters apply in that order, each to what the previous ones kept: top-k keeps the k most likely tokens,
+    min-p those at least min_p times the best one (the two commute), and top-p, last as in vLLM, the smallest set
+    reaching top_p of the mass still kept (top_k=2, top_p=0.6 over 0.5, 0.2, ... keeps only 0.5: 71% of 0.7).
 
     The best token always survives every filter, and temperature scales logits relative to the best one (which
     stays at 0), so no temperature or top_p in range can make every probability 0, inf or NaN.

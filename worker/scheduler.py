@@ -30,8 +30,10 @@ from dataclasses import dataclass
 
 from radixcache.cache import CacheFullError, Lease, PrefixCache
 from radixcache.pool import KVPool
+from radixcache.tier import MEDIUM_DISK, MEDIUM_HOST
 from radixcache.worker.request import FinishReason
 from radixcache.worker.sequence import SeqStatus, Sequence
+from radixcache.worker.tenant_counts import tenant_table
 
 # Past this many waiting requests, ordering by cached prefix costs more than it saves: fall back to arrival order.
 MAX_SORTED_WAITING = 128
@@ -75,6 +77,7 @@ class Scheduler:
         self.prompt_tokens = 0  # over first admissions (a preempted request's recompute is not counted again)
         self.cached_tokens = 0
         self.tier_hit_tokens: dict[str, int] = {}  # medium -> admitted tokens that a tier load brought back
+        self.tenants = tenant_table()  # the counters above, per namespace (and the engine's, per worker.tenant_counts)
         self._admitted = 0
 
     # --- bookkeeping -------------------------------------------------------------------------------------
@@ -132,6 +135,7 @@ class Scheduler:
         seq.waited_steps = self.aging_steps  # it was already admitted once: don't make it queue again
         self.waiting.insert(0, seq)
         self.preemptions += 1
+        self.tenants[seq.request.namespace].preemptions += 1
 
     def published(self, seq: Sequence) -> None:
         """After a step: put newly completed pages into the tree so concurrent requests can share them."""
@@ -340,9 +344,12 @@ class Scheduler:
 
     def _count_tier_hits(self, seq: Sequence, cached: int) -> None:
         """Of the tokens this admission hit, those its tier loads brought back (by medium; the rest hit memory)."""
+        mine = self.tenants[seq.request.namespace]
         for medium, tokens in seq.tier_tokens.items():
             served = min(tokens, cached)
             self.tier_hit_tokens[medium] = self.tier_hit_tokens.get(medium, 0) + served
+            field = {MEDIUM_HOST: "host_hit_tokens", MEDIUM_DISK: "disk_hit_tokens"}[medium]
+            setattr(mine, field, getattr(mine, field) + served)
             cached -= served
         seq.tier_tokens = {}
         seq.tier_probes = 0
@@ -368,11 +375,15 @@ class Scheduler:
             seq.cached_tokens = min(lease.cached_tokens, seq.num_prompt)
             self.prompt_tokens += seq.num_prompt
             self.cached_tokens += seq.cached_tokens
+            mine = self.tenants[seq.request.namespace]
+            mine.prompt_tokens += seq.num_prompt
+            mine.cached_tokens += seq.cached_tokens
             if lease.cached_tokens > 0 and any(
                 other.request.namespace == seq.request.namespace and other.common_prefix(seq) >= lease.cached_tokens
                 for other in self.running
             ):
                 self.inflight_shared_tokens += seq.cached_tokens
+                mine.inflight_shared_tokens += seq.cached_tokens
         self.waiting.remove(seq)
         self._run(seq, lease)
 

@@ -45,11 +45,17 @@ class ServerOptions:
     auth_tokens: dict[str, str] | None = None  # token -> tenant; None: no auth, every caller is tenant ""
     admin_tokens: set[str] | None = None  # of auth_tokens, those that may subscribe to cache events
     kv_events_endpoint: str | None = None  # ZMQ endpoint publishing cache events in vLLM's format
+    kv_events_format: str = "vllm"  # or "vllm-legacy" (worker.kv_events_vllm)
+    kv_events_curve: Any = None  # kv_events_zmq.CurveKeys: subscribers authenticate with ZMQ CURVE
+    kv_events_insecure: bool = False  # with auth_tokens, TCP without CURVE is allowed: the network is trusted
     metrics_port: int | None = None  # None: no metrics endpoint; 0: a free port
+    metrics_host: str | None = None  # the metrics' bind address (None: host); the port has no auth: operator-only
     grace_period: float = 30.0  # seconds in-flight streams get to finish on shutdown
     max_message_bytes: int = 16 * MiB
     max_concurrent_rpcs: int = 1024  # beyond it gRPC answers RESOURCE_EXHAUSTED
     http_port: int | None = None  # the OpenAI-compatible HTTP API on this port (0: a free one); None: no HTTP
+    http_max_connections: int = 512  # open HTTP connections at most; one more is answered 503
+    http_head_timeout_s: float = 10.0  # an HTTP request's line and headers must arrive within this (else 408)
 
 
 def grpc_server_options(max_message_bytes: int) -> list[tuple[str, Any]]:
@@ -82,12 +88,18 @@ class WorkerServer:
         self.metrics_port: int | None = None
         self.http: Any = None  # openai.http_server.HttpServer, with --http-port
         self.http_port: int | None = None
+        self.kv_events: Any = None  # kv_events_zmq.ZmqKvEventPublisher, with kv_events_endpoint (.endpoint: as bound)
         self._server: grpc.aio.Server | None = None
         self._stopped = False
 
     async def start(self) -> int:
         """Bind and start serving (health NOT_SERVING until attach()); returns the bound port."""
         o = self.options
+        if o.kv_events_endpoint:  # refused before any port is bound
+            from radixcache.worker.kv_events_zmq import check_security
+
+            check_security(o.kv_events_endpoint, auth=o.auth_tokens is not None, curve=o.kv_events_curve,
+                           insecure=o.kv_events_insecure)  # fmt: skip
         server = grpc.aio.server(
             options=grpc_server_options(o.max_message_bytes),
             maximum_concurrent_rpcs=o.max_concurrent_rpcs,
@@ -112,12 +124,14 @@ class WorkerServer:
         await server.start()
         self._server = server
         if o.http_port is not None:
-            from radixcache.worker.openai.http_server import HttpServer  # fastapi/uvicorn: only when asked for
+            from radixcache.worker.openai.http_guard import HttpLimits  # fastapi/uvicorn: only when asked for
+            from radixcache.worker.openai.http_server import HttpServer
 
-            self.http = HttpServer(self.core, o.host, o.http_port, max_body_bytes=o.max_message_bytes)
+            limits = HttpLimits(max_connections=o.http_max_connections, head_timeout_s=o.http_head_timeout_s)
+            self.http = HttpServer(self.core, o.host, o.http_port, max_body_bytes=o.max_message_bytes, limits=limits)
             self.http_port = await self.http.start()
         if o.metrics_port is not None:
-            self.metrics_port = self.metrics.serve_http(o.metrics_port, o.host)
+            self.metrics_port = self.metrics.serve_http(o.metrics_port, o.metrics_host or o.host)
         return self.port
 
     async def attach(self, engine: Any, facts: ModelFacts) -> None:
@@ -141,7 +155,12 @@ class WorkerServer:
         if self.options.kv_events_endpoint:
             from radixcache.worker.kv_events_zmq import ZmqKvEventPublisher
 
-            hub.add_publisher(ZmqKvEventPublisher(self.options.kv_events_endpoint, hub.page_size))
+            o = self.options
+            publisher = ZmqKvEventPublisher(
+                o.kv_events_endpoint, hub.page_size, layout=o.kv_events_format, curve=o.kv_events_curve
+            )
+            hub.add_publisher(publisher)
+            self.kv_events = publisher
 
     async def stop(self, grace: float | None = None) -> None:
         """Drain, then close. Idempotent.
@@ -209,9 +228,12 @@ async def run_worker(
             if on_listening is not None:
                 on_listening(options.host, port)
             if server.metrics_port is not None:
-                print(f"metrics on http://{options.host}:{server.metrics_port}/metrics", flush=True)
+                host = options.metrics_host or options.host
+                print(f"metrics on http://{host}:{server.metrics_port}/metrics", flush=True)
             if server.http_port is not None:
                 print(f"openai api on http://{options.host}:{server.http_port}/v1", flush=True)
+            if server.kv_events is not None:
+                print(f"cache events on {server.kv_events.endpoint}", flush=True)
             await stopping
         else:  # stopped while loading: the load must finish before its engine can be shut down
             stopping.cancel()
@@ -242,6 +264,7 @@ def describe(
     if model is not None:
         dtype = str(next(model.parameters()).dtype)
     config = getattr(engine, "config", None)
+    kinds = tuple(getattr(cfg, "layer_kinds", None) or ())
     return ModelFacts(
         model_name=model_name,
         model_path=model_path,
@@ -257,4 +280,6 @@ def describe(
         cache_enabled=bool(getattr(config, "cache_enabled", cache_enabled)),
         eos_token_ids=tuple(sorted(int(t) for t in eos)),
         max_pinned_pages=int(getattr(engine, "max_pinned_pages", 0) or 0),
+        layer_kinds=kinds,
+        sliding_window=int(getattr(cfg, "sliding_window", None) or 0) if "sliding" in kinds else 0,
     )

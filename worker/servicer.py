@@ -158,7 +158,8 @@ class RadixCacheServicer(pb_grpc.RadixCacheServicer):
     @refusals_as_status
     async def GetCacheStats(self, request: pb.GetCacheStatsRequest, context: grpc.aio.ServicerContext) -> pb.CacheStats:
         self._tenant(context)
-        return cache_stats_message(await self.core.stats())
+        view = self.core.stats_view(context.invocation_metadata())  # a tenant sees its own figures
+        return cache_stats_message(await self.core.stats(view))
 
     @refusals_as_status
     async def FlushCache(

@@ -18,6 +18,7 @@ from radixcache.pool import KVPool, KVShape
 from radixcache.worker.attention import BatchLayout, SequenceSlice
 from radixcache.worker.attention.base import create_backend
 from radixcache.worker.engine_config import DEFAULT_KV_MEMORY, EngineConfig
+from radixcache.worker.model.llama import attention_options
 from radixcache.worker.request import FinishReason
 from radixcache.worker.sampling import apply_penalties, sample_row, token_logprob
 from radixcache.worker.scheduler import Chunk
@@ -58,14 +59,14 @@ class ModelStep:
         self.device, self.dtype = param.device, param.dtype
         self.page_size = config.page_size
         self.pool = build_pool(loaded, config)
-        self.backend = create_backend(
-            config.backend,
-            self.device,
+        self.backend_options = dict(
             num_heads=mc.num_heads,
             num_kv_heads=mc.num_kv_heads,
             head_dim=mc.head_dim,
             dtype=self.dtype,
+            attention=attention_options(mc),
         )
+        self.backend = create_backend(config.backend, self.device, **self.backend_options)
         # Structured outputs: grammars compile on the submitting thread, masks are applied on the engine thread.
         self.grammars = GrammarCache(loaded.tokenizer, mc.vocab_size, eos_ids)
         self.context_length = mc.max_position_embeddings
@@ -120,5 +121,5 @@ class ModelStep:
                 "attention backend %s failed its start-up warm-up (%s: %s); falling back to the torch backend",
                 self.backend.name, type(exc).__name__, exc, exc_info=True,
             )  # fmt: skip
-            self.backend = create_backend("torch", self.device)
+            self.backend = create_backend("torch", self.device, **self.backend_options)
             warm_up(self.model, self.pool, cache, self.backend)

@@ -18,7 +18,9 @@ padding rows) are never allowed, so a constrained request cannot sample one.
 
 from __future__ import annotations
 
+import re
 import threading
+import time
 from collections import OrderedDict
 from typing import Any
 
@@ -33,8 +35,37 @@ DEFAULT_CACHE_SIZE = 256  # compiled grammars kept; a pristine matcher is small 
 _BIT_SHIFTS = torch.arange(32, dtype=torch.int32)  # bit t of word w allows token 32 * w + t
 
 
+# llguidance's resource limits (LLParserLimits), its defaults except two. verbose_errors off: an error is one short
+# line, never the parser state and the whole grammar (45 KB in a log line for a big schema). Regex analysis fuel
+# 200k (~4 ms) instead of 1M: `(x{1000}){1000}` then fails its first mask in ~0.1 s instead of ~0.9 s. The others
+# (items per Earley row 2000, per step 50k, lexer states 250k, grammar symbols 500k) bound each step; the probe
+# below catches grammars that pass them at compile time and blow up on the first tokens.
+LEXER_FUEL = 200_000
+# A grammar whose first two masks take longer than this to compute is refused: every step of a constrained request
+# computes its mask on the engine thread, so a slow grammar would stall everyone's tokens.
+PROBE_BUDGET_S = 0.5
+MAX_ERROR_CHARS = 300
+_SOURCE_LINE = re.compile(r"^\s*\d+ \| ")  # llguidance quotes the grammar's lines after a Lark error
+
+
 class ConstraintError(ValueError):
-    """The constraint cannot be compiled: the message names the field and the problem."""
+    """The constraint cannot be compiled or served: the message names the field and the problem."""
+
+
+class ConstraintFailed(RuntimeError):
+    """A grammar that compiled failed while sampling (a resource limit llguidance hit mid-generation, or a masking
+    bug): the request ends with an error; the message is one short line."""
+
+
+def short_error(message: str) -> str:
+    """llguidance's error as one line of at most MAX_ERROR_CHARS: no quoted grammar, no state dump."""
+    lines = []
+    for line in message.replace("<non-verbose/>", "").strip().splitlines():
+        if _SOURCE_LINE.match(line) or line.startswith(("<state>", "<grammar>")):
+            break
+        lines.append(line.strip())
+    text = " ".join(x for x in lines if x)
+    return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 3] + "..."
 
 
 def _llguidance() -> Any:
@@ -73,9 +104,9 @@ class GrammarMatcher:
         self.consumed = 0
 
     def consume(self, token_id: int) -> None:
-        """Advance by one sampled token. RuntimeError if the grammar does not allow it (a masking bug, not input)."""
+        """Advance by one sampled token. ConstraintFailed if the grammar does not allow it or hit a limit."""
         if not self._m.consume_token(token_id):
-            raise RuntimeError(f"the constraint rejected token {token_id}: {self._m.get_error()}")
+            raise ConstraintFailed(f"the constraint failed at token {token_id}: {short_error(self._m.get_error())}")
         self.consumed += 1
 
     @property
@@ -137,9 +168,12 @@ class GrammarCache:
                 self.hits += 1
                 return hit
         tables = self._tokenizer_tables()
-        matcher = _llguidance().LLMatcher(tables, grammar_text(constraint), log_level=0)
+        llg = _llguidance()
+        limits = llg.LLParserLimits(initial_lexer_fuel=LEXER_FUEL, verbose_errors=False)
+        matcher = llg.LLMatcher(tables, grammar_text(constraint), log_level=0, limits=limits)
         if matcher.is_error():
-            raise ConstraintError(f"{constraint.kind}: {matcher.get_error().strip()}")
+            raise ConstraintError(f"{constraint.kind}: {short_error(matcher.get_error())}")
+        self._probe(constraint.kind, matcher)
         with self._lock:
             self.misses += 1
             self._compiled[constraint] = matcher
@@ -147,6 +181,25 @@ class GrammarCache:
             while len(self._compiled) > self.capacity:
                 self._compiled.popitem(last=False)
         return matcher
+
+    def _probe(self, kind: str, pristine: Any) -> None:
+        """Compute the first mask, take one allowed token and compute the next, on a copy: a grammar that explodes
+        there (recursion forcing endless tokens, anyOf blow-ups, huge counted repeats) or is too slow to mask is
+        refused now with ConstraintError, instead of failing (or stalling the engine thread) while sampling."""
+        started = time.monotonic()
+        probe = pristine.deep_copy()
+        token = _first_allowed(probe, self._eos)
+        if token is not None and not probe.is_error():
+            probe.consume_token(token)
+            _first_allowed(probe, self._eos)
+        elapsed = time.monotonic() - started
+        if probe.is_error():
+            raise ConstraintError(f"{kind}: the grammar is too complex to serve: {short_error(probe.get_error())}")
+        if elapsed > PROBE_BUDGET_S:
+            raise ConstraintError(
+                f"{kind}: the grammar is too complex to serve: its first two token masks took {elapsed * 1000:.0f} ms "
+                f"(at most {PROBE_BUDGET_S * 1000:.0f} ms)"
+            )
 
     def matcher(self, constraint: Constraint) -> GrammarMatcher:
         """A fresh matcher for one request (a copy of the compiled one: microseconds on a cache hit)."""
@@ -179,6 +232,15 @@ class GrammarCache:
             m.raw.unsafe_compute_mask_ptr(bitmask[i].data_ptr(), words * 4)
         allowed = ((bitmask.unsqueeze(-1) >> _BIT_SHIFTS) & 1).view(len(rows), -1)[:, :vocab].bool()
         return logits[rows].masked_fill_(~allowed, float("-inf"))
+
+
+def _first_allowed(matcher: Any, eos: list[int]) -> int | None:
+    """Compute the matcher's next mask; the lowest token it allows that is not an EOS (None: none, or an error)."""
+    mask = torch.frombuffer(bytearray(matcher.compute_bitmask()), dtype=torch.uint8)
+    if matcher.is_error():
+        return None
+    allowed = ((mask.unsqueeze(-1) >> torch.arange(8, dtype=torch.uint8)) & 1).flatten().nonzero().flatten()
+    return next((t for t in allowed.tolist() if t not in eos), None)
 
 
 class _TokenTexts:

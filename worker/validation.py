@@ -27,6 +27,9 @@ from radixcache.worker.request import Constraint, Request, SamplingParams
 CHAT_ROLES = ("system", "user", "assistant", "tool")
 MAX_REQUEST_ID_CHARS = 128
 MAX_CHAT_MESSAGES = 1024
+# JSON containers a json_schema may nest (a pydantic model nested 10 deep uses ~25). llguidance's own reader stops at
+# 128 with a message naming a column; the tool-call grammar adds 5 levels around a tool's parameters.
+MAX_SCHEMA_DEPTH = 64
 DEFAULT_MAX_TOKENS = SamplingParams().max_tokens
 
 
@@ -377,4 +380,28 @@ def constraint(kind: str | None, text: str = "") -> Constraint | None:
             raise InvalidArgument("json_schema is nested too deeply") from None
         if not isinstance(schema, (dict, bool)):
             raise InvalidArgument(f"json_schema must be a JSON object, got a JSON {type(schema).__name__}")
+        depth = json_depth(schema, MAX_SCHEMA_DEPTH)
+        if depth > MAX_SCHEMA_DEPTH:
+            raise InvalidArgument(f"json_schema nests more than {MAX_SCHEMA_DEPTH} levels of objects and arrays")
+        if isinstance(schema, dict) and "x-guidance" in schema:
+            # The server's grammar options (one-line JSON layout, no free whitespace) hold for every request; a
+            # schema that asks for others is refused rather than silently served differently than it asks.
+            raise InvalidArgument('json_schema: "x-guidance" (grammar options) is set by the server, not the schema')
     return wanted
+
+
+def json_depth(value: Any, limit: int) -> int:
+    """How deeply `value` (parsed JSON) nests lists and dicts (a scalar: 0, [] or {}: 1), counted up to limit + 1:
+    iterative, so a hostile depth costs no recursion and stops at the first path past the limit."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        deepest = max(deepest, depth)
+        if depth > limit:
+            return depth
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return deepest

@@ -160,7 +160,7 @@ class GetModelInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("model_name", "model_path", "architecture", "vocab_size", "context_length", "page_size", "kv_pages", "kv_bytes", "backend", "dtype", "device", "cache_enabled", "eos_token_ids", "max_pinned_pages")
+    __slots__ = ("model_name", "model_path", "architecture", "vocab_size", "context_length", "page_size", "kv_pages", "kv_bytes", "backend", "dtype", "device", "cache_enabled", "eos_token_ids", "max_pinned_pages", "layer_kinds", "sliding_window")
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_PATH_FIELD_NUMBER: _ClassVar[int]
     ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
@@ -175,6 +175,8 @@ class ModelInfo(_message.Message):
     CACHE_ENABLED_FIELD_NUMBER: _ClassVar[int]
     EOS_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     MAX_PINNED_PAGES_FIELD_NUMBER: _ClassVar[int]
+    LAYER_KINDS_FIELD_NUMBER: _ClassVar[int]
+    SLIDING_WINDOW_FIELD_NUMBER: _ClassVar[int]
     model_name: str
     model_path: str
     architecture: str
@@ -189,7 +191,9 @@ class ModelInfo(_message.Message):
     cache_enabled: bool
     eos_token_ids: _containers.RepeatedScalarFieldContainer[int]
     max_pinned_pages: int
-    def __init__(self, model_name: _Optional[str] = ..., model_path: _Optional[str] = ..., architecture: _Optional[str] = ..., vocab_size: _Optional[int] = ..., context_length: _Optional[int] = ..., page_size: _Optional[int] = ..., kv_pages: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., backend: _Optional[str] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., cache_enabled: _Optional[bool] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., max_pinned_pages: _Optional[int] = ...) -> None: ...
+    layer_kinds: _containers.RepeatedScalarFieldContainer[str]
+    sliding_window: int
+    def __init__(self, model_name: _Optional[str] = ..., model_path: _Optional[str] = ..., architecture: _Optional[str] = ..., vocab_size: _Optional[int] = ..., context_length: _Optional[int] = ..., page_size: _Optional[int] = ..., kv_pages: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., backend: _Optional[str] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., cache_enabled: _Optional[bool] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., max_pinned_pages: _Optional[int] = ..., layer_kinds: _Optional[_Iterable[str]] = ..., sliding_window: _Optional[int] = ...) -> None: ...
 
 class GetCacheStatsRequest(_message.Message):
     __slots__ = ()
@@ -324,20 +328,22 @@ class SubscribeCacheEventsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class CacheEventBatch(_message.Message):
-    __slots__ = ("kind", "sequence", "events", "snapshot_complete", "page_size", "timestamp")
+    __slots__ = ("kind", "sequence", "events", "snapshot_complete", "page_size", "timestamp", "replica_id")
     KIND_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     EVENTS_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_COMPLETE_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     kind: CacheEventBatchKind
     sequence: int
     events: _containers.RepeatedCompositeFieldContainer[CacheEvent]
     snapshot_complete: bool
     page_size: int
     timestamp: float
-    def __init__(self, kind: _Optional[_Union[CacheEventBatchKind, str]] = ..., sequence: _Optional[int] = ..., events: _Optional[_Iterable[_Union[CacheEvent, _Mapping]]] = ..., snapshot_complete: _Optional[bool] = ..., page_size: _Optional[int] = ..., timestamp: _Optional[float] = ...) -> None: ...
+    replica_id: str
+    def __init__(self, kind: _Optional[_Union[CacheEventBatchKind, str]] = ..., sequence: _Optional[int] = ..., events: _Optional[_Iterable[_Union[CacheEvent, _Mapping]]] = ..., snapshot_complete: _Optional[bool] = ..., page_size: _Optional[int] = ..., timestamp: _Optional[float] = ..., replica_id: _Optional[str] = ...) -> None: ...
 
 class CacheEvent(_message.Message):
     __slots__ = ("namespace", "stored", "removed", "cleared")

@@ -151,7 +151,8 @@ class RadixCacheServicer:
         namespaces), then live batches of stored / removed / cleared events with consecutive sequence numbers. A
         subscriber that reads too slowly is not buffered without bound: it gets a RESET batch, then a fresh snapshot.
         Events reveal every tenant's token ids, so with --auth-tokens only tokens marked admin may subscribe (others get
-        PERMISSION_DENIED). The stream ends with UNAVAILABLE when the worker shuts down.
+        PERMISSION_DENIED). The stream ends with UNAVAILABLE when the worker shuts down. A cluster's endpoint streams
+        every replica's events, each batch tagged with its replica_id.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -4,20 +4,61 @@ One engine step = one BatchLayout. The model calls `backend.begin_step(layout)` 
 `backend.forward(layer, q, k, v, kv_layer, layout)` per layer. Every backend computes the same thing:
 
     write the new K/V rows into the pool at (layout.write_pages, layout.write_slots), then
-    out[t] = softmax(q[t] . K_seq^T / sqrt(D)) V_seq over positions 0..positions[t] of t's sequence,
+    s = cap(scale * q[t] . K_seq^T), cap(x) = soft_cap * tanh(x / soft_cap) when soft_cap is set, else x
+    out[t] = softmax(s) V_seq over the positions layer `layer` of t's sequence sees (worker/attention/window.py:
+    0..positions[t] for a global layer, the last W of them for a sliding one),
 
-with query head h reading KV head h // (H // KVH) (grouped-query attention). Backends differ only in speed.
+with query head h reading KV head h // (H // KVH) (grouped-query attention); scale, soft_cap and each layer's
+window come from the backend's AttentionOptions. Backends differ only in speed.
 """
 
 from __future__ import annotations
 
 import importlib
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
 from radixcache.worker.attention.layout import BatchLayout
+
+
+@dataclass(frozen=True)
+class AttentionOptions:
+    """What a model's attention computes beyond scaled causal softmax; a backend is created for one model's options.
+
+    scale:    the scores' scale; None: 1/sqrt(head_dim).
+    soft_cap: scores (after scaling) become soft_cap * tanh(scores / soft_cap) before the mask (Gemma 2); None: not.
+    windows:  () when every layer is global, else one entry per layer: None (global: every earlier position) or W
+              (sliding: the last W positions, its own included). All-None is stored as (), so options that spell out
+              the global layers equal those that do not.
+    """
+
+    scale: float | None = None
+    soft_cap: float | None = None
+    windows: tuple[int | None, ...] = ()
+
+    def __post_init__(self) -> None:
+        for name in ("scale", "soft_cap"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise ValueError(f"attention {name} must be a finite number > 0, got {value}")
+        windows = tuple(self.windows)
+        if any(w is not None and w < 1 for w in windows):
+            raise ValueError(f"attention windows must be >= 1 token, got {windows}")
+        object.__setattr__(self, "windows", windows if any(w is not None for w in windows) else ())
+
+    def window(self, layer: int) -> int | None:
+        """Layer `layer`'s window (None: global)."""
+        return self.windows[layer] if self.windows else None
+
+    @property
+    def distinct_windows(self) -> tuple[int | None, ...]:
+        """Every window some layer has, global (None) first: a backend plans once per entry each step."""
+        sliding = tuple(sorted({w for w in self.windows if w is not None}))
+        return (None, *sliding) if None in self.windows or not self.windows else sliding
 
 
 class AttentionBackend(ABC):
@@ -28,7 +69,9 @@ class AttentionBackend(ABC):
       there (FlashInfer) or precompute gather indices (torch). It must not read the KV pool.
     - forward(layer_idx, q[T,H,D], k[T,KVH,D], v[T,KVH,D], kv_layer[pages,2,page,KVH,D], layout) writes k/v
       into kv_layer at the layout's write positions, then returns attention output [T,H,D] in q's dtype
-      (scale 1/sqrt(D), causal within each sequence, cached prefix fully visible).
+      (causal within each sequence; a global layer sees its whole cached prefix, a sliding layer its window).
+    - A sliding layer never reads a page of a sequence's block table before `window.skipped_pages` (the pages no
+      query of the step can see): those may hold anything (NaN included), so a cache may give them back.
     """
 
     name: str = "abstract"
@@ -41,12 +84,14 @@ class AttentionBackend(ABC):
         num_kv_heads: int | None = None,
         head_dim: int | None = None,
         dtype: torch.dtype | None = None,
+        attention: AttentionOptions | None = None,
     ) -> None:
         self.device = torch.device(device)
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.dtype = dtype
+        self.attention = attention or AttentionOptions()
 
     @abstractmethod
     def begin_step(self, layout: BatchLayout) -> None: ...
@@ -139,7 +184,7 @@ def resolve_backend_name(name: str, device: str | torch.device = "cpu", **option
     """'auto' -> 'flashinfer' when it can run this model on `device` (see flashinfer_unsupported_reason), else
     'torch'. Other names are checked against the registry; an explicit 'flashinfer' that cannot run raises
     BackendUnavailableError saying why."""
-    geometry = {key: options.get(key) for key in ("num_heads", "num_kv_heads", "head_dim", "dtype")}
+    geometry = {key: options.get(key) for key in ("num_heads", "num_kv_heads", "head_dim", "dtype")}  # what it plans
     if name == "auto":
         return "flashinfer" if flashinfer_unsupported_reason(device, **geometry) is None else "torch"  # type: ignore[arg-type]
     if name not in _REGISTRY:
@@ -160,7 +205,8 @@ def create_backend(name: str = "auto", device: str | torch.device = "cpu", **opt
     auto = flashinfer when it can run this model on `device` (a CUDA device, 16-bit dtype, a head_dim its prefill
     kernels support, flashinfer importable); otherwise torch. An explicit "flashinfer" that cannot run raises
     BackendUnavailableError naming the reason. options: num_heads, num_kv_heads, head_dim, dtype (the flashinfer
-    backend needs them to plan; torch ignores them).
+    backend needs them to plan; torch ignores them) and attention (AttentionOptions: the model's scale, soft cap
+    and per-layer windows; default plain causal attention on every layer).
     """
     resolved = resolve_backend_name(name, device, **options)
     target = _REGISTRY[resolved]

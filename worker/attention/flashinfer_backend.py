@@ -1,10 +1,13 @@
 """FlashInfer paged attention (CUDA only). flashinfer is imported inside the class, never at module import,
 so this module loads on machines without CUDA or flashinfer.
 
-Per step: begin_step plans one wrapper (decode wrapper when every sequence adds one token, else the prefill
-wrapper, which also handles mixed prefill + decode batches); forward writes the new K/V into the pages with a
-torch index_put at (write_pages, write_slots) and runs the planned kernel on the layer's NHD paged tensor
-[pages, 2, page_size, KVH, D].
+Per step: begin_step plans one wrapper per distinct window of the model's layers (decode wrappers when every
+sequence adds one token, else prefill wrappers, which also handle mixed prefill + decode batches); forward writes
+the new K/V into the pages with a torch index_put at (write_pages, write_slots) and runs the kernel planned for its
+layer's window on the layer's NHD paged tensor [pages, 2, page_size, KVH, D]. A sliding layer's plan passes
+window_left = W - 1 and starts each block table at the first page the window needs (worker/attention/window.py):
+the kernel aligns queries to the end of the (shorter) K/V, so positions stay exact. The model's scale and soft cap
+go to plan() as sm_scale and logits_soft_cap.
 
 Documented pitfalls handled here:
 - prefill plan() defaults to causal=False and q_data_type float16: both are always passed explicitly.
@@ -17,11 +20,18 @@ Documented pitfalls handled here:
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import torch
 
-from radixcache.worker.attention.base import AttentionBackend, BackendUnavailableError, flashinfer_unsupported_reason
+from radixcache.worker.attention import window as win
+from radixcache.worker.attention.base import (
+    AttentionBackend,
+    AttentionOptions,
+    BackendUnavailableError,
+    flashinfer_unsupported_reason,
+)
 from radixcache.worker.attention.layout import BatchLayout
 
 WORKSPACE_BYTES = 128 * 1024 * 1024
@@ -39,9 +49,12 @@ class FlashInferAttentionBackend(AttentionBackend):
         head_dim: int | None = None,
         dtype: torch.dtype | None = None,
         kv_dtype: torch.dtype | None = None,
+        attention: AttentionOptions | None = None,
         workspace_bytes: int = WORKSPACE_BYTES,
     ) -> None:
-        super().__init__(device, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype)
+        super().__init__(
+            device, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype, attention=attention
+        )
         reason = flashinfer_unsupported_reason(
             self.device, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype
         )
@@ -50,29 +63,34 @@ class FlashInferAttentionBackend(AttentionBackend):
         import flashinfer  # imports: flashinfer_unsupported_reason just imported it
 
         self.kv_dtype = kv_dtype or dtype
-        self.sm_scale = 1.0 / math.sqrt(head_dim)
+        self.sm_scale = self.attention.scale or 1.0 / math.sqrt(head_dim)
         group = num_heads // num_kv_heads
-        # Separate workspaces and wrappers: their plans never share a pinned staging buffer. Zeroed: the decode
-        # wrapper documents that its float workspace "must be initialized to 0 for its first use".
-        self._prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
-            torch.zeros(workspace_bytes, dtype=torch.uint8, device=self.device), "NHD"
-        )
-        self._decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-            torch.zeros(workspace_bytes, dtype=torch.uint8, device=self.device),
-            "NHD",
-            # The CUDA-core decode kernels are specialised for group sizes 1, 2, 3, 4, 8; tensor cores take any.
-            use_tensor_cores=group not in (1, 2, 3, 4, 8),
-        )
-        self._planned: dict[str, torch.cuda.Event] = {}
+        # One workspace per wrapper kind, shared by that kind's wrappers of every window: their kernels run one
+        # after another on one stream (vLLM shares one across all its wrappers). Zeroed: the decode wrapper
+        # documents that its float workspace "must be initialized to 0 for its first use". Separate wrappers per
+        # window and kind: their plans never share a pinned staging buffer.
+        prefill_space = torch.zeros(workspace_bytes, dtype=torch.uint8, device=self.device)
+        decode_space = torch.zeros(workspace_bytes, dtype=torch.uint8, device=self.device)
+        self._prefill: dict[int | None, object] = {}
+        self._decode: dict[int | None, object] = {}
+        for window in self.attention.distinct_windows:
+            self._prefill[window] = flashinfer.BatchPrefillWithPagedKVCacheWrapper(prefill_space, "NHD")
+            self._decode[window] = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+                decode_space,
+                "NHD",
+                # The CUDA-core decode kernels are specialised for group sizes 1, 2, 3, 4, 8; tensor cores take any.
+                use_tensor_cores=group not in (1, 2, 3, 4, 8),
+            )
+        self._planned: dict[tuple[str, int | None], torch.cuda.Event] = {}
         self._layout: BatchLayout | None = None
         self._use_decode = False
 
-    def _wait_previous_plan(self, which: str) -> None:
+    def _wait_previous_plan(self, which: tuple[str, int | None]) -> None:
         event = self._planned.get(which)
         if event is not None:
             event.synchronize()
 
-    def _mark_planned(self, which: str) -> None:
+    def _mark_planned(self, which: tuple[str, int | None]) -> None:
         # On the stream plan() queued its copies on: the backend device's current stream. A bare record() would use
         # the current device's stream, which with --device cuda:1 is another GPU's and guards nothing.
         event = torch.cuda.Event()
@@ -80,51 +98,45 @@ class FlashInferAttentionBackend(AttentionBackend):
         self._planned[which] = event
 
     def begin_step(self, layout: BatchLayout) -> None:
+        self._use_decode = layout.is_decode
+        for window in self.attention.distinct_windows:
+            self._plan_window(layout, window)
+        self._layout = layout
+
+    def _plan_window(self, layout: BatchLayout, window: int | None) -> None:
+        """Plan the step's wrapper for the layers of `window`: each block table from its first needed page on."""
         ps = layout.page_size
+        skip = win.skipped_pages(layout, window)
         # Host-side indptr / last_page_len from the layout's host lists: plan() reads them on the host, and
         # passing device tensors would force a device->host copy (a sync) per step.
         pages = [-(-n // ps) for n in layout.seq_lens]
-        kv_indptr = torch.tensor([0, *torch.tensor(pages).cumsum(0).tolist()], dtype=torch.int32)
+        kept = [p - s for p, s in zip(pages, skip, strict=True)]
+        kv_indptr = torch.tensor([0, *itertools.accumulate(kept)], dtype=torch.int32)
         last_len = torch.tensor(
             [n - (p - 1) * ps for n, p in zip(layout.seq_lens, pages, strict=True)], dtype=torch.int32
         )
-        self._use_decode = layout.is_decode
+        kv_indices = layout.kv_indices
+        if any(skip):  # drop each sequence's leading pages the window never reaches
+            starts = [0, *itertools.accumulate(pages)]
+            keep = [i for b, s in enumerate(skip) for i in range(starts[b] + s, starts[b + 1])]
+            kv_indices = kv_indices[torch.tensor(keep, dtype=torch.int64, device=kv_indices.device)]
+        common = dict(
+            pos_encoding_mode="NONE",
+            window_left=-1 if window is None else window - 1,
+            logits_soft_cap=self.attention.soft_cap,
+            sm_scale=self.sm_scale,
+            q_data_type=self.dtype,
+            kv_data_type=self.kv_dtype,
+        )
+        geometry = (self.num_heads, self.num_kv_heads, self.head_dim, ps)
+        which = ("decode" if self._use_decode else "prefill", window)
+        self._wait_previous_plan(which)
         if self._use_decode:
-            self._wait_previous_plan("decode")
-            self._decode.plan(
-                kv_indptr,
-                layout.kv_indices,
-                last_len,
-                self.num_heads,
-                self.num_kv_heads,
-                self.head_dim,
-                ps,
-                pos_encoding_mode="NONE",
-                q_data_type=self.dtype,
-                kv_data_type=self.kv_dtype,
-                sm_scale=self.sm_scale,
-            )
-            self._mark_planned("decode")
+            self._decode[window].plan(kv_indptr, kv_indices, last_len, *geometry, **common)
         else:
             qo_indptr = torch.tensor([0, *torch.tensor(layout.num_new).cumsum(0).tolist()], dtype=torch.int32)
-            self._wait_previous_plan("prefill")
-            self._prefill.plan(
-                qo_indptr,
-                kv_indptr,
-                layout.kv_indices,
-                last_len,
-                self.num_heads,
-                self.num_kv_heads,
-                self.head_dim,
-                ps,
-                causal=True,
-                pos_encoding_mode="NONE",
-                sm_scale=self.sm_scale,
-                q_data_type=self.dtype,
-                kv_data_type=self.kv_dtype,
-            )
-            self._mark_planned("prefill")
-        self._layout = layout
+            self._prefill[window].plan(qo_indptr, kv_indptr, kv_indices, last_len, *geometry, causal=True, **common)
+        self._mark_planned(which)
 
     def forward(
         self,
@@ -138,5 +150,5 @@ class FlashInferAttentionBackend(AttentionBackend):
         if self._layout is not layout:
             raise RuntimeError("flashinfer backend: begin_step(layout) must be called before forward with it")
         self.write_kv(k, v, kv_layer, layout)
-        wrapper = self._decode if self._use_decode else self._prefill
-        return wrapper.run(q.contiguous(), kv_layer)
+        wrappers = self._decode if self._use_decode else self._prefill
+        return wrappers[self.attention.window(layer_idx)].run(q.contiguous(), kv_layer)

@@ -7,6 +7,9 @@ to together: their pages' K and V blocks are gathered whole into a padded [B, pa
 of torch's fused attention runs with a length mask. Sequences that add several tokens
 (prefill chunks) are attended to one at a time with torch's fused scaled_dot_product_attention (their cost is
 compute, not Python overhead).
+Each distinct window of the model's layers (worker/attention/window.py) gets its own gathers and masks per step; a
+sliding layer's start at the first page its window needs. With a soft cap (Gemma 2), which torch's fused kernel
+does not have, scores are computed, capped, masked and softmaxed explicitly.
 Scores, softmax and the weighted sum run in float32 whatever the pool dtype.
 """
 
@@ -18,40 +21,55 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from radixcache.worker.attention import window as win
 from radixcache.worker.attention.base import AttentionBackend
 from radixcache.worker.attention.layout import BatchLayout
 
+# The explicit (soft-capped) path forms scores a block of queries at a time, at most this many float32 elements
+# (64 MiB): a 512-token chunk of a 16-head model over an 8k prefix would otherwise hold 268 MB of scores at once.
+SCORE_BLOCK_ELEMENTS = 1 << 24
+
 
 @dataclass
-class _Plan:
-    decode_rows: torch.Tensor | None  # [Bd] rows of q that belong to decode sequences
+class _WindowPlan:
+    """The gathers and masks of one window (None: the global layers) for one step."""
+
     # [2 * Bd * P] blocks of the layer viewed as [pages * 2, page_size, KVH, D] (block 2p: page p's K, 2p + 1: its
     # V): every decode sequence's P pages' K blocks, then their V blocks (padding repeats a sequence's last page)
     decode_blocks: torch.Tensor | None
-    decode_visible: torch.Tensor | None  # [Bd, 1, 1, P * page_size] True where a position is the sequence's; None: all
-    write_rows: torch.Tensor  # [2T]: row of each new token's K (first T) and V (last T) in the layer's rows view
-    # (q_start, q_end, slots[L], visible[n, L] True = may attend, or None when there is no cached prefix)
+    decode_visible: torch.Tensor | None  # [Bd, 1, 1, P * page_size] True where a position is seen; None: all
+    # (q_start, q_end, slots[L], visible[n, L] True = may attend, or None for plain causal attention)
     prefills: list[tuple[int, int, torch.Tensor, torch.Tensor | None]]
     # Built by the first layer of the step, once the KV head count is known; shared by every later layer.
     prefill_head_rows: list[torch.Tensor] | None = None
 
 
-def _page_table(layout: BatchLayout, seqs: list[int], lens: list[int], device: torch.device) -> torch.Tensor:
-    """[len(seqs), P] the pages holding each sequence's first lens[i] tokens, P = the most any needs; a shorter
-    sequence's row repeats its last page (callers mask those positions)."""
+@dataclass
+class _Plan:
+    decode_rows: torch.Tensor | None  # [Bd] rows of q that belong to decode sequences
+    write_rows: torch.Tensor  # [2T]: row of each new token's K (first T) and V (last T) in the layer's rows view
+    windows: dict[int | None, _WindowPlan]
+
+
+def _page_table(
+    layout: BatchLayout, seqs: list[int], first: list[int], lens: list[int], device: torch.device
+) -> torch.Tensor:
+    """[len(seqs), P] the pages holding lens[i] tokens of each sequence from its block table's page first[i] on,
+    P = the most any needs; a shorter sequence's row repeats its last page (callers mask those positions)."""
     ps = layout.page_size
     sel = torch.tensor(seqs, dtype=torch.int64, device=device)
-    start = layout.kv_indptr[:-1].to(torch.int64)[sel]
+    start = layout.kv_indptr[:-1].to(torch.int64)[sel] + torch.tensor(first, dtype=torch.int64, device=device)
     last = start + torch.tensor([-(-n // ps) - 1 for n in lens], dtype=torch.int64, device=device)
     page_idx = torch.minimum(start[:, None] + torch.arange(-(-max(lens) // ps), device=device), last[:, None])
     return layout.kv_indices.to(torch.int64)[page_idx]
 
 
-def _flat_slots(layout: BatchLayout, seq: int, device: torch.device) -> torch.Tensor:
-    """[L] K row of positions 0..L-1 of sequence `seq` (L its length after this step; V is page_size rows later)."""
-    ps, total = layout.page_size, layout.seq_lens[seq]
-    pages = _page_table(layout, [seq], [total], device)[0]
-    pos = torch.arange(total, device=device)
+def _flat_slots(layout: BatchLayout, seq: int, first_page: int, device: torch.device) -> torch.Tensor:
+    """[L] K row of positions first_page * page_size .. total-1 of sequence `seq` (V is page_size rows later)."""
+    ps = layout.page_size
+    held = layout.seq_lens[seq] - first_page * ps
+    pages = _page_table(layout, [seq], [first_page], [held], device)[0]
+    pos = torch.arange(held, device=device)
     return pages[pos // ps] * (2 * ps) + pos % ps
 
 
@@ -62,6 +80,43 @@ def _head_rows(slots: torch.Tensor, kvh: int) -> torch.Tensor:
     token-major and transposing afterwards reads the whole gathered K/V a second time (measured 2-3x slower)."""
     heads = torch.arange(kvh, device=slots.device)[None, :, None]
     return (slots[:, None, :] * kvh + heads).flatten()
+
+
+def _attend(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    visible: torch.Tensor | None,
+    soft_cap: float | None,
+    causal: bool = False,
+) -> torch.Tensor:
+    """Attention of q [B, H, n, D] (already scaled) over keys/values [B, KVH, L, D], float32 -> [B, H, n, D].
+
+    visible: bool, broadcastable to [B, 1, n, L]; None = every key (causal=False) or plain causal attention over
+    n == L positions (causal=True). With soft_cap, which torch's fused kernel lacks, the scores are formed
+    explicitly (visible must then be given)."""
+    if soft_cap is None:
+        # torch's fused attention (flash-style on CPU): ~3x faster than scores -> softmax -> matmul at 1k
+        # tokens, and it never materialises the [H, n, L] score matrix.
+        return F.scaled_dot_product_attention(
+            q, keys, values, attn_mask=visible, is_causal=causal and visible is None, scale=1.0, enable_gqa=True
+        )
+    assert visible is not None, "soft-capped attention needs an explicit mask"
+    b, heads, n, dim = q.shape
+    kvh, length = keys.shape[1], keys.shape[2]
+    group = heads // kvh
+    visible = visible.reshape(-1, 1, 1, n, length)
+    out = torch.empty(b, heads, n, dim, dtype=torch.float32, device=q.device)
+    rows = max(1, SCORE_BLOCK_ELEMENTS // (b * heads * length))  # query rows per block: scores stay bounded
+    for start in range(0, n, rows):
+        end = min(n, start + rows)
+        qb = q[:, :, start:end].reshape(b, kvh, group * (end - start), dim)
+        scores = qb @ keys.transpose(-1, -2)  # [B, KVH, group * rows, L]
+        scores = (torch.tanh(scores / soft_cap) * soft_cap).view(b, kvh, group, end - start, length)
+        scores = scores.masked_fill(~visible[..., start:end, :], float("-inf"))
+        probs = scores.softmax(-1).view(b, kvh, group * (end - start), length)
+        out[:, :, start:end] = (probs @ values).view(b, heads, end - start, dim)
+    return out
 
 
 class TorchAttentionBackend(AttentionBackend):
@@ -78,25 +133,36 @@ class TorchAttentionBackend(AttentionBackend):
         starts = [0]
         for n in layout.num_new:
             starts.append(starts[-1] + n)
-        decode_rows = decode_blocks = decode_visible = None
+        decode_rows = None
         if decode:
             decode_rows = torch.tensor([starts[b] for b in decode], dtype=torch.int64, device=device)
-            decode_blocks, decode_visible = _decode_blocks(layout, decode, device)
+        windows = {w: self._window_plan(layout, w, decode, starts, device) for w in self.attention.distinct_windows}
+        k_rows = layout.write_pages * (2 * layout.page_size) + layout.write_slots
+        write_rows = torch.cat((k_rows, k_rows + layout.page_size))
+        self._plan = _Plan(decode_rows, write_rows, windows)
+        self._layout = layout
+
+    def _window_plan(
+        self, layout: BatchLayout, window: int | None, decode: list[int], starts: list[int], device: torch.device
+    ) -> _WindowPlan:
+        ps = layout.page_size
+        explicit = self.attention.soft_cap is not None  # the soft-capped path always takes a mask
+        skip = win.skipped_pages(layout, window)
+        blocks = decode_visible = None
+        if decode:
+            blocks, decode_visible = _decode_blocks(layout, decode, skip, window, explicit, device)
         prefills = []
         for b, n in enumerate(layout.num_new):
             if n == 1:
                 continue
-            total = layout.seq_lens[b]
-            slots = _flat_slots(layout, b, device)
-            visible = None  # no cached prefix: plain causal attention
-            if n < total:
+            total, first = layout.seq_lens[b], skip[b] * ps
+            slots = _flat_slots(layout, b, skip[b], device)
+            visible = None  # no cached prefix and a window that never cuts the chunk: plain causal attention
+            if explicit or n < total or win.first_visible(total - 1, window) > 0:
                 q_pos = torch.arange(total - n, total, device=device)
-                visible = torch.arange(total, device=device)[None, :] <= q_pos[:, None]  # [n, L]
+                visible = win.visible(q_pos, torch.arange(first, total, device=device), window)  # [n, L]
             prefills.append((starts[b], starts[b + 1], slots, visible))
-        k_rows = layout.write_pages * (2 * layout.page_size) + layout.write_slots
-        write_rows = torch.cat((k_rows, k_rows + layout.page_size))
-        self._plan = _Plan(decode_rows, decode_blocks, decode_visible, write_rows, prefills)
-        self._layout = layout
+        return _WindowPlan(blocks, decode_visible, prefills)
 
     def forward(
         self,
@@ -111,6 +177,7 @@ class TorchAttentionBackend(AttentionBackend):
             self.begin_step(layout)
         plan = self._plan
         assert plan is not None
+        wplan = plan.windows[self.attention.window(layer_idx)]
         _, _, page_size, kvh, dim = kv_layer.shape
         # Rows view of the layer; K rows are the plan's indices, V rows the same shifted by page_size.
         rows = kv_layer.view(-1, kvh, dim)
@@ -118,30 +185,27 @@ class TorchAttentionBackend(AttentionBackend):
         rows.index_copy_(0, plan.write_rows, torch.cat((k, v)).to(rows.dtype))
         k_flat, v_flat = rows, rows[page_size:]
         num_tokens, heads, _ = q.shape
-        group = heads // kvh
-        qf = q.float() * (1.0 / math.sqrt(dim))
-        if plan.decode_rows is not None and not plan.prefills and plan.decode_rows.numel() == num_tokens:
-            return self._decode(qf, rows, page_size, plan, group).to(q.dtype)
+        cap = self.attention.soft_cap
+        qf = q.float() * (self.attention.scale or 1.0 / math.sqrt(dim))
+        if plan.decode_rows is not None and not wplan.prefills and plan.decode_rows.numel() == num_tokens:
+            return self._decode(qf, rows, page_size, wplan, cap).to(q.dtype)
         out = torch.empty(num_tokens, heads, dim, dtype=torch.float32, device=q.device)
         if plan.decode_rows is not None:
-            out[plan.decode_rows] = self._decode(qf[plan.decode_rows], rows, page_size, plan, group)
-        if plan.prefill_head_rows is None:
-            plan.prefill_head_rows = [_head_rows(slots[None], kvh) for _, _, slots, _ in plan.prefills]
-        for (start, end, _, visible), head_rows in zip(plan.prefills, plan.prefill_head_rows, strict=True):
+            out[plan.decode_rows] = self._decode(qf[plan.decode_rows], rows, page_size, wplan, cap)
+        if wplan.prefill_head_rows is None:
+            wplan.prefill_head_rows = [_head_rows(slots[None], kvh) for _, _, slots, _ in wplan.prefills]
+        for (start, end, _, visible), head_rows in zip(wplan.prefills, wplan.prefill_head_rows, strict=True):
             keys = k_flat.view(-1, dim).index_select(0, head_rows).view(kvh, -1, dim).float()  # [KVH, L, D]
             values = v_flat.view(-1, dim).index_select(0, head_rows).view(kvh, -1, dim).float()
             qs = qf[start:end].transpose(0, 1)[None]  # [1, H, n, D]
-            # torch's fused attention (flash-style on CPU): ~3x faster than scores -> softmax -> matmul at 1k
-            # tokens, and it never materialises the [H, n, L] score matrix.
-            o = F.scaled_dot_product_attention(
-                qs, keys[None], values[None], attn_mask=visible, is_causal=visible is None, scale=1.0, enable_gqa=True
-            )
-            out[start:end] = o[0].transpose(0, 1)
+            out[start:end] = _attend(qs, keys[None], values[None], visible, cap, causal=True)[0].transpose(0, 1)
         return out.to(q.dtype)
 
     @staticmethod
-    def _decode(qf: torch.Tensor, rows: torch.Tensor, page_size: int, plan: _Plan, group: int) -> torch.Tensor:
-        """One query per sequence, all sequences in one call of torch's fused attention. Returns float32 [Bd, H, D].
+    def _decode(
+        qf: torch.Tensor, rows: torch.Tensor, page_size: int, plan: _WindowPlan, soft_cap: float | None
+    ) -> torch.Tensor:
+        """One query per sequence, all sequences in one attention call. Returns float32 [Bd, H, D].
 
         K and V are gathered a whole page at a time (page_size * KVH * D contiguous values: a plain memory copy,
         ~2x faster than gathering one head's row at a time) into [Bd, P * page_size, KVH, D]; the kernel reads
@@ -149,27 +213,29 @@ class TorchAttentionBackend(AttentionBackend):
         rows: the layer viewed as [pages * 2 * page_size, KVH, D] (a token's V is page_size rows after its K)."""
         assert plan.decode_blocks is not None
         bd, heads, dim = qf.shape
-        kvh = heads // group
+        kvh = rows.shape[1]
         blocks = rows.view(-1, page_size, kvh, dim)  # [pages * 2, page_size, KVH, D]
         kv = blocks.index_select(0, plan.decode_blocks).view(2, bd, -1, kvh, dim).float()  # [2, Bd, L, KVH, D]
         keys, values = kv[0].transpose(1, 2), kv[1].transpose(1, 2)  # [Bd, KVH, L, D], strided
-        out = F.scaled_dot_product_attention(
-            qf.view(bd, heads, 1, dim), keys, values, attn_mask=plan.decode_visible, scale=1.0, enable_gqa=True
-        )
+        out = _attend(qf.view(bd, heads, 1, dim), keys, values, plan.decode_visible, soft_cap)
         return out.view(bd, heads, dim)
 
 
 def _decode_blocks(
-    layout: BatchLayout, seqs: list[int], device: torch.device
+    layout: BatchLayout, seqs: list[int], skip: list[int], window: int | None, explicit: bool, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(blocks, visible) of _Plan for the decode sequences `seqs`."""
+    """(blocks, visible) of _WindowPlan for the decode sequences `seqs`, each read from page skip[b] on; visible is
+    None when every gathered position is seen (unless `explicit`)."""
     ps = layout.page_size
-    lens = [layout.seq_lens[b] for b in seqs]
-    pages = _page_table(layout, seqs, lens, device)
+    first = [skip[b] for b in seqs]
+    totals = [layout.seq_lens[b] for b in seqs]
+    held = [t - f * ps for t, f in zip(totals, first, strict=True)]
+    pages = _page_table(layout, seqs, first, held, device)
     blocks = torch.cat((2 * pages.flatten(), 2 * pages.flatten() + 1))
     width = pages.shape[1] * ps
-    visible = None
-    if any(n != width for n in lens):
-        tokens = torch.arange(width, device=device)[None, :]
-        visible = (tokens < torch.tensor(lens, device=device)[:, None])[:, None, None, :]
-    return blocks, visible
+    cut = any(win.first_visible(t - 1, window) > f * ps for t, f in zip(totals, first, strict=True))
+    if not (explicit or cut or any(n != width for n in held)):
+        return blocks, None
+    k_pos = torch.tensor(first, device=device)[:, None] * ps + torch.arange(width, device=device)  # [Bd, width]
+    q_pos = torch.tensor(totals, device=device)[:, None] - 1  # [Bd, 1]
+    return blocks, win.visible(q_pos, k_pos, window)[:, None, :, :]  # [Bd, 1, 1, width]

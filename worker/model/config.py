@@ -1,34 +1,63 @@
-"""ModelConfig: the one description of a Llama-family decoder, validated on construction.
+"""ModelConfig: the one description of a served decoder, validated on construction.
 
-`ModelConfig.from_hf_config(config_json_dict)` accepts Hugging Face configs of LlamaForCausalLM,
-MistralForCausalLM and Qwen2ForCausalLM, written by transformers 4.x (`rope_theta` + `rope_scaling`) or 5.x
-(`rope_parameters`).
+Every supported architecture is the same pre-norm decoder (embed -> N x [norm, attention, residual, norm, GLU MLP,
+residual] -> norm -> LM head) with a few switches, which this dataclass names: q/k norms (Qwen3, Gemma 3), Gemma's
+(1 + w) norms, norms around each sublayer's output ("sandwich", Gemma 2/3), scaled embeddings, the GLU activation,
+the attention scale, soft-capped attention and final logits (Gemma 2), per-layer attention kinds (global or
+sliding over the last `sliding_window` positions), RoPE variants (llama3, linear, longrope, partial rotary, a
+separate base for sliding layers).
 
-Sliding-window attention (Mistral v0.1, Qwen2 with use_sliding_window) is not implemented by the attention
-backends. Instead of rejecting such checkpoints, the usable context is capped at the window:
-`max_position_embeddings = min(max_position_embeddings, sliding_window)`. Within that length full causal
-attention and sliding-window attention are the same computation, so outputs stay exact; the engine must refuse
-sequences longer than `max_position_embeddings`.
+`ModelConfig.from_hf_config(config_json_dict)` reads a Hugging Face config.json of each supported architecture
+(worker/model/hf_config.py).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
-_MODEL_TYPE_TO_ARCH = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
-_ROPE_TYPES = ("default", "llama3")
+from radixcache.worker.model.hf_config import SUPPORTED_ARCHITECTURES, model_config_fields
+
+ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
+LAYER_KINDS = ("global", "sliding")
+# rope type -> the keys its rope_scaling dict must hold
+_ROPE_KEYS = {
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+    "linear": ("factor",),
+    "longrope": ("short_factor", "long_factor", "original_max_position_embeddings"),
+}
+
+
+def _positive(name: str, value: float | None) -> None:
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a finite number > 0, got {value}")
 
 
 @dataclass
 class ModelConfig:
-    """Shape and numerics of a Llama-family decoder.
+    """Shape and numerics of a decoder.
 
-    qkv_bias:  q/k/v projections have a bias (Qwen2 always; Llama when attention_bias).
-    o_bias:    o_proj has a bias (Llama when attention_bias).
-    rope_scaling: None, or {"rope_type": "llama3", "factor", "low_freq_factor", "high_freq_factor",
-               "original_max_position_embeddings"}.
+    qkv_bias / o_bias / mlp_bias: those projections have a bias (Qwen2: q/k/v; Llama when attention_bias).
+    hidden_act:    the GLU's gate activation: "silu" (SwiGLU) or "gelu_pytorch_tanh" (GeGLU, Gemma).
+    qk_norm:       q and k are RMS-normalised per head (weight [head_dim]) before RoPE (Qwen3, Gemma 3).
+    norm_plus_one: every RMSNorm scales by (1 + weight) instead of weight (Gemma), computed in float32.
+    sandwich_norms: the attention and MLP outputs are normalised before their residual add, and the MLP input by
+                   its own norm (Gemma 2/3: post_attention_layernorm, pre_/post_feedforward_layernorm).
+    embedding_scale: embeddings are multiplied by this, rounded to the model dtype (Gemma: sqrt(hidden_size)).
+    query_pre_attn_scalar: the attention scale is query_pre_attn_scalar ** -0.5 (None: head_dim ** -0.5).
+    attn_logit_softcap / final_logit_softcap: scores (after scaling) and final logits become
+                   cap * tanh(x / cap) (Gemma 2); None: not capped.
+    layer_kinds:   per layer, "global" (attends to every earlier position) or "sliding" (the last sliding_window
+                   positions, its own included). None: every layer sliding when sliding_window is set, else global.
+                   A sliding_window >= max_position_embeddings never cuts: every layer becomes global, the window None.
+    rope_scaling:  None, or {"rope_type": "llama3", "factor", "low_freq_factor", "high_freq_factor",
+                   "original_max_position_embeddings"}, {"rope_type": "linear", "factor"} or {"rope_type":
+                   "longrope", "short_factor", "long_factor", "original_max_position_embeddings", optional "factor"
+                   and "attention_factor"} (see worker/model/rope.py for which factors longrope uses).
+    rope_local_theta: the RoPE base of sliding layers, unscaled (Gemma 3's rope_local_base_freq); None: sliding
+                   layers rotate like global ones.
+    partial_rotary_factor: the share of each head's dimensions RoPE rotates (the leading ones; Phi-4-mini 0.75).
     eos_token_ids: every id that ends generation (HF allows a list).
     """
 
@@ -51,6 +80,17 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
     sliding_window: int | None = None
+    layer_kinds: tuple[str, ...] | None = None
+    hidden_act: str = "silu"
+    qk_norm: bool = False
+    norm_plus_one: bool = False
+    sandwich_norms: bool = False
+    embedding_scale: float | None = None
+    query_pre_attn_scalar: float | None = None
+    attn_logit_softcap: float | None = None
+    final_logit_softcap: float | None = None
+    rope_local_theta: float | None = None
+    partial_rotary_factor: float = 1.0
 
     def __post_init__(self) -> None:
         if self.architecture not in SUPPORTED_ARCHITECTURES:
@@ -68,34 +108,64 @@ class ModelConfig:
             raise ValueError(f"head_dim must be even and >= 2 (RoPE rotates pairs), got {self.head_dim}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
-        if self.rms_norm_eps <= 0:
-            raise ValueError(f"rms_norm_eps must be > 0, got {self.rms_norm_eps}")
-        if self.rope_theta <= 0:
-            raise ValueError(f"rope_theta must be > 0, got {self.rope_theta}")
-        if self.rope_scaling is not None:
-            kind = self.rope_scaling.get("rope_type", self.rope_scaling.get("type", "default"))
-            if kind not in _ROPE_TYPES:
-                raise ValueError(f"unsupported rope_scaling type {kind!r}; supported: {', '.join(_ROPE_TYPES)}")
-            if kind == "default":
-                self.rope_scaling = None
-            else:
-                missing = [
-                    k
-                    for k in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
-                    if k not in self.rope_scaling
-                ]
-                if missing:
-                    raise ValueError(f"llama3 rope_scaling is missing {', '.join(missing)}")
-                self.rope_scaling = {**self.rope_scaling, "rope_type": "llama3"}
-        if self.sliding_window is not None and self.sliding_window < self.max_position_embeddings:
-            # Within the window, sliding-window attention is full causal attention: cap the context (see module doc).
-            self.max_position_embeddings = self.sliding_window
         if self.max_position_embeddings < 1:
             raise ValueError(f"max_position_embeddings must be >= 1, got {self.max_position_embeddings}")
+        if self.hidden_act not in ACTIVATIONS:
+            raise ValueError(f"unsupported hidden_act {self.hidden_act!r}; supported: {', '.join(ACTIVATIONS)}")
+        for name in ("rms_norm_eps", "rope_theta", "rope_local_theta", "embedding_scale", "query_pre_attn_scalar"):
+            _positive(name, getattr(self, name))
+        for name in ("attn_logit_softcap", "final_logit_softcap"):
+            _positive(name, getattr(self, name))
+        if not 0 < self.partial_rotary_factor <= 1 or self.rotary_dim < 2 or self.rotary_dim % 2:
+            raise ValueError(
+                f"partial_rotary_factor {self.partial_rotary_factor} must be in (0, 1] and rotate an even number of "
+                f"dimensions (>= 2) of head_dim {self.head_dim}"
+            )
+        self._check_layer_kinds()
+        self.rope_scaling = self._checked_rope_scaling(self.rope_scaling)
         self.eos_token_ids = tuple(int(t) for t in self.eos_token_ids)
-        for name, value in (("bos_token_id", self.bos_token_id),):
-            if value is not None and not 0 <= value < self.vocab_size:
-                raise ValueError(f"{name} {value} is outside the vocabulary (size {self.vocab_size})")
+        if self.bos_token_id is not None and not 0 <= self.bos_token_id < self.vocab_size:
+            raise ValueError(f"bos_token_id {self.bos_token_id} is outside the vocabulary (size {self.vocab_size})")
+
+    def _check_layer_kinds(self) -> None:
+        if self.sliding_window is not None and self.sliding_window < 1:
+            raise ValueError(f"sliding_window must be >= 1 tokens, got {self.sliding_window}")
+        if self.layer_kinds is None:
+            kind = "sliding" if self.sliding_window is not None else "global"
+            self.layer_kinds = (kind,) * self.num_layers
+        self.layer_kinds = tuple(self.layer_kinds)
+        if len(self.layer_kinds) != self.num_layers:
+            raise ValueError(f"layer_kinds has {len(self.layer_kinds)} entries for {self.num_layers} layers")
+        unknown = sorted(set(self.layer_kinds) - set(LAYER_KINDS))
+        if unknown:
+            raise ValueError(f"unknown layer kind {unknown[0]!r}; each layer is one of {', '.join(LAYER_KINDS)}")
+        if "sliding" in self.layer_kinds and self.sliding_window is None:
+            raise ValueError("sliding layers need sliding_window (tokens each one attends to)")
+        if self.sliding_window is not None and self.sliding_window >= self.max_position_embeddings:
+            # A window no sequence can outgrow never cuts: the layers are global (Phi-3.5's 262144 in a 128k context).
+            self.layer_kinds, self.sliding_window = ("global",) * self.num_layers, None
+
+    def _checked_rope_scaling(self, scaling: dict[str, Any] | None) -> dict[str, Any] | None:
+        if scaling is None:
+            return None
+        kind = scaling.get("rope_type", scaling.get("type", "default"))
+        if kind == "default":
+            return None
+        if kind not in _ROPE_KEYS:
+            raise ValueError(f"unsupported rope_scaling type {kind!r}; supported: default, {', '.join(_ROPE_KEYS)}")
+        missing = [k for k in _ROPE_KEYS[kind] if k not in scaling]
+        if missing:
+            raise ValueError(f"{kind} rope_scaling is missing {', '.join(missing)}")
+        for key in ("factor", "attention_factor", "original_max_position_embeddings"):
+            _positive(f"rope_scaling {key}", scaling.get(key))
+        if kind == "longrope":
+            for key in ("short_factor", "long_factor"):
+                factors = scaling[key]
+                if not isinstance(factors, list | tuple) or len(factors) != self.rotary_dim // 2:
+                    raise ValueError(f"longrope {key} must list {self.rotary_dim // 2} numbers (rotary_dim / 2)")
+                for value in factors:
+                    _positive(f"longrope {key} entry", value)
+        return {**scaling, "rope_type": kind}
 
     @property
     def q_size(self) -> int:
@@ -105,50 +175,30 @@ class ModelConfig:
     def kv_size(self) -> int:
         return self.num_kv_heads * self.head_dim
 
+    @property
+    def rotary_dim(self) -> int:
+        """The leading dimensions of each head that RoPE rotates (all of them unless partial_rotary_factor < 1)."""
+        assert self.head_dim is not None
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    @property
+    def layer_windows(self) -> tuple[int | None, ...]:
+        """Per layer: None for a global layer, sliding_window for a sliding one."""
+        assert self.layer_kinds is not None
+        return tuple(self.sliding_window if kind == "sliding" else None for kind in self.layer_kinds)
+
+    @property
+    def attention_scale(self) -> float:
+        """The softmax scale of every layer's attention scores."""
+        assert self.head_dim is not None
+        return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
+
+    @property
+    def checkpoint_fuses_projections(self) -> bool:
+        """The checkpoint stores qkv_proj and gate_up_proj fused, as this model holds them (Phi-3)."""
+        return self.architecture == "Phi3ForCausalLM"
+
     @classmethod
     def from_hf_config(cls, hf: dict[str, Any]) -> ModelConfig:
         """Build from a parsed config.json; ValueError names an unsupported architecture or setting."""
-        archs = hf.get("architectures") or []
-        arch = archs[0] if archs else _MODEL_TYPE_TO_ARCH.get(hf.get("model_type", ""), None)
-        if arch not in SUPPORTED_ARCHITECTURES:
-            named = arch or hf.get("model_type") or "<none given>"
-            raise ValueError(f"unsupported architecture {named!r}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
-        act = hf.get("hidden_act", "silu")
-        if act != "silu":
-            raise ValueError(f"unsupported hidden_act {act!r}; only 'silu' (SwiGLU) is implemented")
-
-        # transformers 5 folds rope_theta and rope_scaling into rope_parameters.
-        rope = dict(hf.get("rope_parameters") or {})
-        legacy = hf.get("rope_scaling")
-        if legacy:
-            rope.update(legacy)
-        rope_theta = float(rope.pop("rope_theta", hf.get("rope_theta", 10000.0)))
-        rope_scaling = rope if rope.get("rope_type", rope.get("type", "default")) != "default" else None
-
-        eos = hf.get("eos_token_id")
-        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
-        sliding = hf.get("sliding_window")
-        if arch == "Qwen2ForCausalLM" and not hf.get("use_sliding_window", False):
-            sliding = None
-        bias = bool(hf.get("attention_bias", False))
-        return cls(
-            architecture=arch,
-            vocab_size=hf["vocab_size"],
-            hidden_size=hf["hidden_size"],
-            intermediate_size=hf["intermediate_size"],
-            num_layers=hf["num_hidden_layers"],
-            num_heads=hf["num_attention_heads"],
-            num_kv_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
-            head_dim=hf.get("head_dim"),
-            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-5)),
-            rope_theta=rope_theta,
-            rope_scaling=rope_scaling,
-            max_position_embeddings=hf.get("max_position_embeddings", 4096),
-            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-            qkv_bias=True if arch == "Qwen2ForCausalLM" else bias,
-            o_bias=bias if arch == "LlamaForCausalLM" else False,
-            mlp_bias=bool(hf.get("mlp_bias", False)) if arch == "LlamaForCausalLM" else False,
-            bos_token_id=hf.get("bos_token_id"),
-            eos_token_ids=eos_ids,
-            sliding_window=sliding,
-        )
+        return cls(**model_config_fields(hf))

@@ -1,14 +1,14 @@
-"""Llama-family decoder (Llama 2/3, Mistral, Qwen2) in plain torch, reading and writing K/V through a KVPool.
+"""The decoder every supported architecture is (Llama 2/3, Mistral, Qwen2/3, Gemma 2/3, Phi-3), in plain torch,
+reading and writing K/V through a KVPool; ModelConfig's switches select each architecture's parts.
 
 One forward = one engine step over a BatchLayout: the step's new tokens of every sequence, flattened to [T].
 Parameter names follow Hugging Face's (model.embed_tokens, model.layers.N.self_attn.*, model.norm, lm_head) except
-two fused projections: qkv_proj = [q_proj; k_proj; v_proj] and gate_up_proj = [gate_proj; up_proj].
-`load_weights` takes HF tensor names and writes them into the right slices.
+two fused projections: qkv_proj = [q_proj; k_proj; v_proj] and gate_up_proj = [gate_proj; up_proj] (Phi-3's
+checkpoints store them fused already). `load_weights` takes HF tensor names and writes them into the right slices.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable
 
 import torch
@@ -16,55 +16,48 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixcache.pool import KVPool
-from radixcache.worker.attention.base import AttentionBackend
+from radixcache.worker.attention.base import AttentionBackend, AttentionOptions
 from radixcache.worker.attention.layout import BatchLayout
 from radixcache.worker.model.config import ModelConfig
+from radixcache.worker.model.rope import cos_sin, rope_frequencies, rotate
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
+    """RMS normalisation scaled by weight, or with plus_one by (1 + weight) (Gemma's norms, whose checkpoints store
+    the weight centred on 0)."""
+
+    def __init__(self, dim: int, eps: float, plus_one: bool = False) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
+        self.plus_one = plus_one
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.float32:
             # One fused kernel: bit-identical to the three-step form below in float32, and 1.5x faster at decode
             # sizes (measured: 11.7 vs 17.2 us for [1, 768], one thread).
-            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
-        # Normalise in float32 and cast back before the weight, as the reference implementation does.
+            weight = self.weight + 1.0 if self.plus_one else self.weight
+            return F.rms_norm(x, self.weight.shape, weight, self.eps)
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.plus_one:  # Gemma scales in float32 and casts last
+            return (xf * (1.0 + self.weight.float())).to(x.dtype)
+        # Llama casts back before the weight, as the reference implementation does.
         return self.weight * xf.to(x.dtype)
 
 
-def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
-    """Per-pair rotation frequencies [head_dim/2] (float32), with llama3 frequency scaling when configured."""
-    dim = config.head_dim
-    assert dim is not None
-    exponents = torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").float() / dim
-    inv_freq = 1.0 / (config.rope_theta**exponents)
-    scaling = config.rope_scaling
-    if scaling is None:
-        return inv_freq
-    factor = float(scaling["factor"])
-    low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
-    old_len = float(scaling["original_max_position_embeddings"])
-    wavelen = 2 * math.pi / inv_freq
-    # Long wavelengths (low frequencies) are slowed by `factor`, short ones kept, the band between interpolated.
-    scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
-    smooth = (old_len / wavelen - low) / (high - low)
-    blended = (1 - smooth) * scaled / factor + smooth * scaled
-    medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
-    return torch.where(medium, blended, scaled)
+def attention_options(config: ModelConfig) -> AttentionOptions:
+    """What the attention backend must compute for this model (create the backend with it)."""
+    return AttentionOptions(
+        scale=None if config.query_pre_attn_scalar is None else config.attention_scale,
+        soft_cap=config.attn_logit_softcap,
+        windows=config.layer_windows,
+    )
 
 
-def rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
-    """RoPE on [T, heads, D] with cos/signed_sin [T, 1, D] (half-split pairing: element i pairs with i + D/2).
-
-    signed_sin is sin with its first half negated, so the rotation is x*cos + roll(x, D/2)*signed_sin: the same
-    products as Hugging Face's x*cos + cat(-x2, x1)*sin (negation is exact), in 4 ops instead of 6."""
-    return x * cos + x.roll(x.shape[-1] // 2, -1) * signed_sin
+def soft_cap(x: torch.Tensor, cap: float | None) -> torch.Tensor:
+    """cap * tanh(x / cap) (Gemma 2's final logits); x itself when cap is None."""
+    return x if cap is None else torch.tanh(x / cap) * cap
 
 
 def bucket_rows(rows: int) -> int:
@@ -125,6 +118,10 @@ class Attention(nn.Module):
         self.q_size, self.kv_size = config.q_size, config.kv_size
         self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.qkv_bias)
         self.o_proj = Linear(self.q_size, config.hidden_size, bias=config.o_bias)
+        self.qk_norm = config.qk_norm
+        if config.qk_norm:  # per head, over head_dim, before RoPE (Qwen3, Gemma 3)
+            self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps, config.norm_plus_one)
+            self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps, config.norm_plus_one)
 
     def forward(
         self,
@@ -137,39 +134,61 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         t = x.shape[0]
         qkv = self.qkv_proj.forward(x)
-        # q and k rotate together: one [T, H + KVH, D] view of qkv's first columns, one set of ops per layer.
-        qk = rotate(qkv[:, : self.q_size + self.kv_size].view(t, self.num_heads + self.num_kv_heads, -1), cos, sin)
-        q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
+        qk = qkv[:, : self.q_size + self.kv_size].view(t, self.num_heads + self.num_kv_heads, -1)
+        if self.qk_norm:
+            q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
+            qk = torch.cat((self.q_norm.forward(q), self.k_norm.forward(k)), dim=1)
+        # q and k rotate together: one [T, H + KVH, D] tensor, one set of ops per layer.
+        q, k = rotate(qk, cos, sin).split([self.num_heads, self.num_kv_heads], dim=1)
         v = qkv[:, self.q_size + self.kv_size :].view(t, self.num_kv_heads, self.head_dim)
         out = backend.forward(self.layer_idx, q, k, v, kv_layer, layout)
         return self.o_proj.forward(out.reshape(t, self.q_size))
 
 
 class MLP(nn.Module):
+    """The gated MLP: down(act(gate(x)) * up(x)), act SiLU (SwiGLU) or tanh-approximated GELU (GeGLU, Gemma)."""
+
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.intermediate = config.intermediate_size
         self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, bias=config.mlp_bias)
         self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
+        self.gelu = config.hidden_act == "gelu_pytorch_tanh"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj.forward(x).split(self.intermediate, dim=-1)
-        return self.down_proj.forward(F.silu(gate) * up)
+        act = F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)
+        return self.down_proj.forward(act * up)
 
 
 class DecoderLayer(nn.Module):
+    """Pre-norm attention and MLP blocks with residuals. With sandwich_norms (Gemma 2/3) each block's output is
+    normalised before its residual add: post_attention_layernorm then normalises the attention output, and the MLP
+    sits between pre_feedforward_layernorm and post_feedforward_layernorm."""
+
     def __init__(self, config: ModelConfig, layer_idx: int) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        eps, plus_one = config.rms_norm_eps, config.norm_plus_one
+        self.input_layernorm = RMSNorm(config.hidden_size, eps, plus_one)
         self.self_attn = Attention(config, layer_idx)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, plus_one)
         self.mlp = MLP(config)
+        self.sandwich = config.sandwich_norms
+        if self.sandwich:
+            self.pre_feedforward_layernorm = RMSNorm(config.hidden_size, eps, plus_one)
+            self.post_feedforward_layernorm = RMSNorm(config.hidden_size, eps, plus_one)
+        # Which of the model's rotations this layer uses (CausalLM.rotations): sliding layers may have their own.
+        self.rotation = int(config.layer_kinds[layer_idx] == "sliding" and config.rope_local_theta is not None)
 
     def forward(self, x, cos, sin, layout, kv_layer, backend):  # noqa: ANN001, ANN201 (hot path, typed above)
         # Submodules are called through .forward: nn.Module.__call__ costs ~10 us a call in hook bookkeeping (no
         # hooks are used here), about 1 ms of a batch-1 decode step over 12 layers.
-        x = x + self.self_attn.forward(self.input_layernorm.forward(x), cos, sin, layout, kv_layer, backend)
-        return x + self.mlp.forward(self.post_attention_layernorm.forward(x))
+        attn = self.self_attn.forward(self.input_layernorm.forward(x), cos, sin, layout, kv_layer, backend)
+        if not self.sandwich:
+            x = x + attn
+            return x + self.mlp.forward(self.post_attention_layernorm.forward(x))
+        x = x + self.post_attention_layernorm.forward(attn)
+        return x + self.post_feedforward_layernorm.forward(self.mlp.forward(self.pre_feedforward_layernorm.forward(x)))
 
 
 class Backbone(nn.Module):
@@ -179,7 +198,7 @@ class Backbone(nn.Module):
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.norm_plus_one)
 
 
 # HF name suffix -> (fused parameter suffix, index of the slice among the fused parts)
@@ -198,7 +217,8 @@ class CausalLM(nn.Module):
     forward(input_ids[T], layout, kv_pool, backend, all_logits=False):
       - input_ids are the step's new tokens in layout order (sequence by sequence);
       - calls backend.begin_step(layout), then for every layer writes K/V of the new tokens into kv_pool at the
-        layout's write positions and attends over each sequence's prefix + new tokens;
+        layout's write positions and attends over each sequence's prefix + new tokens (its window, for a sliding
+        layer); the backend must have been created with `attention_options(config)` (ValueError otherwise);
       - returns float32 logits [B, vocab] for the rows at layout.logits_indices (each sequence's last new
         token), or [T, vocab] for every token with all_logits=True.
     """
@@ -210,8 +230,15 @@ class CausalLM(nn.Module):
         self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        # A plain attribute, not a buffer: module.to(bf16) must not round the frequencies.
-        self._inv_freq = rope_inv_freq(config)
+        self.attention = attention_options(config)
+        self.init_rotations("cpu")
+
+    def init_rotations(self, device: str | torch.device) -> None:
+        """(inv_freq, attention_factor) of each rotation on `device`: every layer's, then (rope_local_theta) the
+        sliding layers'. Plain attributes, not buffers: module.to(bf16) must not round the frequencies."""
+        c = self.config
+        kinds = [False] + ([True] if c.rope_local_theta is not None else [])
+        self.rotations = [(f.to(device), a) for f, a in (rope_frequencies(c, local=local) for local in kinds)]
 
     def tie_weights(self) -> None:
         """Re-share lm_head with the embedding (needed after `to_empty`, which breaks the sharing)."""
@@ -230,16 +257,12 @@ class CausalLM(nn.Module):
             if isinstance(module, nn.Linear) and module.weight is not self.model.embed_tokens.weight:
                 module.weight.data = module.weight.data.t().contiguous().t()
 
-    def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, signed_sin [T, 1, D] for the step's positions (see `rotate`): computed once per step, shared by
-        every layer."""
-        if self._inv_freq.device != positions.device:
-            self._inv_freq = self._inv_freq.to(positions.device)
-        freqs = positions.float()[:, None] * self._inv_freq[None, :]
-        sin = freqs.sin()
-        cos = freqs.cos().repeat(1, 2)
-        signed_sin = torch.cat((-sin, sin), dim=-1)
-        return cos.to(dtype)[:, None, :], signed_sin.to(dtype)[:, None, :]
+    def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per rotation, cos and signed_sin [T, 1, rotary_dim] for the step's positions (see `rope.rotate`):
+        computed once per step, shared by every layer of that rotation."""
+        if self.rotations[0][0].device != positions.device:
+            self.init_rotations(positions.device)
+        return [cos_sin(positions, inv_freq, factor, dtype) for inv_freq, factor in self.rotations]
 
     def forward(
         self,
@@ -251,14 +274,22 @@ class CausalLM(nn.Module):
     ) -> torch.Tensor:
         if input_ids.shape[0] != layout.num_tokens:
             raise ValueError(f"{input_ids.shape[0]} input ids for a layout of {layout.num_tokens} tokens")
+        if backend.attention != self.attention:
+            raise ValueError(
+                f"the {backend.name} backend was created for {backend.attention}, and this "
+                f"{self.config.architecture} needs {self.attention}: create it with attention=attention_options(config)"
+            )
         backend.begin_step(layout)
         x = self.model.embed_tokens(input_ids)
-        cos, sin = self.rope(layout.positions, x.dtype)
+        if self.config.embedding_scale is not None:  # Gemma: rounded to the model dtype first, as transformers does
+            x = x * torch.tensor(self.config.embedding_scale, dtype=x.dtype)
+        rotations = self.rope(layout.positions, x.dtype)
         for i, layer in enumerate(self.model.layers):
+            cos, sin = rotations[layer.rotation]
             x = layer.forward(x, cos, sin, layout, kv_pool.layer(i), backend)
         if not all_logits and (layout.logits_indices.shape[0] != x.shape[0]):
             x = x[layout.logits_indices]  # a pure decode step needs every row already
-        return self.lm_head.forward(self.model.norm.forward(x)).float()
+        return soft_cap(self.lm_head.forward(self.model.norm.forward(x)).float(), self.config.final_logit_softcap)
 
     @torch.no_grad()
     def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
@@ -290,7 +321,8 @@ class CausalLM(nn.Module):
         """Every HF tensor name a checkpoint must provide for this config."""
         parts: dict[str, list[str]] = {}
         for hf, (fused, _) in _FUSED.items():
-            parts.setdefault(fused, []).append(hf)
+            if not self.config.checkpoint_fuses_projections:
+                parts.setdefault(fused, []).append(hf)
         names = set()
         for name, _ in self.named_parameters():
             if name == "lm_head.weight" and self.config.tie_word_embeddings:

@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from radixcache.pool import parse_dtype
 from radixcache.worker.model.config import ModelConfig
-from radixcache.worker.model.llama import CausalLM, rope_inv_freq
+from radixcache.worker.model.llama import CausalLM
 from radixcache.worker.model.packed import pack_linears, packing_available
 from radixcache.worker.model.quant import WEIGHT_FORMATS, quantize_int8
 from radixcache.worker.model.tokenizer import Tokenizer
@@ -42,7 +42,7 @@ def _empty_model(config: ModelConfig, device: torch.device, dtype: torch.dtype) 
         model = CausalLM(config)
     model = model.to_empty(device=device).to(dtype)
     model.tie_weights()
-    model._inv_freq = rope_inv_freq(config).to(device)
+    model.init_rotations(device)
     return model.eval().requires_grad_(False)
 
 
@@ -151,7 +151,7 @@ def random_model(
     std: float = 0.02,
     weights: str = "full",
 ) -> LoadedModel:
-    """A model with seeded random weights (normal(0, std) matrices, unit norms, zero biases) for tests and
+    """A model with seeded random weights (normal(0, std) matrices, unit norm scales, zero biases) for tests and
     benchmarks; the same seed gives the same weights on every device. No tokenizer. `weights` as in
     load_checkpoint."""
     _check_weights(weights)
@@ -162,7 +162,7 @@ def random_model(
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith("norm.weight"):
-                param.fill_(1.0)
+                param.fill_(0.0 if config.norm_plus_one else 1.0)  # a scale of 1 either way
             elif name.endswith(".bias"):
                 param.zero_()
             else:

@@ -15,6 +15,7 @@ from typing import Any
 import uvicorn
 
 from radixcache.worker.openai.app import DEFAULT_MAX_BODY_BYTES, create_app
+from radixcache.worker.openai.http_guard import HttpLimits, protocol_for
 
 
 class _Server(uvicorn.Server):
@@ -25,11 +26,20 @@ class _Server(uvicorn.Server):
 
 class HttpServer:
     """start() binds host:port (0: a free port) and serves in a task; stop() closes it, waiting for open responses
-    up to `grace` seconds."""
+    up to `grace` seconds. `limits`: what a client may hold before its request is read (http_guard)."""
 
-    def __init__(self, core: Any, host: str, port: int, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
+    def __init__(
+        self,
+        core: Any,
+        host: str,
+        port: int,
+        *,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        limits: HttpLimits | None = None,
+    ) -> None:
         self.app = create_app(core, max_body_bytes=max_body_bytes)
         self.host, self.port = host, port
+        self.limits = limits or HttpLimits()
         self._server: _Server | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -46,7 +56,14 @@ class HttpServer:
             raise OSError(f"could not bind the HTTP port {self.host}:{self.port}: {e}") from e
         self.port = sock.getsockname()[1]
         config = uvicorn.Config(
-            self.app, log_level="warning", lifespan="off", timeout_graceful_shutdown=5, access_log=False
+            self.app,
+            log_level="warning",
+            lifespan="off",
+            timeout_graceful_shutdown=5,
+            access_log=False,
+            http=protocol_for(self.limits),  # uvicorn's httptools protocol with the bounds it lacks (http_guard)
+            ws="none",  # no WebSocket routes: an Upgrade is not switched to another protocol
+            timeout_keep_alive=self.limits.keep_alive_s,  # type: ignore[arg-type]  # call_later takes a float
         )
         self._server = _Server(config)
         self._task = asyncio.ensure_future(self._server.serve(sockets=[sock]))

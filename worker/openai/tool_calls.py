@@ -21,6 +21,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from radixcache.worker.validation import MAX_SCHEMA_DEPTH
+
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
 
@@ -121,18 +123,47 @@ def tool_call_grammar(tools: Sequence[Mapping[str, Any]], name: str | None = Non
     against that function's parameters schema: what tool_choice "required" / a named function forces."""
     from radixcache.worker.structured import JSON_LAYOUT
 
-    calls = [
-        {
-            "type": "object",
-            "properties": {
-                "name": {"const": f["name"]},
-                "arguments": f.get("parameters") or {"type": "object"},
-            },
-            "required": ["name", "arguments"],
-            "additionalProperties": False,
-        }
-        for f in (t["function"] for t in tools)
-        if name is None or f["name"] == name
-    ]
+    functions = [f for f in (t["function"] for t in tools) if name is None or f["name"] == name]
+    calls = []
+    for i, f in enumerate(functions):
+        # The parameters move from a document's root to .../properties/arguments: their "#/..." refs (pydantic's
+        # "#/$defs/Model", a recursive "#") are rebased to keep pointing into them.
+        at = ("" if len(functions) == 1 else f"/anyOf/{i}") + "/properties/arguments"
+        calls.append(
+            {
+                "type": "object",
+                "properties": {
+                    "name": {"const": f["name"]},
+                    "arguments": rebase_refs(f.get("parameters") or {"type": "object"}, at),
+                },
+                "required": ["name", "arguments"],
+                "additionalProperties": False,
+            }
+        )
     schema = (calls[0] if len(calls) == 1 else {"anyOf": calls}) | {"x-guidance": JSON_LAYOUT}
     return f"start: {json.dumps(OPEN + chr(10))} call {json.dumps(chr(10) + CLOSE)}\ncall: %json {json.dumps(schema)}\n"
+
+
+# Keywords whose values are data, not schemas: a {"$ref": ...} inside them is a value to match, left as it is.
+_DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples"})
+
+
+def rebase_refs(schema: Any, at: str, depth: int = 0) -> Any:
+    """A copy of `schema` with every local reference ("#" or "#/pointer") moved under the JSON pointer `at` (where
+    the schema now sits inside a bigger document); other references (anchors, URLs) are left as they are.
+
+    Below MAX_SCHEMA_DEPTH levels the rest is kept as it is, with no recursion: such a schema is past what
+    llguidance reads (128 levels) and is refused when it compiles."""
+    if depth > MAX_SCHEMA_DEPTH or not isinstance(schema, (dict, list)):
+        return schema
+    if isinstance(schema, list):
+        return [rebase_refs(item, at, depth + 1) for item in schema]
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key == "$ref" and isinstance(value, str) and (value == "#" or value.startswith("#/")):
+            out[key] = "#" + at + value[1:]
+        elif key in _DATA_KEYWORDS:
+            out[key] = value
+        else:
+            out[key] = rebase_refs(value, at, depth + 1)
+    return out

@@ -1,0 +1,121 @@
+"""What a router knows of each replica's load: the replica's own reports, plus what this router sent it since.
+
+Replicas report `EngineLoad` (worker.engine: requests running and waiting, prefill tokens queued, KV pages busy)
+every REPORT_PERIOD_S to the EventHub, and routers get the newest with every poll, so a report is up to about two
+periods old when it is used. Between reports the router adds what it sent itself: each request it routed counts as
+running there until its stream ends, and its uncached prompt tokens count as queued until a report that must
+include them has arrived (one received more than `report_lag_s` after the request was sent), its stream ended, or
+`max_age_s` passed with no report at all (the hub down). With several ingress replicas each router sees the others' requests only
+through the reports.
+
+Thread-safe: Serve calls `routed` / `finished` from its own threads, the feed calls `reported` on the router's loop.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+
+from radixcache.worker.engine_api import EngineLoad
+
+REPORT_PERIOD_S = 0.5  # how often a replica reports its load (its liveness to the hub, too)
+
+
+@dataclass
+class Sent:
+    """One request this router sent (what `LoadView.routed` returns; hand it back to `finished`)."""
+
+    at: float
+    tokens: int  # its uncached prompt tokens (0 once it finished)
+
+
+@dataclass
+class _ReplicaLoad:
+    report: EngineLoad | None = None
+    report_at: float = float("-inf")  # when it arrived (this router's clock)
+    outstanding: int = 0  # requests this router sent there whose stream has not ended
+    sent: deque[Sent] = field(default_factory=deque)  # requests sent there that no report covers yet
+
+
+class LoadView:
+    def __init__(
+        self, *, report_lag_s: float = 0.2, max_age_s: float = 5.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.report_lag_s = report_lag_s
+        self.max_age_s = max_age_s
+        self.clock = clock
+        self._replicas: dict[Hashable, _ReplicaLoad] = {}
+        self._lock = threading.Lock()
+
+    def reported(self, replica: Hashable, load: EngineLoad) -> None:
+        with self._lock:
+            view = self._view(replica)
+            view.report, view.report_at = load, self.clock()
+            self._prune(view)
+
+    def routed(self, replica: Hashable, prefill_tokens: int) -> Sent:
+        with self._lock:
+            view = self._view(replica)
+            view.outstanding += 1
+            sent = Sent(self.clock(), prefill_tokens)
+            view.sent.append(sent)
+            return sent
+
+    def finished(self, replica: Hashable, sent: Sent) -> None:
+        """The request's stream ended: it runs no more, and queues nothing."""
+        with self._lock:
+            sent.tokens = 0
+            view = self._replicas.get(replica)
+            if view is not None:
+                view.outstanding = max(0, view.outstanding - 1)
+
+    def forget(self, replica: Hashable) -> None:
+        with self._lock:
+            self._replicas.pop(replica, None)
+
+    # -- what the policy reads ---------------------------------------------------------------------------------
+    def requests(self, replica: Hashable) -> int:
+        """Requests running or waiting there: the replica's count, or this router's own if that is larger."""
+        with self._lock:
+            view = self._replicas.get(replica)
+            if view is None:
+                return 0
+            reported = view.report.running + view.report.waiting if view.report else 0
+            return max(reported, view.outstanding)
+
+    def queued_tokens(self, replica: Hashable) -> int:
+        """Prefill tokens queued there: the last report's, plus what this router sent that it cannot include yet."""
+        with self._lock:
+            view = self._replicas.get(replica)
+            if view is None:
+                return 0
+            self._prune(view)
+            reported = view.report.queued_prefill_tokens if view.report else 0
+            return reported + sum(s.tokens for s in view.sent)
+
+    def kv_busy(self, replica: Hashable) -> float:
+        """Share of its KV pool held by running requests or pins, by its last report (0 before any)."""
+        with self._lock:
+            view = self._replicas.get(replica)
+            report = view.report if view else None
+            return report.pages_busy / report.pages_total if report and report.pages_total else 0.0
+
+    def pages_total(self, replica: Hashable) -> int | None:
+        """Its KV pool's size in pages, by its last report (None before any)."""
+        with self._lock:
+            view = self._replicas.get(replica)
+            return view.report.pages_total if view and view.report else None
+
+    def _prune(self, view: _ReplicaLoad) -> None:
+        covered = max(view.report_at - self.report_lag_s, self.clock() - self.max_age_s)
+        while view.sent and view.sent[0].at <= covered:
+            view.sent.popleft()
+
+    def _view(self, replica: Hashable) -> _ReplicaLoad:
+        view = self._replicas.get(replica)
+        if view is None:
+            view = self._replicas[replica] = _ReplicaLoad()
+        return view

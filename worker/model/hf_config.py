@@ -1,0 +1,202 @@
+"""Hugging Face config.json -> ModelConfig's fields, one reader per architecture family (the supported set).
+
+Reads configs written by transformers 4.x (`rope_theta` + `rope_scaling`, Gemma 3's `rope_local_base_freq`,
+`sliding_window_pattern`) and 5.x (`rope_parameters`, per layer type for Gemma 3; `layer_types`). A field the file
+omits takes transformers' class default for that architecture (save_pretrained of older versions dropped values
+equal to the defaults). Anything a reader cannot serve exactly is a ValueError naming the field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+_MODEL_TYPE_TO_ARCH = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
+    "gemma3_text": "Gemma3ForCausalLM",
+    "phi3": "Phi3ForCausalLM",
+}
+_HF_LAYER_KINDS = {"full_attention": "global", "sliding_attention": "sliding"}
+
+
+def model_config_fields(hf: dict[str, Any]) -> dict[str, Any]:
+    """ModelConfig's fields for a parsed config.json (ModelConfig.from_hf_config validates them); ValueError names an
+    unsupported architecture or setting."""
+    archs = hf.get("architectures") or []
+    arch = archs[0] if archs else _MODEL_TYPE_TO_ARCH.get(hf.get("model_type", ""), None)
+    if arch not in SUPPORTED_ARCHITECTURES:
+        named = arch or hf.get("model_type") or "<none given>"
+        hint = (
+            " (only its text model, Gemma3ForCausalLM, is supported)"
+            if named == "Gemma3ForConditionalGeneration"
+            else ""
+        )
+        raise ValueError(f"unsupported architecture {named!r}{hint}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
+    return _READERS[arch](hf, arch)
+
+
+def _common(
+    hf: dict[str, Any],
+    arch: str,
+    *,
+    rms_norm_eps: float,
+    tie: bool = False,
+    head_dim: int | None = None,
+    context: int = 4096,
+) -> dict[str, Any]:
+    """The fields every architecture reads the same way (the keyword arguments: its class defaults)."""
+    eos = hf.get("eos_token_id")
+    return {
+        "architecture": arch,
+        "vocab_size": hf["vocab_size"],
+        "hidden_size": hf["hidden_size"],
+        "intermediate_size": hf["intermediate_size"],
+        "num_layers": hf["num_hidden_layers"],
+        "num_heads": hf["num_attention_heads"],
+        "num_kv_heads": hf.get("num_key_value_heads") or hf["num_attention_heads"],
+        "head_dim": hf.get("head_dim", head_dim),
+        "rms_norm_eps": float(hf.get("rms_norm_eps", rms_norm_eps)),
+        "max_position_embeddings": hf.get("max_position_embeddings", context),
+        "tie_word_embeddings": bool(hf.get("tie_word_embeddings", tie)),
+        "bos_token_id": hf.get("bos_token_id"),
+        "eos_token_ids": tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,)),
+    }
+
+
+def _activation(hf: dict[str, Any], default: str = "silu") -> str:
+    act = hf.get("hidden_activation") or hf.get("hidden_act") or default
+    return "silu" if act == "swish" else act
+
+
+def _rope(params: dict[str, Any] | None, legacy: dict[str, Any] | None, theta: float) -> tuple[float, dict | None]:
+    """(rope_theta, rope_scaling or None) from transformers 5's rope_parameters and/or 4's rope_scaling."""
+    rope = dict(params or {})
+    if legacy:
+        rope.update(legacy)
+    theta = float(rope.pop("rope_theta", theta))
+    rope.pop("partial_rotary_factor", None)
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    return theta, (rope if kind != "default" else None)
+
+
+def _layer_kinds(hf: dict[str, Any], window: int | None, default: Callable[[int], bool]) -> tuple[str, ...]:
+    """Per layer "global" / "sliding": config.json's layer_types when given, else default(i) (True = sliding)."""
+    n = hf["num_hidden_layers"]
+    types = hf.get("layer_types")
+    if types is None:
+        kinds = tuple("sliding" if default(i) else "global" for i in range(n))
+    else:
+        unknown = sorted(set(types) - set(_HF_LAYER_KINDS))
+        if unknown:
+            raise ValueError(f"layer_types: unsupported kind {unknown[0]!r} (supported: {', '.join(_HF_LAYER_KINDS)})")
+        kinds = tuple(_HF_LAYER_KINDS[t] for t in types)
+    # transformers gives a layer of the sliding kind no window when the config has none: it attends globally.
+    return kinds if window is not None else ("global",) * len(kinds)
+
+
+def _llama_family(hf: dict[str, Any], arch: str) -> dict[str, Any]:
+    """Llama, Mistral, Qwen2, Qwen3."""
+    theta, scaling = _rope(hf.get("rope_parameters"), hf.get("rope_scaling"), hf.get("rope_theta", 10000.0))
+    window = None if arch == "LlamaForCausalLM" else hf.get("sliding_window")
+    bias = bool(hf.get("attention_bias", False))
+    if arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM"):
+        if not hf.get("use_sliding_window", False):
+            window = None
+        first_sliding = hf.get("max_window_layers", 28)
+        kinds = _layer_kinds(hf, window, lambda i: i >= first_sliding)
+    else:  # Mistral's window (v0.1) covers every layer; Llama has none
+        kinds = _layer_kinds({**hf, "layer_types": None}, window, lambda i: True)
+    return dict(
+        **_common(hf, arch, rms_norm_eps=1e-6 if arch == "Qwen3ForCausalLM" else 1e-5),
+        hidden_act=_activation(hf),
+        rope_theta=theta,
+        rope_scaling=scaling,
+        qkv_bias={"Qwen2ForCausalLM": True, "MistralForCausalLM": False}.get(arch, bias),
+        o_bias=bias if arch in ("LlamaForCausalLM", "Qwen3ForCausalLM") else False,
+        mlp_bias=bool(hf.get("mlp_bias", False)) if arch == "LlamaForCausalLM" else False,
+        qk_norm=arch == "Qwen3ForCausalLM",
+        sliding_window=window,
+        layer_kinds=kinds,
+    )
+
+
+def _gemma(hf: dict[str, Any], arch: str) -> dict[str, Any]:
+    """Gemma 2 and Gemma 3 (text): interleaved sliding/global layers, (1 + w) sandwich norms, scaled embeddings,
+    GeGLU, query_pre_attn_scalar; Gemma 2 soft-caps, Gemma 3 has q/k norms and a local RoPE base."""
+    gemma3 = arch == "Gemma3ForCausalLM"
+    if gemma3 and hf.get("use_bidirectional_attention"):
+        raise ValueError("use_bidirectional_attention: only causal Gemma 3 (text generation) is supported")
+    window = hf.get("sliding_window", 4096)
+    pattern = hf.get("sliding_window_pattern", hf.get("_sliding_window_pattern", 6))
+    kinds = _layer_kinds(hf, window, (lambda i: (i + 1) % pattern != 0) if gemma3 else (lambda i: i % 2 == 0))
+    params = hf.get("rope_parameters") or {}
+    local_theta = None
+    if gemma3:
+        # transformers 5: {"full_attention": {...}, "sliding_attention": {...}}; 4: rope_theta, rope_scaling (global
+        # layers only), rope_local_base_freq.
+        local = params.get("sliding_attention") or {}
+        theta, scaling = _rope(params.get("full_attention"), hf.get("rope_scaling"), hf.get("rope_theta", 1e6))
+        local_theta, local_scaling = _rope(local, None, hf.get("rope_local_base_freq", 10000.0))
+        if local_scaling is not None:
+            raise ValueError("rope_parameters.sliding_attention: scaled RoPE on sliding layers is not supported")
+    else:
+        theta, scaling = _rope(params, hf.get("rope_scaling"), hf.get("rope_theta", 10000.0))
+    hidden = hf["hidden_size"]
+    return dict(
+        **_common(hf, arch, rms_norm_eps=1e-6, tie=True, head_dim=256, context=131072 if gemma3 else 8192),
+        hidden_act=_activation(hf, "gelu_pytorch_tanh"),
+        rope_theta=theta,
+        rope_scaling=scaling,
+        rope_local_theta=local_theta,
+        qkv_bias=bool(hf.get("attention_bias", False)),
+        o_bias=bool(hf.get("attention_bias", False)),
+        qk_norm=gemma3,
+        norm_plus_one=True,
+        sandwich_norms=True,
+        embedding_scale=hidden**0.5,
+        query_pre_attn_scalar=float(hf.get("query_pre_attn_scalar", 256)),
+        attn_logit_softcap=hf.get("attn_logit_softcapping", None if gemma3 else 50.0),
+        final_logit_softcap=hf.get("final_logit_softcapping", None if gemma3 else 30.0),
+        sliding_window=window,
+        layer_kinds=kinds,
+    )
+
+
+def _phi3(hf: dict[str, Any], arch: str) -> dict[str, Any]:
+    """Phi-3 / Phi-3.5 / Phi-4-mini: fused projections in the checkpoint, longrope, partial rotary, a window on
+    every layer when sliding_window is set."""
+    params = dict(hf.get("rope_parameters") or {})
+    legacy = dict(hf.get("rope_scaling") or {})
+    partial = float(params.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)))
+    theta, scaling = _rope(params, legacy, hf.get("rope_theta", 10000.0))
+    if scaling is not None:
+        if scaling.get("rope_type", scaling.get("type")) in ("su", "yarn"):  # what transformers calls longrope
+            scaling["rope_type"] = "longrope"
+        if "original_max_position_embeddings" in hf:  # transformers 4 keeps it beside rope_scaling
+            scaling.setdefault("original_max_position_embeddings", hf["original_max_position_embeddings"])
+    window = hf.get("sliding_window")
+    return dict(
+        **_common(hf, arch, rms_norm_eps=1e-5),
+        hidden_act=_activation(hf),
+        rope_theta=theta,
+        rope_scaling=scaling,
+        partial_rotary_factor=partial,
+        sliding_window=window,
+        layer_kinds=_layer_kinds({**hf, "layer_types": None}, window, lambda i: True),
+    )
+
+
+_READERS: dict[str, Callable[[dict[str, Any], str], dict[str, Any]]] = {
+    "LlamaForCausalLM": _llama_family,
+    "MistralForCausalLM": _llama_family,
+    "Qwen2ForCausalLM": _llama_family,
+    "Qwen3ForCausalLM": _llama_family,
+    "Gemma2ForCausalLM": _gemma,
+    "Gemma3ForCausalLM": _gemma,
+    "Phi3ForCausalLM": _phi3,
+}
+SUPPORTED_ARCHITECTURES = tuple(_READERS)
