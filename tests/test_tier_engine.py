@@ -274,3 +274,28 @@ def test_tier_flags_are_checked_before_the_model_loads(tmp_path: Path) -> None:
     assert why("--kv-disk", str(blocker / "sub")).startswith(f"--kv-disk {blocker / 'sub'}:")
     assert why("--kv-disk", str(tmp_path / "new"), "--kv-disk-size", "2GiB", "--kv-host-memory", "1GiB") is None
     assert (tmp_path / "new").is_dir()
+
+
+def test_stats_and_prometheus_split_hits_by_tier(model, tmp_path: Path) -> None:
+    from prometheus_client import generate_latest
+
+    from radixcache.worker.metrics import WorkerMetrics
+    from radixcache.worker.servicer import cache_stats_message
+
+    engine = engine_on(model, tmp_path)
+    prompt = prompts(1, 40, seed=14)[0]
+    run(engine, prompt, "first")
+    run(engine, prompt, "device")  # hits memory
+    evict_everything(engine)
+    settle(engine)
+    run(engine, prompt, "disk")  # hits disk
+    stats = engine.stats()
+    device = stats.cache.hit_tokens - stats.disk_hit_tokens
+    assert stats.disk_hit_tokens >= 36 and device >= 36
+    text = generate_latest(WorkerMetrics(lambda: stats).registry).decode()
+    assert f'radixcache_cache_hit_tokens_by_tier_total{{tier="disk"}} {float(stats.disk_hit_tokens)}' in text
+    assert f'radixcache_cache_hit_tokens_by_tier_total{{tier="device"}} {float(device)}' in text
+    assert f'radixcache_tier_pages{{tier="disk"}} {float(stats.cache.disk_pages)}' in text
+    message = cache_stats_message(stats)
+    assert message.disk_hit_tokens == stats.disk_hit_tokens and message.disk_ready and message.disk_pages > 0
+    engine.shutdown()

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from radixcache.cache import CacheFullError, Lease, PrefixCache
 from radixcache.pool import KVPool
 from radixcache.tier import MEDIUM_DISK, MEDIUM_HOST
+from radixcache.tiering import STEP_WRITE_BUDGET_S, WRITE_BUDGET_PER_TOKEN_S
 from radixcache.worker.request import FinishReason
 from radixcache.worker.sequence import SeqStatus, Sequence
 from radixcache.worker.tenant_counts import tenant_table
@@ -77,6 +78,7 @@ class Scheduler:
         self.prompt_tokens = 0  # over first admissions (a preempted request's recompute is not counted again)
         self.cached_tokens = 0
         self.tier_hit_tokens: dict[str, int] = {}  # medium -> admitted tokens that a tier load brought back
+        self.last_step_tokens = 0  # computed by the last step scheduled (the tier's write-through budget)
         self.tenants = tenant_table()  # the counters above, per namespace (and the engine's, per worker.tenant_counts)
         self._admitted = 0
 
@@ -150,8 +152,8 @@ class Scheduler:
         """Chunks to compute this step, and sequences that must fail (they cannot fit even alone)."""
         chunks: dict[Sequence, Chunk] = {}
         failed: list[tuple[Sequence, str]] = []
-        if self.cache.tier is not None:
-            self.cache.tier.pump()  # loads that arrived go into the tree before anyone is admitted
+        if self.cache.tier is not None:  # loads that arrived go into the tree before anyone is admitted
+            self.cache.tier.pump(STEP_WRITE_BUDGET_S + WRITE_BUDGET_PER_TOKEN_S * self.last_step_tokens)
         budget = self.max_step_tokens
         for seq in list(self.running):  # admission order, oldest first; victims are taken from the end
             if seq.status is not SeqStatus.RUNNING or budget == 0:
@@ -165,6 +167,7 @@ class Scheduler:
         self._admit(budget, chunks, failed)
         for seq in self.waiting:
             seq.waited_steps += 1
+        self.last_step_tokens = sum(c.num_new for c in chunks.values())
         # Decodes first, then prefills: the order rows appear in the batch does not change any result.
         return sorted(chunks.values(), key=lambda c: (c.num_new > 1, c.seq.admit_order)), failed
 
