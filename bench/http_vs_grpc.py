@@ -16,9 +16,16 @@ Besides latency and throughput it reports CPU time per output token, of the work
 clients), from /proc and getrusage: on a shared machine the fronts' own costs show there more steadily than in
 wall-clock figures.
 
+The Responses API (issue 28) gets two more measurements. A chat workload (random-word conversations, rendered by
+the chat template on both paths) through gRPC Generate(messages) and through POST /v1/responses streamed with the
+lean client: `responses_ttft_p50_overhead_ms`. And an agent loop on a second worker with the cache on: `--turns`
+turns of a conversation, once chained with previous_response_id (the worker continues from its stored tokens) and
+once resending the whole history each turn (as clients without server-side state do), with the cached share of
+each turn's input and its TTFT (official openai client, streaming).
+
 Prints a table (TTFT p50/p90, TPOT p50, output tokens/s per front) and, as its last line, one JSON object with
 `http_ttft_p50_overhead_ms` (HTTP minus gRPC) and `http_throughput_ratio` (HTTP / gRPC) with the lean client, the
-same two for the openai client (`http_openai_*`), and each row's figures. Not a test.
+same two for the openai client (`http_openai_*`), the Responses figures, and each row's figures. Not a test.
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ from urllib.parse import urlsplit
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import REPO, Worker, percentile  # noqa: E402
 
-from radixcache.client import AsyncClient  # noqa: E402
+from radixcache.client import AsyncClient, Client  # noqa: E402
 
 
 @dataclass
@@ -48,10 +55,13 @@ class Timing:
     tokens: int
 
 
-async def grpc_one(client: AsyncClient, prompt: list[int], max_tokens: int) -> Timing:
+async def grpc_one(client: AsyncClient, prompt: list[int] | list[dict[str, str]], max_tokens: int) -> Timing:
+    """Token ids (ignore_eos: a fixed output length), or chat messages (rendered by the worker's template)."""
     t0 = time.perf_counter()
     first, n = None, 0
-    async for chunk in client.generate(token_ids=prompt, max_tokens=max_tokens, ignore_eos=True):
+    chat = bool(prompt) and isinstance(prompt[0], dict)
+    what = {"messages": prompt} if chat else {"token_ids": prompt, "ignore_eos": True}
+    async for chunk in client.generate(max_tokens=max_tokens, **what):
         if chunk.token_ids and first is None:
             first = time.perf_counter()
         n += len(chunk.token_ids)
@@ -121,6 +131,8 @@ class LeanSSEClient:
             pending += data[:-2]
             *events, pending = pending.split(b"\n\n")
             for event in events:
+                if event.startswith(b"event: "):  # the Responses API names each event before its data
+                    event = event[event.find(b"\n") + 1 :]
                 if event.startswith(b"data: ") and event != b"data: [DONE]":
                     yield json.loads(event[6:])
         self._idle.append((reader, writer))
@@ -147,6 +159,120 @@ async def http_lean_one(client: LeanSSEClient, model: str, prompt: list[int], ma
     end = time.perf_counter()
     first = first or end
     return Timing(first - t0, (end - first) / (n - 1) if n > 1 else None, n)
+
+
+WORDS = "the cache keeps keys and values of every token so each step is incremental pages share prefixes".split()
+
+
+def conversation(rng: random.Random, words: int) -> list[dict[str, str]]:
+    return [
+        {"role": "system", "content": "You are a terse assistant."},
+        {"role": "user", "content": " ".join(rng.choice(WORDS) for _ in range(words))},
+    ]
+
+
+async def responses_lean_one(client: LeanSSEClient, model: str, messages: list[dict[str, str]], max_tokens: int) -> Timing:  # fmt: skip
+    """POST /v1/responses, streamed, through LeanSSEClient (the instructions and input of the same conversation)."""
+    body = {
+        "model": model, "instructions": messages[0]["content"], "input": messages[1:], "max_output_tokens": max_tokens,
+        "stream": True, "store": False,
+    }  # fmt: skip
+    t0 = time.perf_counter()
+    first, n = None, 0
+    async for event in client.events(body):
+        if event["type"] == "response.output_text.delta" and first is None:
+            first = time.perf_counter()
+        if event["type"] in ("response.completed", "response.incomplete"):
+            n = event["response"]["usage"]["output_tokens"]
+    end = time.perf_counter()
+    first = first or end
+    return Timing(first - t0, (end - first) / (n - 1) if n > 1 else None, n)
+
+
+async def agent_loop(base_url: str, model: str, turns: int, output: int, chained: bool) -> list[dict[str, float]]:
+    """One conversation of `turns` turns through /v1/responses: chained with previous_response_id, or resending
+    the whole history. Per turn: input tokens, cached tokens, cached share, reusable tokens (what the turn before
+    computed: its input and output but the last, uncomputed, token), cached of reusable, TTFT (ms)."""
+    import openai
+
+    figures, history, previous, reusable = [], [], None, 0
+    async with openai.AsyncOpenAI(base_url=base_url, api_key="none", max_retries=0) as client:
+        for turn in range(turns):
+            question = {"role": "user", "content": f"Question {turn}: how does a radix tree share prefixes?"}
+            kwargs = (
+                {"previous_response_id": previous, "input": [question]} if chained else {"input": history + [question]}
+            )
+            t0 = time.perf_counter()
+            first = None
+            stream = await client.responses.create(
+                model=model, instructions="You are a terse assistant.", max_output_tokens=output, stream=True,
+                store=chained, **kwargs,
+            )  # fmt: skip
+            async for event in stream:
+                if event.type == "response.output_text.delta" and first is None:
+                    first = time.perf_counter()
+                if event.type in ("response.completed", "response.incomplete"):
+                    response = event.response
+            usage = response.usage
+            cached = usage.input_tokens_details.cached_tokens
+            figures.append({
+                "input_tokens": usage.input_tokens, "cached_tokens": cached,
+                "cached_share": round(cached / usage.input_tokens, 3), "reusable_tokens": reusable,
+                "cached_of_reusable": round(cached / reusable, 3) if reusable else None,
+                "ttft_ms": round(1000 * ((first or time.perf_counter()) - t0), 1),
+            })  # fmt: skip
+            reusable = usage.input_tokens + usage.output_tokens - 1
+            previous = response.id
+            history += [question, {"role": "assistant", "content": response.output_text}]
+    return figures
+
+
+def front_cost(repeats: int = 300) -> dict[str, float]:
+    """What each HTTP front itself spends, in this process and without an engine: ms from the body to the first
+    streamed delta (parse, map, first events) and per streamed token (serialize), Responses API vs chat
+    completions, best of 3. Independent of the network and of the engine: steadier than TTFT on a busy machine."""
+    from radixcache.worker.openai.protocol import ChatCompletionRequest
+    from radixcache.worker.openai.requests import parse_chat
+    from radixcache.worker.openai.responses import ChatResponder
+    from radixcache.worker.openai.responses_input import parse_responses
+    from radixcache.worker.openai.responses_output import ResponsesResponder, sse
+    from radixcache.worker.openai.responses_protocol import ResponsesRequest
+    from radixcache.worker.request import FinishReason, RequestOutput
+
+    messages = conversation(random.Random(0), 32)
+    outputs = [
+        RequestOutput("r", [5], f" w{i}", 40, 0, i + 1, finish_reason=FinishReason.LENGTH if i == 31 else None)
+        for i in range(32)
+    ]
+
+    def responses(tokens: int) -> None:
+        body = {"model": "m", "instructions": messages[0]["content"], "input": messages[1:], "stream": True}
+        parse_responses(ResponsesRequest.model_validate(body))
+        r = ResponsesResponder(response_id="resp_x", model="m", echo={}, parse_tools=False, closes_at_stop=False)
+        for event in r.first_events() + [e for out in outputs[:tokens] for e in r.add(out)]:
+            sse(event)
+
+    def chat(tokens: int) -> None:
+        parse_chat(ChatCompletionRequest.model_validate({"model": "m", "messages": messages, "stream": True}))
+        r = ChatResponder(request_id="c", model="m", n=1, token_text=str, parse_tools=False, logprobs=False)
+        for chunk in r.first_chunks() + [c for out in outputs[:tokens] for c in r.add(out)]:
+            chunk.model_dump_json(exclude_none=True)
+
+    def best(f, tokens: int) -> float:  # noqa: ANN001
+        times = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            for _ in range(repeats):
+                f(tokens)
+            times.append((time.perf_counter() - t0) / repeats * 1000)
+        return min(times)
+
+    out = {}
+    for name, f in (("responses", responses), ("chat", chat)):
+        first, whole = best(f, 1), best(f, 32)
+        out[f"{name}_ms_to_first_delta"] = round(first, 3)
+        out[f"{name}_ms_per_token"] = round((whole - first) / 31, 4)
+    return out
 
 
 def process_cpu(pid: int) -> float:
@@ -213,17 +339,26 @@ async def bench(grpc_target: str, base_url: str, model: str, worker_pid: int, ar
         }
         if args.openai_client:
             senders["http_openai"] = lambda p: http_one(openai_client, model, p, args.output)
-        results: dict[str, list[Round]] = {front: [] for front in senders}
-        # A warm-up request through each front (imports, connections), not measured.
-        for send in senders.values():
-            await send([rng.randrange(8, vocab) for _ in range(args.prompt)])
-        order = list(senders)
-        for r in range(args.rounds):
-            for front in order if r % 2 == 0 else order[::-1]:
-                prompts = [[rng.randrange(8, vocab) for _ in range(args.prompt)] for _ in range(args.requests)]
-                results[front].append(await run_round(senders[front], prompts, args.concurrency, worker_pid))
+        responses_client = LeanSSEClient(url.hostname or "127.0.0.1", url.port or 80, url.path + "/responses")
+        chat_senders = {
+            "grpc_chat": lambda m: grpc_one(grpc_client, m, args.output),
+            "responses": lambda m: responses_lean_one(responses_client, model, m, args.output),
+        }
+        workloads = [(senders, lambda: [rng.randrange(8, vocab) for _ in range(args.prompt)])]
+        workloads.append((chat_senders, lambda: conversation(rng, args.prompt // 2)))
+        results: dict[str, list[Round]] = {front: [] for front in [*senders, *chat_senders]}
+        for group, make in workloads:
+            # A warm-up request through each front (imports, connections), not measured.
+            for send in group.values():
+                await send(make())
+            order = list(group)
+            for r in range(args.rounds):
+                for front in order if r % 2 == 0 else order[::-1]:
+                    prompts = [make() for _ in range(args.requests)]
+                    results[front].append(await run_round(group[front], prompts, args.concurrency, worker_pid))
         await openai_client.close()
         lean_client.close()
+        responses_client.close()
     return {front: summary(rounds) for front, rounds in results.items()}
 
 
@@ -237,6 +372,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--output", type=int, default=32, help="output tokens")
     p.add_argument("--threads", type=int, default=1, help="torch threads of the worker (OMP_NUM_THREADS)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--turns", type=int, default=10, help="turns of the Responses agent loop (0: leave it out)")
     p.add_argument(
         "--no-openai-client", dest="openai_client", action="store_false",
         help="leave out the row of the official openai client (its Python parsing runs in this process)",
@@ -244,18 +380,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def openai_url(worker: Worker) -> str:
+    """The worker's "openai api on URL" line."""
+    deadline = time.monotonic() + 30
+    while not any(line.startswith("openai api on ") for line in worker._log):
+        if time.monotonic() > deadline:
+            raise RuntimeError("the worker printed no 'openai api on' line")
+        time.sleep(0.05)
+    return next(line for line in worker._log if line.startswith("openai api on ")).split()[-1]
+
+
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
+    model = args.model.resolve().name
     with Worker(args.model, "--http-port", "0", "--no-cache", name="worker", threads=args.threads) as worker:
-        deadline = time.monotonic() + 30
-        while not any(line.startswith("openai api on ") for line in worker._log):
-            if time.monotonic() > deadline:
-                raise RuntimeError("the worker printed no 'openai api on' line")
-            time.sleep(0.05)
-        base_url = next(line for line in worker._log if line.startswith("openai api on ")).split()[-1]
-        model = args.model.resolve().name
+        base_url = openai_url(worker)
         assert worker.proc is not None
         result = asyncio.run(bench(worker.target, base_url, model, worker.proc.pid, args))
+    loops = {}
+    if args.turns:
+        with Worker(args.model, "--http-port", "0", name="cached", threads=args.threads) as cached:
+            loop_url = openai_url(cached)
+            for mode in ("previous_response_id", "resend_history"):
+                with Client(cached.target) as admin:
+                    admin.flush()  # each conversation starts cold: neither profits from the other's pages
+                chained = mode == "previous_response_id"
+                loops[mode] = asyncio.run(agent_loop(loop_url, model, args.turns, args.output, chained))
     g, h = result["grpc"], result["http"]
     print(
         f"{args.rounds} rounds x {args.requests} requests per front, {args.concurrency} clients, "
@@ -265,7 +415,10 @@ def main(argv: list[str] | None = None) -> dict:
         f"{'front':<14}{'TTFT p50 ms':>12}{'TTFT p90 ms':>12}{'TPOT p50 ms':>12}{'tok/s':>8}"
         f"{'worker CPU ms/tok':>19}{'client CPU ms/tok':>19}"
     )
-    names = {"grpc": "gRPC", "http": "HTTP/SSE", "http_openai": "HTTP (openai)"}
+    names = {
+        "grpc": "gRPC", "http": "HTTP/SSE", "http_openai": "HTTP (openai)", "grpc_chat": "gRPC chat",
+        "responses": "Responses",
+    }  # fmt: skip
     for front, s in result.items():
         print(
             f"{names[front]:<14}{s['ttft_p50_ms']:>12.1f}{s['ttft_p90_ms']:>12.1f}{s['tpot_p50_ms']:>12.2f}"
@@ -280,6 +433,21 @@ def main(argv: list[str] | None = None) -> dict:
         o = result["http_openai"]
         headline["http_openai_ttft_p50_overhead_ms"] = round(o["ttft_p50_ms"] - g["ttft_p50_ms"], 2)
         headline["http_openai_throughput_ratio"] = round(o["tok_s"] / g["tok_s"], 3)
+    cost = front_cost()
+    print("front cost (ms, in process, no engine):", cost)
+    headline["front_cost"] = cost
+    c, r = result["grpc_chat"], result["responses"]
+    headline["responses_ttft_p50_overhead_ms"] = round(r["ttft_p50_ms"] - c["ttft_p50_ms"], 2)
+    headline["responses_throughput_ratio"] = round(r["tok_s"] / c["tok_s"], 3)
+    for mode, figures in loops.items():
+        print(f"agent loop, {mode} (cached share of input / TTFT per turn): " + " ".join(f"{f['cached_share']:.2f}/{f['ttft_ms']:.0f}ms" for f in figures))  # fmt: skip
+        later = figures[1:]
+        headline[f"loop_{mode}"] = {
+            "cached_share_turns_2_on": round(sum(f["cached_tokens"] for f in later) / sum(f["input_tokens"] for f in later), 3),
+            "cached_of_reusable_turns_2_on": round(sum(f["cached_tokens"] for f in later) / sum(f["reusable_tokens"] for f in later), 3),
+            "ttft_ms_p50_turns_2_on": percentile([f["ttft_ms"] for f in later], 50),
+            "turns": figures,
+        }  # fmt: skip
     headline.update({front: {k: round(v, 2) for k, v in s.items()} for front, s in result.items()})
     print(json.dumps(headline))
     return headline

@@ -192,6 +192,7 @@ def _batch_json(m: Any) -> dict[str, Any]:
             item["page_hashes"] = list(e.removed.page_hashes)
         events.append(item)
     out = {"kind": BATCH_KINDS.get(m.kind, str(m.kind)), "sequence": m.sequence, "page_size": m.page_size}
+    out["kv_dtype"] = m.kv_dtype  # quantized precisions are part of every page hash
     if m.kind == 1:
         out["snapshot_complete"] = m.snapshot_complete
     return out | {"timestamp": m.timestamp, "events": events}
@@ -201,7 +202,8 @@ def _batch_text(m: Any) -> list[str]:
     kind = BATCH_KINDS.get(m.kind, str(m.kind))
     head = f"{kind} seq={m.sequence}"
     if m.kind == 1:
-        head += f" page_size={m.page_size}" + (" (complete)" if m.snapshot_complete else " (part)")
+        kv = f" kv_dtype={m.kv_dtype}" if m.kv_dtype else ""
+        head += f" page_size={m.page_size}{kv}" + (" (complete)" if m.snapshot_complete else " (part)")
     lines = [head]
     for e in m.events:
         what = e.WhichOneof("event")

@@ -72,6 +72,15 @@ def page_size_of(serve_argv: list[str]) -> int:
     return parser().parse_args(serve_argv).page_size
 
 
+def kv_dtype_of(serve_argv: list[str]) -> str | None:
+    """The replicas' --kv-dtype as page hashes need it: None for auto (the model's dtype, full precision: page hashes
+    are the same for every full precision)."""
+    from radixcache.worker.cli import parser
+
+    kv_dtype = parser().parse_args(serve_argv).kv_dtype
+    return None if kv_dtype == "auto" else kv_dtype
+
+
 def build_app(options: ClusterOptions) -> Any:
     from ray import serve
     from ray.serve.config import RequestRouterConfig
@@ -84,6 +93,7 @@ def build_app(options: ClusterOptions) -> Any:
         t, w = options.thresholds, options.weights
         router_kwargs = dict(
             page_size=page_size_of(options.serve_argv),
+            kv_dtype=kv_dtype_of(options.serve_argv),
             hub_name=options.hub_name,
             hub_namespace=options.hub_namespace,
             balance_abs=t.balance_abs,

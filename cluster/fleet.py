@@ -182,8 +182,12 @@ def _final(request: Request, index: int, reason: FinishReason, error: str | None
     )
 
 
+# Facts of a replica's configuration, not counters: the fleet reports the value they share ("mixed" / 0 otherwise).
+_SHARED_FACTS = ("kv_dtype", "kv_bytes_per_token")
+
+
 def sum_stats(parts: list[EngineStats]) -> EngineStats:
-    """The fleet's counters: every replica's added up (the cache's too)."""
+    """The fleet's counters: every replica's added up (the cache's too); facts such as the KV dtype as shared."""
     from dataclasses import fields
 
     from radixcache.cache import CacheStats
@@ -192,7 +196,16 @@ def sum_stats(parts: list[EngineStats]) -> EngineStats:
         values = {}
         for f in fields(cls):
             vals = [getattr(i, f.name) for i in items]
-            values[f.name] = add(CacheStats, vals) if f.name == "cache" else sum(vals)
+            if f.name == "cache":
+                values[f.name] = add(CacheStats, vals)
+            elif f.name in _SHARED_FACTS:
+                distinct = set(vals)
+                if len(distinct) == 1:
+                    values[f.name] = distinct.pop()
+                else:  # none (no replica: the default) or several
+                    values[f.name] = f.default if not distinct else "mixed" if f.type == "str" else 0
+            else:
+                values[f.name] = sum(vals)
         return cls(**values)
 
     return add(EngineStats, parts)

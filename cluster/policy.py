@@ -22,11 +22,12 @@ requests (the imbalance rule below steps in long before).
 
 Two rules of SGLang's cache-aware router come first. When the request counts are imbalanced (the busiest and the
 idlest differ by more than `balance_abs` AND the busiest has more than `balance_rel` times the idlest's), the cache
-is ignored and load alone decides. A match shorter than `min_match_pages` pages counts as none.
+is ignored and load alone decides (the eviction term too: it weighs cached pages). A match shorter than `min_match_pages` pages counts as none.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
@@ -118,6 +119,8 @@ def cheapest(
             return 0
         return min(c.matched_pages * page_size, prompt_tokens - 1)  # one token is always computed
 
+    if not use_cache:  # load alone decides: what a new prefix would evict is a cache consideration too
+        w = dataclasses.replace(w, evict=0.0)
     costs = [cost(c, prompt_tokens, cached(c), w, page_size) for c in candidates]
     best = min(costs)
     return [c for c, x in zip(candidates, costs, strict=True) if x <= best + TIE_TOKENS]

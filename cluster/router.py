@@ -36,6 +36,7 @@ class CacheAwareRouter(RequestRouter):
         self,
         *,
         page_size: int,
+        kv_dtype: str | None = None,
         hub_name: str | None = None,
         hub_namespace: str | None = None,
         balance_abs: int = 8,
@@ -49,6 +50,7 @@ class CacheAwareRouter(RequestRouter):
     ) -> None:
         defaults = LoadWeights()
         self.page_size = page_size
+        self.kv_dtype = kv_dtype  # the replicas' KV precision: quantized pages have their own hashes
         self.thresholds = RoutingThresholds(balance_abs, balance_rel, min_match_pages)
         self.weights = LoadWeights(
             defaults.queued if queued_weight is None else queued_weight,
@@ -93,7 +95,7 @@ class CacheAwareRouter(RequestRouter):
         request = pending_request.args[0] if pending_request.args else None
         uncached = 0
         if isinstance(request, Request):
-            hashes = page_hashes(request.prompt_ids, self.page_size, request.namespace)
+            hashes = self._hashes(request)
             cached = self.index.match(key, request.namespace, hashes) * self.page_size
             uncached = max(0, len(request.prompt_ids) - cached)
             self.index.routed(key, request.namespace, hashes)
@@ -113,7 +115,7 @@ class CacheAwareRouter(RequestRouter):
 
     # -- the decision --------------------------------------------------------------------------------------------
     def route(self, request: Request, candidates: list[RunningReplica]) -> RunningReplica:
-        hashes = page_hashes(request.prompt_ids, self.page_size, request.namespace)
+        hashes = self._hashes(request)
         by_key = {r.replica_id.to_full_id_str(): r for r in candidates}
         prompt = len(request.prompt_ids)
         scored = [self._candidate(key, request.namespace, hashes, prompt) for key in by_key]
@@ -134,6 +136,10 @@ class CacheAwareRouter(RequestRouter):
             free_tokens=free,
             victim_uses=tuple(victims),
         )
+
+    def _hashes(self, request: Request) -> list[int]:
+        """The prompt's page hashes as the replicas' cache events name them (page size, namespace, KV dtype)."""
+        return page_hashes(request.prompt_ids, self.page_size, request.namespace, kv_dtype=self.kv_dtype)
 
     def _least_loaded(self, candidates: list[RunningReplica]) -> RunningReplica:
         counts = [self.loads.requests(r.replica_id.to_full_id_str()) for r in candidates]

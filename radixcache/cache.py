@@ -19,6 +19,17 @@ next turn of a conversation, or a preempted sequence coming back, then reuses ev
 tail's first slots (`copy_from`) instead of recomputing them. A tail is only ever read through such a copy, so a
 later publish that covers it with a whole page (or a longer tail) replaces it and drops the tree's reference; a
 lease still copying from it holds its own reference until its next publish/extend/release.
+
+Demotion (opt-in, `demoted_pages` > 0 with a `transcode` callback, the engine's --kv-demote): page ids num_pages..
+num_pages+demoted_pages-1 hold demoted copies (int4). When an allocation is short of pages, the least recently used
+unlocked, unpinned leaf is rewritten into demoted pages instead of being evicted (its full-precision pages become
+free), and only demoted leaves are evicted, to make room for newer demotions. Nothing ever reads a demoted page: a
+lookup whose match runs through demoted nodes first brings them back (`transcode` into fresh pages, which may
+demote other cold leaves); what cannot be brought back is not served (the match stops before it). So a hit on a
+demoted prefix reads the values its demotion kept (the answer may differ from a recompute: that is what the flag
+trades), no lease ever holds a demoted page, and a publish that meets a demoted page keeps its own copy. With a tier
+below memory (radixcache.tiering), a demotion first hands the node's full-precision pages down; demoted pages, and
+pages promoted back from them, never go down (the tiers hold exact pages only).
 """
 
 from __future__ import annotations
@@ -30,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from radixcache.keys import TOKEN_BYTES, encode
-from radixcache.node import Node
+from radixcache.node import Match, Node
 from radixcache.pages import PageAllocator
 from radixcache.tier import MEDIUM_DISK, MEDIUM_HOST
 from radixcache.tree import RadixTree
@@ -115,6 +126,9 @@ class CacheStats:
     disk_corrupt_pages: int = 0
     disk_write_errors: int = 0
     disk_ready: int = 0  # 1 once the disk store is open and its index rebuilt (a fleet sums its replicas)
+    pages_demoted: int = 0  # cached pages held demoted now (not counted in pages_total / pages_free / pages_cached)
+    demoted_pages: int = 0  # pages demoted instead of evicted, since start
+    promoted_pages: int = 0  # demoted pages brought back by a hit, since start
 
     @property
     def hit_rate(self) -> float:
@@ -137,11 +151,19 @@ class PrefixCache:
         enabled: bool = True,
         max_pinned_pages: int | None = None,
         tier: CacheTier | None = None,
+        demoted_pages: int = 0,
+        transcode: Callable[[list[int], list[int]], None] | None = None,
     ) -> None:
         self.num_pages, self.page_size, self.enabled = num_pages, page_size, enabled
         # Pins never hold more than this (None: the whole pool), so they cannot starve the requests that run.
         self.max_pinned_pages = num_pages if max_pinned_pages is None else max(0, min(max_pinned_pages, num_pages))
         self.allocator = PageAllocator(num_pages)
+        # Demotion: demoted page ids follow the full-precision ones; transcode(src, dst) copies pages between them.
+        if demoted_pages and transcode is None:
+            raise ValueError("demoted pages need a transcode callback to fill them")
+        self.demoted = PageAllocator(demoted_pages, first=num_pages) if demoted_pages else None
+        self._transcode = transcode
+        self._demotions = self._promotions = 0
         self.tree = RadixTree(page_size, clock=clock)
         self._leases: dict[int, Lease] = {}
         self._lease_ids = itertools.count(1)
@@ -180,6 +202,8 @@ class PrefixCache:
         limit = len(tokens) if max_cached is None else max(0, min(max_cached, len(tokens)))
         key = encode(tokens if limit == len(tokens) else tokens[:limit])
         m = self.tree.match(key, namespace)
+        if self.demoted is not None and self._reads_demoted(m):
+            m = self._promote(m, key, namespace)
         lease.pages, lease._cover = m.pages, len(m.pages)
         self.allocator.incref(m.pages)
         cached = len(m.pages) * self.page_size
@@ -246,6 +270,8 @@ class PrefixCache:
         if len(m.pages) <= held:
             return 0
         new = m.pages[held:]
+        if self.demoted is not None and max(new) >= self.num_pages:
+            return 0  # demoted meanwhile (its request finished, then it went cold): compute them instead
         self.allocator.incref(new)
         lease.pages += new
         self._drop_src(lease)
@@ -291,8 +317,8 @@ class PrefixCache:
 
     # ---- admission, admin ------------------------------------------------------------------------------------
     def available_pages(self) -> int:
-        """Pages an allocation could get now: free + evictable."""
-        return self.allocator.num_free + self.tree.evictable_pages
+        """Pages an allocation could get now: free + evictable (or demotable) full-precision pages."""
+        return self.allocator.num_free + self.tree.evictable_pages - self.tree.evictable_demoted_pages
 
     def match_length(self, tokens: Tokens, namespace: str = "") -> int:
         """Tokens `acquire` would serve from the cache (whole pages + partial page, partial tails included).
@@ -347,30 +373,30 @@ class PrefixCache:
         if self.tier is not None:  # flushed means gone: never spilled, and gone from the tiers too
             self.tier.discard()
             self.tier.flush(namespace)
-        self.allocator.decref(freed)
+        self._drop_tree_refs(freed)
         self._flushed += len(freed)
         return len(freed)
 
     def evict(self, num_pages: int) -> int:
-        """Evict up to `num_pages` pages from LRU unlocked, unpinned leaves; returns pages freed."""
+        """Evict up to `num_pages` pages from LRU unlocked, unpinned (full-precision) leaves; returns pages freed."""
         freed = self.tree.evict(num_pages, self._evicted_from)
         if self.tier is not None:
-            self.tier.spill(freed)
-        self.allocator.decref(freed)
+            self.tier.spill(freed)  # before the pages are free: their data is still in the pool
+        self._drop_tree_refs(freed)
         self._evicted += len(freed)
         return len(freed)
 
     def stats(self, namespace: str | None = None) -> CacheStats:
-        """The whole cache's figures, or (namespace given) one tenant's view: that namespace's cached and pinned
-        pages, leases, pages they read, lookups and evicted pages, beside the pool's capacity (pages_total,
+        """The whole cache's figures, or (namespace given) one tenant's view: that namespace's cached (demoted
+        included) and pinned pages, leases, pages they read, lookups and evicted pages, beside the pool's capacity (pages_total,
         pages_free, pages_evictable, max_pinned_pages); the counters kept only for the whole cache read 0."""
         tree = self.tree
-        evictable = tree.evictable_pages  # first: it expires due pins, which the pinned counts below must reflect
+        # first: it expires due pins, which the pinned counts below must reflect
+        evictable = tree.evictable_pages - tree.evictable_demoted_pages
         if namespace is None:
             leases = list(self._leases.values())
             queried, hit, copied = self._queried, self._hit, self._copied
             own = {
-                "pages_cached": tree.cached_pages,
                 "pages_pinned": tree.pinned_pages,
                 "extended_pages": self._extended,
                 "published_pages": self._published,
@@ -379,6 +405,10 @@ class PrefixCache:
                 "evictable_leaves": tree.evictable_leaves,
                 "namespaces": len(tree.namespaces()),
                 "pages_partial": tree.partial_pages,
+                "pages_cached": tree.cached_pages - tree.demoted_pages,
+                "pages_demoted": tree.demoted_pages,
+                "demoted_pages": self._demotions,
+                "promoted_pages": self._promotions,
             }
         else:
             leases = [lease for lease in self._leases.values() if lease.namespace == namespace]
@@ -442,13 +472,19 @@ class PrefixCache:
         """Assert every invariant of the cache; raise AssertionError naming the broken one (and the owner of any
         lease involved). With `idle=True` (no request running), any live lease is a leak and is named."""
         self.allocator.check()
+        if self.demoted is not None:
+            self.demoted.check()
         check_tree(self.tree)
-        expected = [0] * self.num_pages
+        total = self.num_pages + (self.demoted.num_pages if self.demoted is not None else 0)
+        expected = [0] * total
         in_tree: dict[int, Node] = {}
         for node in self.tree.nodes():
             for page in node.pages:
                 expected[page] += 1
                 in_tree[page] = node
+                assert (page >= self.num_pages) == node.demoted, (
+                    f"node {node.id} ({'' if node.demoted else 'not '}demoted) stores page {page}"
+                )
         locks: dict[int, int] = {}
         readers: dict[int, list[str]] = {}
         for lease in self._leases.values():
@@ -456,6 +492,7 @@ class PrefixCache:
             assert lease.owner, "a live lease has no owner"
             assert not lease.released, f"{who} is released but still registered"
             held = lease.pages + ([lease._src] if lease._src is not None else [])
+            assert not held or max(held) < self.num_pages, f"{who} holds a demoted page"
             for page in held:
                 expected[page] += 1
                 readers.setdefault(page, []).append(lease.owner)
@@ -474,7 +511,7 @@ class PrefixCache:
                 f"{locks.get(node.id, 0)} leases hold one"
             )
         for page, want in enumerate(expected):
-            got = self.allocator.refcount(page)
+            got = self._allocator_of(page).refcount(page)
             if got != want:
                 tree = "the tree" if page in in_tree else "not the tree"
                 raise AssertionError(
@@ -517,9 +554,11 @@ class PrefixCache:
             key = key[: n * ps * TOKEN_BYTES]
         result = self.tree.insert(key, lease.pages[:n], lease.namespace, partial=tail)
         self.allocator.incref(result.new_pages)
-        self.allocator.decref(result.replaced)
+        self._drop_tree_refs(result.replaced)
         if not tail:  # pages the tree already held: read the tree's, free our copies (never hold a page twice)
             for i, cached in result.cached_instead():
+                if cached >= self.num_pages:
+                    continue  # a demoted copy is never read: keep computing with our own page
                 self.allocator.incref([cached])
                 self.allocator.decref([lease.pages[i]])
                 lease.pages[i] = cached
@@ -546,17 +585,97 @@ class PrefixCache:
     def _alloc(self, n: int) -> list[int]:
         free = self.allocator.num_free
         if n > free:
-            evictable = self.tree.evictable_pages
+            evictable = self.tree.evictable_pages - self.tree.evictable_demoted_pages
             if n > free + evictable:
-                held = self.tree.cached_pages - evictable
+                held = self.tree.cached_pages - self.tree.demoted_pages - evictable
                 raise CacheFullError(
                     f"the KV cache needs {n} pages but has {free} free and {evictable} evictable "
                     f"(of {self.num_pages}; {held} cached pages are locked by {len(self._leases)} live leases or "
                     f"pinned, the rest are private to running requests)"
                 )
-            freed = self.tree.evict(n - free, self._evicted_from)
-            if self.tier is not None:
-                self.tier.spill(freed)  # before the pages are free: their data is still in the pool
-            self.allocator.decref(freed)
-            self._evicted += len(freed)
+            short = n - free - (self._demote(n - free) if self.demoted is not None else 0)
+            if short > 0:  # (with demotion: the full-precision nodes' demoted subtrees go with them)
+                freed = self.tree.evict(short, self._evicted_from)
+                if self.tier is not None:
+                    self.tier.spill(freed)  # before the pages are free: their data is still in the pool
+                self._drop_tree_refs(freed)
+                self._evicted += len(freed)
         return self.allocator.alloc(n)
+
+    # ---- demotion ------------------------------------------------------------------------------------------
+    def _allocator_of(self, page: int) -> PageAllocator:
+        return self.allocator if page < self.num_pages or self.demoted is None else self.demoted
+
+    def _drop_tree_refs(self, pages: list[int]) -> None:
+        """Drop the tree's reference on pages it no longer stores, full-precision or demoted."""
+        if self.demoted is None:
+            self.allocator.decref(pages)
+            return
+        self.allocator.decref([p for p in pages if p < self.num_pages])
+        self.demoted.decref([p for p in pages if p >= self.num_pages])
+
+    def _demote(self, need: int) -> int:
+        """Free at least `need` full-precision pages, if it can, by rewriting the least recently used full-precision
+        nodes without full-precision children, whole, into demoted pages; returns the pages freed. Stops at a node
+        larger than the demoted pages free or evictable (the caller then evicts it, its demoted subtree with it)."""
+        assert self.demoted is not None and self._transcode is not None
+        done = 0
+        while done < need and (node := self.tree.lru_leaf()) is not None:
+            k = len(node.pages)
+            if k > self.demoted.num_free + self.tree.evictable_demoted_pages:
+                break
+            self._demoted_room(k)
+            dst = self.demoted.alloc(k)
+            self._transcode(node.pages, dst)
+            self.allocator.decref(self.tree.set_pages(node, dst, demoted=True))  # no lease holds them: now free
+            self._demotions += k
+            done += k
+        return done
+
+    def _demoted_room(self, k: int) -> None:
+        """Make k demoted pages free (k <= free + evictable demoted), evicting the least recently used demoted
+        leaves."""
+        assert self.demoted is not None
+        free = self.demoted.num_free
+        if k > free:
+            freed = self.tree.evict(k - free, demoted=True)
+            if self.tier is not None:
+                self.tier.spill(freed)  # (demoted pages never go down: the tier took their full precision)
+            self.demoted.decref(freed)
+            self._evicted += len(freed)
+
+    def _reads_demoted(self, m: Match) -> bool:
+        return bool(m.pages and max(m.pages) >= self.num_pages) or (
+            m.partial_tokens and m.partial_page >= self.num_pages
+        )
+
+    def _promote(self, m: Match, key: bytes, namespace: str) -> Match:
+        """Bring the demoted nodes on m's path back to full precision (root first) and match again; if pages run
+        out first, the match stops before its first page still demoted."""
+        assert self.demoted is not None and self._transcode is not None
+        guard = m.partial_node or m.node
+        assert guard is not None
+        path = []
+        node: Node | None = guard
+        while node is not None and node.parent is not None:
+            path.append(node)
+            node = node.parent
+        self.tree.lock(guard)  # the path must survive the demotions and evictions that make room for it
+        try:
+            for node in reversed(path):
+                if not node.demoted:
+                    continue
+                try:
+                    dst = self._alloc(len(node.pages))
+                except CacheFullError:
+                    break
+                self._transcode(node.pages, dst)
+                self.demoted.decref(self.tree.set_pages(node, dst, demoted=False))
+                self._promotions += len(dst)
+        finally:
+            self.tree.unlock(guard)
+        m = self.tree.match(key, namespace, touch=False)
+        if self._reads_demoted(m):
+            whole = next((i for i, p in enumerate(m.pages) if p >= self.num_pages), len(m.pages))
+            m = self.tree.match(key[: whole * self.page_size * TOKEN_BYTES], namespace, touch=False)
+        return m

@@ -49,7 +49,7 @@ class Snapshot:
 
 
 LOST = "lost"  # drained when records were dropped: consumers must wait for the next Snapshot
-_STORED, _REMOVED, _CLEARED, _SNAPSHOT, _TIER_STORED, _TIER_REMOVED = 0, 1, 2, 3, 4, 5
+_STORED, _REMOVED, _CLEARED, _SNAPSHOT, _RELOCATED, _TIER_STORED, _TIER_REMOVED = 0, 1, 2, 3, 4, 5, 6
 
 
 class EventLog:
@@ -62,11 +62,14 @@ class EventLog:
         on_pending: Callable[[], None] | None = None,
         max_pending: int = 1_000_000,
         strict: bool = False,
+        kv_dtype: str | None = None,
     ) -> None:
         """on_pending: called (on the recording thread) when records arrive and no drain is due yet, e.g. to
         schedule one on a loop; it must not block. strict: an inconsistency raises instead of being logged (tests).
-        The log starts in step with an empty tree; attach it to a tree that holds pages only with a snapshot."""
+        kv_dtype: the pages' KV precision, part of their hashes (radixcache.events). The log starts in step with an
+        empty tree; attach it to a tree that holds pages only with a snapshot."""
         self.page_size = page_size
+        self.kv_dtype = kv_dtype
         self.max_pending = max_pending
         self.strict = strict
         self._bpp = page_size * TOKEN_BYTES
@@ -105,6 +108,9 @@ class EventLog:
 
     def cleared(self, namespace: str) -> None:
         self._push((_CLEARED, namespace))
+
+    def relocated(self, old: list[int], new: list[int]) -> None:
+        self._push((_RELOCATED, old, new))
 
     def snapshot(
         self, records: Iterable[PageRecord], token: object = None, tier: Iterable[tuple[str, PageKey]] = ()
@@ -165,7 +171,7 @@ class EventLog:
     def _prefix(self, namespace: str) -> bytes:
         prefix = self._prefixes.get(namespace)
         if prefix is None:
-            prefix = self._prefixes[namespace] = namespace_prefix(namespace)
+            prefix = self._prefixes[namespace] = namespace_prefix(namespace, self.kv_dtype)
         return prefix
 
     def _event(self, record: tuple) -> CacheEvent | None:
@@ -177,6 +183,11 @@ class EventLog:
             first = pages.pop(record[1][0])
             hashes = [first[1]] + [pages.pop(p)[1] for p in record[1][1:]]
             return PagesRemoved(first[0], hashes)
+        if kind == _RELOCATED:  # same pages under other ids: no event (a partial tail was never named: skipped)
+            pages = self._pages
+            moved = [(new, pages.pop(old)) for old, new in zip(record[1], record[2], strict=True) if old in pages]
+            pages.update(moved)
+            return None
         if kind == _TIER_STORED:
             return _tier_stored(record[1], record[2])
         if kind == _TIER_REMOVED:

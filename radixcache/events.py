@@ -13,6 +13,12 @@ So a page's hash names its whole prefix and its namespace: two workers holding t
 (with the same page size) report the same hashes, and a router can hash a prompt with `page_hashes` and look its
 pages up. 0 is never a page hash; it stands for "no parent".
 
+KV precision: a worker whose pages are quantized (--kv-dtype int8 / fp8_e4m3 / int4) holds other values for the same
+tokens, so its pages get other hashes: the namespace part of the input is followed by the precision's
+`radixcache.kv_dtypes.identity_tag` (its name with a length byte, padded to 2 mod 4 bytes, so no tagged input can
+equal an untagged one). Full precision (fp32, bf16, fp16, or not said) adds nothing: those hashes are exactly what
+they were before precisions existed. Pass the worker's kv dtype to `page_hashes` to look its pages up.
+
 Only whole pages appear. A partial tail (the unfinished last page of a released sequence, see radixcache.cache) is
 never reported: a router counting cached pages needs whole pages, and a tail is only ever copied from, never read as
 a page. When a longer sequence later covers the tail with a whole page, that page is reported stored.
@@ -42,6 +48,7 @@ from hashlib import blake2b
 from typing import Protocol
 
 from radixcache.keys import TOKEN_BYTES, encode
+from radixcache.kv_dtypes import identity_tag
 from radixcache.tier import MEDIUM_DEVICE
 
 NO_PARENT = 0  # the parent of a namespace's first page in the hash input (never a page hash itself)
@@ -63,11 +70,16 @@ class EventSink(Protocol):
     def cleared(self, namespace: str) -> None:
         """A flush left `namespace` without any page (its removals were reported first)."""
 
+    def relocated(self, old: list[int], new: list[int]) -> None:
+        """The tokens of pages `old` are now stored in pages `new` (pairwise; a demotion or its undoing): the same
+        pages as far as anyone outside is concerned, under other ids. Nothing is stored or removed."""
 
-def namespace_prefix(namespace: str) -> bytes:
-    """The namespace's part of every page hash's input: its UTF-8 length (4 bytes big-endian), then the bytes."""
+
+def namespace_prefix(namespace: str, kv_dtype: str | None = None) -> bytes:
+    """The namespace's part of every page hash's input: its UTF-8 length (4 bytes big-endian), then the bytes, then
+    the KV precision's identity tag (nothing at full precision)."""
     raw = namespace.encode("utf-8")
-    return len(raw).to_bytes(4, "big") + raw
+    return len(raw).to_bytes(4, "big") + raw + identity_tag(kv_dtype)
 
 
 def hash_key_pages(key: bytes, page_bytes: int, ns_prefix: bytes, parent: int | None) -> list[int]:
@@ -82,12 +94,21 @@ def hash_key_pages(key: bytes, page_bytes: int, ns_prefix: bytes, parent: int | 
     return out
 
 
-def page_hashes(tokens: Sequence[int], page_size: int, namespace: str = "", parent: int | None = None) -> list[int]:
+def page_hashes(
+    tokens: Sequence[int],
+    page_size: int,
+    namespace: str = "",
+    parent: int | None = None,
+    *,
+    kv_dtype: str | None = None,
+) -> list[int]:
     """The page hashes of the whole pages of `tokens` (a trailing partial page has none), as a worker with this
-    page size reports them for `namespace`. With `parent`, the tokens continue the page of that hash."""
+    page size and KV precision (`kv_dtype`: None or a full precision give the same hashes) reports them for
+    `namespace`. With `parent`, the tokens continue the page of that hash."""
     if page_size < 1:
         raise ValueError(f"page_size must be >= 1, got {page_size}")
-    return hash_key_pages(encode(tokens), page_size * TOKEN_BYTES, namespace_prefix(namespace), parent)
+    prefix = namespace_prefix(namespace, kv_dtype)
+    return hash_key_pages(encode(tokens), page_size * TOKEN_BYTES, prefix, parent)
 
 
 @dataclass(frozen=True)
@@ -173,7 +194,9 @@ class PageIndex:
         return {ns: dict(held) for ns, held in self.tiers.get(medium, {}).items() if held}
 
 
-def records_page_index(records: Iterable[PageRecord], page_size: int) -> dict[str, dict[int, int | None]]:
+def records_page_index(
+    records: Iterable[PageRecord], page_size: int, *, kv_dtype: str | None = None
+) -> dict[str, dict[int, int | None]]:
     """The pages that `records` (RadixTree.page_records(): parents before children) hold, as `PageIndex.as_dict`
     would after an exact replay; hashed from the records' keys alone (independent of any event), for comparison."""
     bpp = page_size * TOKEN_BYTES
@@ -181,7 +204,7 @@ def records_page_index(records: Iterable[PageRecord], page_size: int) -> dict[st
     out: dict[str, dict[int, int | None]] = {}
     prefixes: dict[str, bytes] = {}
     for namespace, after, pages, key in records:
-        prefix = prefixes.setdefault(namespace, namespace_prefix(namespace))
+        prefix = prefixes.setdefault(namespace, namespace_prefix(namespace, kv_dtype))
         parent = None if after is None else last_hash[after]
         held = out.setdefault(namespace, {})
         for page, h in zip(pages, hash_key_pages(key, bpp, prefix, parent), strict=False):

@@ -1,9 +1,10 @@
 """`radixcache memory`: how much KV cache a model needs, per token, per sequence and per budget.
 
-    radixcache memory --layers 32 --kv-heads 8 --head-dim 128 --dtype bf16 --tokens 4000 --budget 16GiB
+    radixcache memory --layers 32 --kv-heads 8 --head-dim 128 --kv-dtype int8 --tokens 4000 --budget 16GiB
 
-Bytes per token = 2 (K and V) x layers x kv_heads x head_dim x bytes per element. A sequence occupies whole pages,
-so with --page-size P it holds ceil(tokens / P) x P token slots.
+Bytes per token = 2 (K and V) x layers x kv_heads x (head_dim x bytes per element + the precision's scale per
+token and head: 2 bytes for int8 and int4, none at full precision or for fp8's per-layer scales). A sequence occupies
+whole pages, so with --page-size P it holds ceil(tokens / P) x P token slots.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 import re
 
+from radixcache.kv_codec import CODECS, codec_of
 from radixcache.pool import DTYPES, kv_bytes_per_token
 
 _UNITS = {
@@ -69,21 +71,44 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--layers", type=_positive, required=True, help="decoder layers")
     parser.add_argument("--kv-heads", type=_positive, required=True, help="key/value heads (GQA groups)")
     parser.add_argument("--head-dim", type=_positive, required=True, help="dimension of one head")
-    parser.add_argument("--dtype", default="bf16", choices=sorted(DTYPES), help="KV element type (default bf16)")
+    parser.add_argument(
+        "--kv-dtype",
+        "--dtype",
+        dest="kv_dtype",
+        default="bf16",
+        choices=sorted(set(DTYPES) | set(CODECS)),
+        help="KV precision: fp32, bf16, fp16, int8, fp8_e4m3, int4 (default bf16)",
+    )
     parser.add_argument("--tokens", type=_positive, default=4096, help="tokens per sequence (default 4096)")
     parser.add_argument("--budget", type=parse_size, help="KV memory budget, e.g. 16GiB: how many sequences fit")
     parser.add_argument("--page-size", type=_positive, default=1, help="tokens per KV page (default 1)")
     return parser
 
 
+def formula(layers: int, kv_heads: int, head_dim: int, kv_dtype: str) -> str:
+    """How bytes per token is made, in words: '2 x 32 layers x 8 kv heads x 128 dims x bf16'."""
+    codec = codec_of(kv_dtype)
+    head = f"2 x {layers} layers x {kv_heads} kv heads x "
+    if not codec.quantized:
+        return head + f"{head_dim} dims x {kv_dtype}"
+    element = {1: "1 byte", 2: "half a byte"}[codec.pack]
+    if codec.token_scales:
+        return head + f"({head_dim} dims x {element} + a 2-byte scale) in {codec.name}"
+    return head + f"{head_dim} dims x {element} in {codec.name} (one scale per layer, not per token)"
+
+
 def main(argv: list[str] | None = None) -> int:
     """argv[0] is the subcommand name ("memory"), as the `radixcache` dispatcher passes it."""
     args = build_parser().parse_args(list(argv or [])[1:])
-    per_token = kv_bytes_per_token(args.layers, args.kv_heads, args.head_dim, args.dtype)
+    per_token = kv_bytes_per_token(args.layers, args.kv_heads, args.head_dim, args.kv_dtype)
     pages = -(-args.tokens // args.page_size)
     per_sequence = pages * args.page_size * per_token
     print(f"KV bytes per token: {per_token} ({human(per_token)})")
-    print(f"  = 2 x {args.layers} layers x {args.kv_heads} kv heads x {args.head_dim} dims x {args.dtype}")
+    print("  = " + formula(args.layers, args.kv_heads, args.head_dim, args.kv_dtype))
+    codec = codec_of(args.kv_dtype)
+    if codec.quantized:
+        fp16 = kv_bytes_per_token(args.layers, args.kv_heads, args.head_dim, "fp16")
+        print(f"  {per_token / fp16:.3f}x the bytes of fp16 ({fp16} per token), scales included")
     paging = f" in {pages} pages of {args.page_size}" if args.page_size > 1 else ""
     print(f"one sequence of {args.tokens} tokens{paging}: {per_sequence} bytes ({human(per_sequence)})")
     if args.budget is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 class Node:
     __slots__ = ("key", "first", "pages", "parent", "children", "sorted_keys", "access", "lock", "own_locks")
     __slots__ += ("pin_until", "pin_ref", "ev_key", "id", "evicted", "tail", "partial_children", "namespace")
+    __slots__ += ("demoted", "full_children")
 
     def __init__(self, key: bytes, pages: list[int], parent: Node | None, node_id: int, access: int) -> None:
         self.key = key  # the edge's tokens, encoded: whole pages, except a leaf's last page may hold `tail` tokens
@@ -32,6 +33,8 @@ class Node:
         self.tail = 0  # valid tokens in the last page when it is a partial tail (then a leaf), else 0
         self.partial_children = 0  # children whose only page is a partial tail (their `first` is shorter than a page)
         self.namespace = parent.namespace if parent is not None else ""  # its root's (the tree sets roots' own)
+        self.demoted = False  # its pages are demoted copies (cache --kv-demote): listed in the demoted LRU
+        self.full_children = 0  # children that are not demoted (all of them, without demotion)
 
 
 class Match:

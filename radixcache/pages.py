@@ -11,20 +11,22 @@ from collections.abc import Iterable
 
 
 class PageAllocator:
-    """Hands out page ids 0..num_pages-1.
+    """Hands out page ids first..first+num_pages-1 (first: 0 unless the ids follow another allocator's).
 
     Contract: `alloc` returns pages with refcount 1 owned by the caller; every `incref` must be matched by exactly one
     `decref`; a page returns to the free list when its count reaches 0. Misuse (decref of a free page, incref of a
     free page, asking for more pages than are free) raises instead of corrupting the counts.
     """
 
-    def __init__(self, num_pages: int) -> None:
+    def __init__(self, num_pages: int, *, first: int = 0) -> None:
         if num_pages < 1:
             raise ValueError(f"num_pages must be >= 1, got {num_pages}")
         self.num_pages = num_pages
-        self._refcounts = [0] * num_pages
+        self.first = first
+        # Indexed by page id (the first `first` entries unused): no offset arithmetic on the hot path.
+        self._refcounts = [0] * (first + num_pages)
         # Reversed so that a fresh allocator hands out 0, 1, 2, ... (pops from the end): easier to read in tests.
-        self._free = list(range(num_pages - 1, -1, -1))
+        self._free = list(range(first + num_pages - 1, first - 1, -1))
 
     @property
     def num_free(self) -> int:
@@ -86,6 +88,8 @@ class PageAllocator:
         assert len(seen) == len(free), "a page is on the free list twice"
         for page in free:
             assert self._refcounts[page] == 0, f"page {page} is on the free list with refcount {self._refcounts[page]}"
+        assert all(self.first <= page < self.first + self.num_pages for page in free), "a foreign page is free"
+        assert not any(self._refcounts[: self.first]), "a page below this allocator's range is held"
         held = sum(1 for count in self._refcounts if count > 0)
         assert all(count >= 0 for count in self._refcounts), "a negative refcount"
         assert held + len(free) == self.num_pages, (

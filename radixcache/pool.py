@@ -1,11 +1,19 @@
-"""KV pool: the tensors that hold every cached key and value, addressed by page.
+"""KV pool: the tensors that hold every cached key and value, addressed by page, at one precision per arena.
 
-Layout: one tensor [layers, pages, 2, page_size, kv_heads, head_dim]. For one layer, `pool.layer(i)` is
-[pages, 2, page_size, kv_heads, head_dim], FlashInfer's NHD paged layout with K at index 0 and V at 1. Which page
-belongs to whom is decided by `radixcache.cache`; this module only owns the storage.
+Layout (one `PageArena` per precision; `PageArena.__init__` is the one place that shapes the tensors): values
+[layers, pages, 2, page_size, kv_heads, stored_dim] in the precision's storage dtype (stored_dim = head_dim, or
+head_dim / 2 for int4's packed nibbles) and, for precisions with per-token scales (int8, int4), scales [layers,
+pages, 2, page_size, kv_heads] in fp16. For one layer, `pool.layer(i)` is the values [pages, 2, page_size, kv_heads,
+stored_dim]: FlashInfer's NHD paged layout with K at index 0 and V at 1; `pool.kv_layer(i)` is the `KVLayer` an
+attention backend reads and writes through (values, scales and how to decode them). How each precision encodes a
+vector: `radixcache.kv_codec`.
+
+Page ids: the main arena (the pool's `kv_dtype`, where requests write) holds ids 0..main_pages-1; with demotion
+(`demoted_pages`), a second arena of int4 pages holds the ids after it. Which page belongs to whom is decided by
+`radixcache.cache`; this module only owns the storage.
 
 A page moves in and out of the pool whole, as a `radixcache.page_data.PageData` (`read_page` / `write_page`): its
-K/V in the pool's storage dtype plus the scales its precision needs, named by `kv_dtype`.
+K/V in its arena's storage dtype plus the scales its precision needs, named by its `kv_dtype`.
 """
 
 from __future__ import annotations
@@ -14,7 +22,10 @@ from dataclasses import dataclass
 
 import torch
 
+from radixcache.kv_codec import KVCodec, codec_of, hadamard, kv_dtype_name
 from radixcache.page_data import PageData
+
+__all__ = ["KVLayer", "KVPool", "KVShape", "PageArena", "kv_bytes_per_token", "kv_dtype_name", "parse_dtype"]
 
 DTYPES: dict[str, torch.dtype] = {
     "fp32": torch.float32,
@@ -36,19 +47,15 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
         raise ValueError(f"unknown dtype {name!r}; use one of {sorted(DTYPES)}") from None
 
 
-# KV precision names (what --kv-dtype, ModelInfo and a page's identity say) of the full-precision dtypes.
-KV_DTYPE_NAMES: dict[torch.dtype, str] = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
-
-
-def kv_dtype_name(dtype: str | torch.dtype) -> str:
-    """torch.float32 / 'float32' / 'fp32' -> 'fp32' (the KV precision's name)."""
-    return KV_DTYPE_NAMES[parse_dtype(dtype)]
-
-
 def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, dtype: str | torch.dtype) -> int:
-    """2 (K and V) x layers x kv_heads x head_dim x bytes per element."""
-    element = torch.empty((), dtype=parse_dtype(dtype)).element_size()
-    return 2 * layers * kv_heads * head_dim * element
+    """2 (K and V) x layers x kv_heads x (head_dim x bytes per element + the scale of a quantized precision)."""
+    return codec_of(dtype).bytes_per_token(layers, kv_heads, head_dim)
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    """float8 as its bytes: torch has no index_copy (CPU) and not every gather kernel for it; moving the bytes of a
+    1-byte dtype is the same thing. Other dtypes as they are."""
+    return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
 
 
 @dataclass(frozen=True)
@@ -65,11 +72,185 @@ class KVShape:
                 raise ValueError(f"{field} must be >= 1, got {getattr(self, field)}")
 
 
+@dataclass(frozen=True)
+class KVLayer:
+    """One layer's pages as an attention backend writes and reads them.
+
+    values [pages, 2, page_size, kv_heads, stored_dim] (codec.storage), scales [pages, 2, page_size, kv_heads] (fp16,
+    int8/int4) or None, k_scale / v_scale (fp8's per-layer scales). Rows: viewed as [pages * 2 * page_size, ...],
+    token (page, slot)'s K is row page * 2 * page_size + slot and its V page_size rows later; blocks: viewed as
+    [pages * 2, page_size, ...], block 2p is page p's K and 2p + 1 its V. Every read dequantizes only what it
+    gathers (never a full-precision copy of the pool).
+    """
+
+    values: torch.Tensor
+    scales: torch.Tensor | None
+    codec: KVCodec
+    k_scale: float = 1.0
+    v_scale: float = 1.0
+
+    @classmethod
+    def of(cls, layer: torch.Tensor | KVLayer) -> KVLayer:
+        """A KVLayer as is; a bare full-precision layer tensor (tests, tools) wrapped as one."""
+        if isinstance(layer, KVLayer):
+            return layer
+        return cls(layer, None, codec_of(layer.dtype))
+
+    @property
+    def page_size(self) -> int:
+        return int(self.values.shape[2])
+
+    def write_rows(self, rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store new tokens' k, v [T, kv_heads, head_dim] at rows `rows` [2T] (their K rows, then their V rows),
+        encoded (keys rotated first where the codec says so)."""
+        codec = self.codec
+        if codec.rotate_keys:
+            k = hadamard(k)
+        kq, ks = codec.encode(k, self.k_scale)
+        vq, vs = codec.encode(v, self.v_scale)
+        kvh = self.values.shape[3]
+        values = _bytes(self.values).view(-1, kvh, self.values.shape[4])
+        values.index_copy_(0, rows, torch.cat((_bytes(kq), _bytes(vq))))
+        if self.scales is not None:
+            self.scales.view(-1, kvh).index_copy_(0, rows, torch.cat((ks, vs)))  # type: ignore[arg-type]
+
+    def write(self, pages: torch.Tensor, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """write_rows for tokens addressed by (page [T], slot [T])."""
+        k_rows = pages * (2 * self.page_size) + slots
+        self.write_rows(torch.cat((k_rows, k_rows + self.page_size)), k, v)
+
+    def gather_heads(self, blocks: torch.Tensor, which: int, batch: int, dtype: torch.dtype) -> torch.Tensor:
+        """[batch, kv_heads, n * page_size / batch, head_dim] in `dtype`, contiguous (head-major, as a batched
+        matmul wants it): blocks `blocks` [n] in sequence-major order, all K blocks (which=0) or all V blocks
+        (which=1), dequantized. The transpose runs on the stored bytes, before they are widened."""
+        _, _, ps, kvh, dim = self.values.shape
+        values = _bytes(self.values).view(-1, ps, kvh, dim).index_select(0, blocks)
+        values = values.view(batch, -1, kvh, dim).transpose(1, 2).contiguous().view(self.values.dtype)
+        scales = None
+        if self.scales is not None:
+            scales = self.scales.view(-1, ps, kvh).index_select(0, blocks).view(batch, -1, kvh).transpose(1, 2)
+        return self.codec.decode(values, scales, dtype, self.v_scale if which else self.k_scale)
+
+    def gather_head_rows(self, head_rows: torch.Tensor, which: int, dtype: torch.dtype) -> torch.Tensor:
+        """[n, head_dim] in `dtype`: rows `head_rows` [n] of the layer's K (which=0) or V (which=1) viewed as one
+        row per (K row, head) (row * kv_heads + head, see write_rows), dequantized."""
+        kvh, dim = self.values.shape[3], self.values.shape[4]
+        offset = which * self.page_size * kvh  # V rows are page_size token rows after K's
+        values = _bytes(self.values).view(-1, dim)[offset:].index_select(0, head_rows).view(self.values.dtype)
+        scales = None if self.scales is None else self.scales.view(-1)[offset:].index_select(0, head_rows)
+        return self.codec.decode(values, scales, dtype, self.v_scale if which else self.k_scale)
+
+
+class PageArena:
+    """The storage of `num_pages` pages at one precision, every layer (see the module docstring for the layout).
+
+    `layer_scales` [layers, 2] float32: fp8's per-layer K and V scales (default 1.0), part of every page read."""
+
+    def __init__(
+        self,
+        shape: KVShape,
+        kv_dtype: str | torch.dtype,
+        *,
+        page_size: int,
+        num_pages: int,
+        device: torch.device,
+        layer_scales: torch.Tensor | None = None,
+    ) -> None:
+        self.codec = codec = codec_of(kv_dtype)
+        self.kv_dtype = codec.name
+        self.num_pages = num_pages
+        self.page_shape = (shape.layers, 2, page_size, shape.kv_heads, codec.stored_dim(shape.head_dim))
+        layers, *rest = self.page_shape
+        self.values = torch.zeros((layers, num_pages, *rest), dtype=codec.storage, device=device)
+        self.scales = None
+        if codec.token_scales:
+            self.scales = torch.zeros((layers, num_pages, *rest[:-1]), dtype=torch.float16, device=device)
+        self.layer_scales = None
+        self._layer_floats = [(1.0, 1.0)] * layers
+        if codec.layer_scales:
+            scales = torch.ones(layers, 2) if layer_scales is None else layer_scales.detach().float().cpu().clone()
+            if tuple(scales.shape) != (layers, 2) or not bool((scales > 0).all() and scales.isfinite().all()):
+                raise ValueError(f"{codec.name} scales must be [layers={layers}, 2] finite and > 0")
+            self.layer_scales = scales
+            self._layer_floats = [(float(k), float(v)) for k, v in scales.tolist()]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.values, self.scales) if t is not None)
+
+    def layer(self, index: int) -> KVLayer:
+        k_scale, v_scale = self._layer_floats[index]
+        scales = None if self.scales is None else self.scales[index]
+        return KVLayer(self.values[index], scales, self.codec, k_scale, v_scale)
+
+    def read_float(self, layer: int, pages: list[int]) -> torch.Tensor:
+        """[n, 2, page_size, kv_heads, head_dim] float32: what `pages` (arena-local ids) of one layer hold, keys
+        turned back from the rotation they are stored in."""
+        index = torch.tensor(pages, device=self.values.device)
+        values = _bytes(self.values[layer]).index_select(0, index).view(self.values.dtype)
+        scales = [None, None] if self.scales is None else self.scales[layer].index_select(0, index).unbind(1)
+        k_scale, v_scale = self._layer_floats[layer]
+        k = self.codec.decode(values[:, 0], scales[0], torch.float32, k_scale)
+        v = self.codec.decode(values[:, 1], scales[1], torch.float32, v_scale)
+        return torch.stack((hadamard(k) if self.codec.rotate_keys else k, v), dim=1)
+
+    def write_float(self, layer: int, pages: list[int], kv: torch.Tensor) -> None:
+        """Encode kv [n, 2, page_size, kv_heads, head_dim] (as read_float returns it) into `pages` of one layer."""
+        k_scale, v_scale = self._layer_floats[layer]
+        k = hadamard(kv[:, 0]) if self.codec.rotate_keys else kv[:, 0]
+        kq, ks = self.codec.encode(k, k_scale)
+        vq, vs = self.codec.encode(kv[:, 1], v_scale)
+        index = torch.tensor(pages, device=self.values.device)
+        _bytes(self.values[layer]).index_copy_(0, index, torch.stack((_bytes(kq), _bytes(vq)), dim=1))
+        if self.scales is not None:
+            self.scales[layer].index_copy_(0, index, torch.stack((ks, vs), dim=1))  # type: ignore[arg-type]
+
+    def copy_prefix(self, src: int, dst: int, num_slots: int) -> None:
+        self.values[:, dst, :, :num_slots] = self.values[:, src, :, :num_slots]
+        if self.scales is not None:
+            self.scales[:, dst, :, :num_slots] = self.scales[:, src, :, :num_slots]
+
+    def read(self, page: int) -> PageData:
+        values = self.values[:, page].to("cpu", copy=True).contiguous()
+        if self.scales is not None:
+            return PageData(self.kv_dtype, values, self.scales[:, page].to("cpu", copy=True).contiguous())
+        return PageData(self.kv_dtype, values, None if self.layer_scales is None else self.layer_scales.clone())
+
+    def write(self, page: int, data: PageData) -> None:
+        """ValueError, writing nothing, unless `data` is a page of this precision, shape and (fp8) scales."""
+        if data.kv_dtype != self.kv_dtype:
+            raise ValueError(f"a {data.kv_dtype} page cannot be written into a {self.kv_dtype} KV page")
+        if tuple(data.kv.shape) != self.page_shape or data.kv.dtype != self.codec.storage:
+            raise ValueError(
+                f"a page of shape {tuple(data.kv.shape)} ({data.kv.dtype}) does not fit this pool's pages of "
+                f"shape {self.page_shape} ({self.codec.storage})"
+            )
+        if self.scales is not None:
+            want = self.page_shape[:-1]
+            if data.scales is None or tuple(data.scales.shape) != want or data.scales.dtype != torch.float16:
+                got = None if data.scales is None else (tuple(data.scales.shape), data.scales.dtype)
+                raise ValueError(f"a {self.kv_dtype} page needs fp16 scales of shape {want}, got {got}")
+        elif self.layer_scales is not None:
+            if data.scales is None or not torch.equal(data.scales.float(), self.layer_scales):
+                raise ValueError(f"a {self.kv_dtype} page written with other per-layer scales than this pool's")
+        elif data.scales is not None:
+            raise ValueError(f"a {self.kv_dtype} page has no scales, and this one has some")
+        self.values[:, page] = data.kv.to(self.values.device)
+        if self.scales is not None:
+            self.scales[:, page] = data.scales.to(self.scales.device)  # type: ignore[union-attr]
+
+
 class KVPool:
     """Paged KV storage for one model shape on one device.
 
     Contract: the pool never decides ownership. Page ids come from `PrefixCache`/`PageAllocator`; the pool only
-    stores values and copies slots between pages (the copy-on-write step of a hit that ends inside a page).
+    stores values (with their scales) and copies slots between pages (the copy-on-write step of a hit that ends
+    inside a page). `dtype`: the KV precision, a name of radixcache.kv_codec (fp32, bf16, fp16, int8, fp8_e4m3,
+    int4) or a torch float dtype; `kv_scales`: fp8's per-layer [layers, 2] K/V scales (default 1.0).
+
+    `num_pages` pages at `dtype` (ids 0..num_pages-1: what requests write into and attention reads), and with
+    `demoted_pages` that many more at `demote_dtype` (ids num_pages.. : cold copies, never read by attention;
+    `transcode` moves pages between the two).
     """
 
     def __init__(
@@ -80,23 +261,39 @@ class KVPool:
         num_pages: int,
         dtype: str | torch.dtype = torch.float32,
         device: str | torch.device = "cpu",
+        kv_scales: torch.Tensor | None = None,
+        demoted_pages: int = 0,
+        demote_dtype: str = "int4",
     ) -> None:
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
         if num_pages < 1:
             raise ValueError(f"num_pages must be >= 1, got {num_pages}")
+        if demoted_pages < 0:
+            raise ValueError(f"demoted_pages must be >= 0, got {demoted_pages}")
         self.shape = shape
         self.page_size = page_size
         self.num_pages = num_pages
-        self.dtype = parse_dtype(dtype)
-        self.kv_dtype = kv_dtype_name(self.dtype)  # part of a page's identity (event hashes, disk fingerprints)
-        self.bytes_per_token = kv_bytes_per_token(shape.layers, shape.kv_heads, shape.head_dim, self.dtype)
         self.device = torch.device(device)
-        self.kv = torch.zeros(
-            (shape.layers, num_pages, 2, page_size, shape.kv_heads, shape.head_dim),
-            dtype=self.dtype,
-            device=self.device,
+        self.main = PageArena(
+            shape, dtype, page_size=page_size, num_pages=num_pages, device=self.device, layer_scales=kv_scales
         )
+        self.demoted: PageArena | None = None
+        self.demoted_pages = demoted_pages
+        if demoted_pages:
+            self.demoted = PageArena(
+                shape, demote_dtype, page_size=page_size, num_pages=demoted_pages, device=self.device
+            )
+            if self.demoted.codec.bytes_per_token(1, 1, shape.head_dim) >= self.main.codec.bytes_per_token(
+                1, 1, shape.head_dim
+            ):
+                raise ValueError(f"demoting {self.main.kv_dtype} pages to {self.demoted.kv_dtype} saves no memory")
+        self.codec = self.main.codec
+        self.kv_dtype = self.codec.name  # part of a page's identity (event hashes, disk fingerprints)
+        self.dtype = self.codec.storage  # the storage dtype of the values
+        self.bytes_per_token = self.codec.bytes_per_token(shape.layers, shape.kv_heads, shape.head_dim)
+        self.kv = self.main.values  # [layers, pages, 2, page_size, kv_heads, stored_dim]
+        self.scales = self.main.scales  # [layers, pages, 2, page_size, kv_heads] fp16, or None
 
     @classmethod
     def from_budget(
@@ -107,13 +304,40 @@ class KVPool:
         budget_bytes: int,
         dtype: str | torch.dtype = torch.float32,
         device: str | torch.device = "cpu",
+        kv_scales: torch.Tensor | None = None,
     ) -> KVPool:
-        """As many whole pages as fit in `budget_bytes` (seed formula x page_size per page)."""
+        """As many whole pages as fit in `budget_bytes` (bytes per token, scales included, x page_size per page)."""
         per_page = cls.bytes_per_page(shape, page_size, dtype)
         num_pages = budget_bytes // per_page
         if num_pages < 1:
             raise ValueError(f"a budget of {budget_bytes} bytes holds no page of {per_page} bytes")
-        return cls(shape, page_size=page_size, num_pages=num_pages, dtype=dtype, device=device)
+        return cls(shape, page_size=page_size, num_pages=num_pages, dtype=dtype, device=device, kv_scales=kv_scales)
+
+    @classmethod
+    def with_demotion(
+        cls,
+        shape: KVShape,
+        *,
+        page_size: int,
+        budget_bytes: int,
+        dtype: str | torch.dtype,
+        demote_dtype: str,
+        demote_share: float,
+        device: str | torch.device = "cpu",
+        kv_scales: torch.Tensor | None = None,
+    ) -> KVPool:
+        """`budget_bytes` split: `demote_share` of it for pages at `demote_dtype`, the rest at `dtype`."""
+        if not 0.0 < demote_share < 1.0:
+            raise ValueError(f"demote_share must be in (0, 1), got {demote_share}")
+        per_page = cls.bytes_per_page(shape, page_size, dtype)
+        num_pages = int(budget_bytes * (1.0 - demote_share)) // per_page
+        demoted = (budget_bytes - num_pages * per_page) // cls.bytes_per_page(shape, page_size, demote_dtype)
+        if num_pages < 1 or demoted < 1:
+            raise ValueError(f"a budget of {budget_bytes} bytes holds no page of one of the two precisions")
+        return cls(
+            shape, page_size=page_size, num_pages=num_pages, dtype=dtype, device=device, kv_scales=kv_scales,
+            demoted_pages=demoted, demote_dtype=demote_dtype,
+        )  # fmt: skip
 
     @staticmethod
     def bytes_per_page(shape: KVShape, page_size: int, dtype: str | torch.dtype) -> int:
@@ -121,40 +345,69 @@ class KVPool:
 
     @property
     def nbytes(self) -> int:
-        return self.kv.numel() * self.kv.element_size()
+        return self.main.nbytes + (self.demoted.nbytes if self.demoted is not None else 0)
+
+    @property
+    def total_pages(self) -> int:
+        """Page ids of both arenas: 0..total_pages-1."""
+        return self.num_pages + self.demoted_pages
+
+    @property
+    def demote_dtype(self) -> str:
+        """The demoted pages' precision ("" without demotion)."""
+        return self.demoted.kv_dtype if self.demoted is not None else ""
 
     def layer(self, index: int) -> torch.Tensor:
-        """[pages, 2, page_size, kv_heads, head_dim] view of one layer (NHD, K then V)."""
+        """[pages, 2, page_size, kv_heads, stored_dim] values of one layer (NHD, K then V), in the storage dtype."""
         return self.kv[index]
 
+    def kv_layer(self, index: int) -> KVLayer:
+        """One layer as an attention backend reads and writes it (values, scales, codec)."""
+        return self.main.layer(index)
+
     def copy_prefix(self, src_page: int, dst_page: int, num_slots: int) -> None:
-        """Copy the first `num_slots` token slots of `src_page` into `dst_page`, in every layer, K and V."""
+        """Copy the first `num_slots` token slots of `src_page` into `dst_page`, in every layer, K and V, with their
+        scales. Both are pages at the pool's own precision (requests never copy from demoted pages)."""
         if not 0 < num_slots <= self.page_size:
             raise ValueError(f"num_slots must be in 1..{self.page_size}, got {num_slots}")
-        self.kv[:, dst_page, :, :num_slots] = self.kv[:, src_page, :, :num_slots]
+        for page in (src_page, dst_page):
+            if not 0 <= page < self.num_pages:
+                raise ValueError(f"page {page} is not one of the pool's {self.num_pages} {self.kv_dtype} pages")
+        self.main.copy_prefix(src_page, dst_page, num_slots)
+
+    def transcode(self, src_pages: list[int], dst_pages: list[int]) -> None:
+        """Write what `src_pages` hold into `dst_pages` at the destination's precision, pairwise, every layer:
+        main pages into demoted ones (a demotion) or back. Each list lies in one arena."""
+        if len(src_pages) != len(dst_pages):
+            raise ValueError(f"{len(src_pages)} pages cannot be copied into {len(dst_pages)}")
+        if not src_pages:
+            return
+        (src, src_ids), (dst, dst_ids) = self._local(src_pages), self._local(dst_pages)
+        for layer in range(self.shape.layers):
+            dst.write_float(layer, dst_ids, src.read_float(layer, src_ids))
 
     # ---- whole pages in and out (the disk tier, tests) ------------------------------------------------------
     def read_page(self, page: int) -> PageData:
-        """A copy of `page` (every layer, K and V, every slot) on the CPU."""
-        self._check_page(page)
-        return PageData(self.kv_dtype, self.kv[:, page].to("cpu", copy=True).contiguous())
+        """A copy of `page` (every layer, K and V, every slot, its scales) on the CPU; a demoted page comes at the
+        demoted precision (PageData.kv_dtype says which)."""
+        arena, [local] = self._local([page])
+        return arena.read(local)
 
     def write_page(self, page: int, data: PageData) -> None:
         """Overwrite `page` with `data` (from read_page of a pool of the same precision and shape). ValueError,
-        writing nothing, for a page of another kv dtype or shape, or a page id outside the pool."""
-        self._check_page(page)
-        want = (self.shape.layers, 2, self.page_size, self.shape.kv_heads, self.shape.head_dim)
-        if data.kv_dtype != self.kv_dtype:
-            raise ValueError(f"a {data.kv_dtype} page cannot be written into a {self.kv_dtype} KV pool")
-        if tuple(data.kv.shape) != want or data.kv.dtype != self.dtype:
-            raise ValueError(
-                f"a page of shape {tuple(data.kv.shape)} ({data.kv.dtype}) does not fit this pool's pages of "
-                f"shape {want} ({self.dtype})"
-            )
-        if data.scales is not None:
-            raise ValueError(f"a {self.kv_dtype} page has no scales, and this one has some")
-        self.kv[:, page] = data.kv.to(self.device)
+        writing nothing, for a page of another kv dtype, shape or scales, or a page id outside the pool."""
+        arena, [local] = self._local([page])
+        arena.write(local, data)
 
-    def _check_page(self, page: int) -> None:
-        if not 0 <= page < self.num_pages:
-            raise ValueError(f"page {page} is outside the pool's {self.num_pages} pages")
+    def page_kv_dtype(self, page: int) -> str:
+        """The precision `page` is stored at: the pool's, or the demoted one."""
+        return self._local([page])[0].kv_dtype
+
+    def _local(self, pages: list[int]) -> tuple[PageArena, list[int]]:
+        """The arena holding `pages` (all in one) and their ids inside it; ValueError outside the pool."""
+        lo, hi = min(pages), max(pages)
+        if lo >= 0 and hi < self.num_pages:
+            return self.main, list(pages)
+        if self.demoted is not None and lo >= self.num_pages and hi < self.total_pages:
+            return self.demoted, [p - self.num_pages for p in pages]
+        raise ValueError(f"pages {lo}..{hi} are outside the pool's {self.total_pages} pages (or span both arenas)")

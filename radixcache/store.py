@@ -8,9 +8,9 @@ ever read. One file per page:
     payload length u64 | namespace (UTF-8) | tokens (4 B each, big-endian) | payload | CRC-32 of all before, u32
 
 (little-endian integers). A read checks, in order: the length, the magic, the CRC, that the file's own
-(parent, namespace, tokens) hash to its name, and that they are the ones asked for. A file failing any check but the
-last is deleted and counted corrupt; a whole file of another prefix (a hash collision) is left alone; both are
-misses. Nothing unchecked is ever returned.
+(parent, namespace, tokens) hash to its name (at the store's kv_dtype, as the cache events hash them), and that
+they are the ones asked for. A file failing any check but the last is deleted and counted corrupt; a whole file of
+another prefix (a hash collision) is left alone; both are misses. Nothing unchecked is ever returned.
 
 Crash consistency: a page is written to a temporary file in its namespace folder (`.<hash>.<host>.<pid>.<n>.tmp`),
 fsynced, then renamed onto its name, so a name always holds a whole file (or the previous one). SIGKILL at any moment
@@ -95,8 +95,9 @@ def encode_file(key: PageKey, payload: bytes | bytearray | memoryview) -> list[b
     return [head, payload, CRC.pack(crc)]
 
 
-def decode_file(raw: bytes | memoryview, page_hash: int) -> tuple[PageKey, memoryview]:
-    """(the key the file says it holds, its payload) of a whole file named `page_hash`; CorruptPage otherwise."""
+def decode_file(raw: bytes | memoryview, page_hash: int, kv_dtype: str | None = None) -> tuple[PageKey, memoryview]:
+    """(the key the file says it holds, its payload) of a whole file named `page_hash`, whose pages are hashed at
+    `kv_dtype` (radixcache.events: a quantized precision is part of the hash); CorruptPage otherwise."""
     view = memoryview(raw)
     if len(view) < HEADER.size + CRC.size:
         raise CorruptPage(f"truncated: {len(view)} bytes")
@@ -111,7 +112,11 @@ def decode_file(raw: bytes | memoryview, page_hash: int) -> tuple[PageKey, memor
         raise CorruptPage("checksum mismatch")
     ns = bytes(view[HEADER.size : HEADER.size + ns_len]).decode("utf-8", errors="replace")
     tokens = bytes(view[HEADER.size + ns_len : body])
-    if h != page_hash or not tokens or hash_key_pages(tokens, len(tokens), namespace_prefix(ns), parent) != [h]:
+    if (
+        h != page_hash
+        or not tokens
+        or hash_key_pages(tokens, len(tokens), namespace_prefix(ns, kv_dtype), parent) != [h]
+    ):
         raise CorruptPage("its contents do not hash to its name")
     return PageKey(ns, h, parent, tokens), view[body : body + pay_len]
 
@@ -152,6 +157,7 @@ class DiskStore:
         queue_pages: int = 256,
         fsync: bool = True,
         rescan_s: float = 60.0,
+        kv_dtype: str | None = None,
     ) -> None:
         if capacity_bytes < 1:
             raise ValueError(f"capacity_bytes must be >= 1, got {capacity_bytes}")
@@ -162,6 +168,7 @@ class DiskStore:
         self.codec = codec
         self.fsync = fsync
         self.rescan_s = rescan_s
+        self.kv_dtype = kv_dtype  # the pages' precision, part of their hashes (the folder holds one precision)
         self._lock = threading.Lock()
         self._index: OrderedDict[tuple[str, int], _Entry] = OrderedDict()  # least recently used first
         self._bytes = 0  # of the files in the index, plus writes reserved
@@ -254,7 +261,7 @@ class DiskStore:
             log.warning("reading %s failed: %s", path, e)
             return self._miss()
         try:
-            held, payload = decode_file(raw, key.page_hash)
+            held, payload = decode_file(raw, key.page_hash, self.kv_dtype)
         except CorruptPage as e:
             log.warning("corrupt page file %s (%s): deleted, treated as a miss", path, e)
             self._delete(name, path, corrupt=True)

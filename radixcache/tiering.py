@@ -17,6 +17,13 @@ Everything here runs on the cache's thread (the engine's) except the loader thre
   (each step) allocates fresh pages for what arrived, writes them (`pool.write_page`) and publishes them in the tree,
   then lets the lease go: the request's own lookup then hits them like any cached page. A request whose load is in
   flight waits; the batch does not.
+- Demotion (--kv-demote, radixcache.cache): the tiers hold exact pages only, at the pool's own precision (what a
+  recompute gives), so a load writes a page into the pool as it is and another worker sharing the folder never
+  reads a lossy page. When the cache demotes a node (`relocated` into the demoted ids), its full-precision pages are
+  handed to the tiers first, unless they hold them already (write-through usually did): demotion is an eviction
+  from the full-precision pool. A demoted page, and a page promoted back from one (its values are what the
+  demotion kept), is never spilled, written through or saved. A load that the cache cannot line up with what memory
+  holds (a demoted page on the path that could not be brought back) is not started: those pages are computed.
 - Events: what the tiers start and stop holding becomes PagesStored / PagesRemoved with the tier's medium ("CPU",
   "DISK") in the cache's event stream (`pump`, each step); `tier_records` lists it for snapshots.
 - Save and restore (warm restart): `save` writes what memory holds to the disk (pinned pages first, then the most
@@ -106,6 +113,9 @@ class TierLink:
     ) -> None:
         self.pool = pool
         self.page_size = page_size
+        # part of every page hash (radixcache.events): the names agree with the cache events' hashes
+        self.kv_dtype: str | None = getattr(pool, "kv_dtype", None)
+        self._exact_ids = int(pool.num_pages)  # ids past it are demoted copies (radixcache.pool)
         self.bpp = page_size * TOKEN_BYTES
         self.tiers = tiers or TierChain()
         self.notify = notify
@@ -121,6 +131,7 @@ class TierLink:
         self._cache: PrefixCache | None = None
         self._names: dict[int, PageKey] = {}  # page id -> its key, for every whole page the tree stores
         self._evicted: dict[int, PageKey] = {}  # removed by the eviction under way, until spill() takes them
+        self._lossy: set[int] = set()  # full-precision pages promoted back from demoted copies: never go down
         self._prefixes: dict[str, bytes] = {}
         self._mirror: dict[tuple[str, str, int], PageKey] = {}  # (medium, ns, hash) the events say a tier holds
         self._jobs: list[LoadJob] = []  # in flight (started, not finished)
@@ -161,9 +172,7 @@ class TierLink:
                 known = self._names.get(after)
                 parent = known.page_hash if known is not None else -1
             if parent >= 0:
-                prefix = self._prefixes.get(namespace) or self._prefixes.setdefault(
-                    namespace, namespace_prefix(namespace)
-                )
+                prefix = self._prefix(namespace)
                 hashes = hash_key_pages(key[: whole * bpp], bpp, prefix, parent)
                 for i, (page, h) in enumerate(zip(pages, hashes, strict=False)):
                     self._names[page] = PageKey(namespace, h, parent, key[i * bpp : (i + 1) * bpp])
@@ -174,17 +183,50 @@ class TierLink:
             self.sink.stored(namespace, after, pages, key)
 
     def removed(self, pages: list[int]) -> None:
-        names, evicted = self._names, self._evicted
+        names, evicted, lossy = self._names, self._evicted, self._lossy
         for page in pages:
             key = names.pop(page, None)
-            if key is not None:
+            if key is not None and page not in lossy:  # a lossy page is never spilled
                 evicted[page] = key
+        if lossy:
+            lossy.difference_update(pages)
         if self.sink is not None:
             self.sink.removed(pages)
 
     def cleared(self, namespace: str) -> None:
         if self.sink is not None:
             self.sink.cleared(namespace)
+
+    def relocated(self, old: list[int], new: list[int]) -> None:
+        """The cache demoted pages `old` into `new` (or promoted them back): the names move with them. A demotion
+        first hands the full-precision pages (`old` still holds them) to the tiers; a promotion's pages are lossy."""
+        names, lossy = self._names, self._lossy
+        demotion = bool(new) and new[0] >= self._exact_ids
+        tiers = self.tiers
+        for src, dst in zip(old, new, strict=True):
+            key = names.pop(src, None)
+            was_lossy = src in lossy
+            lossy.discard(src)
+            if key is None:  # a partial tail: never named, never goes down
+                continue
+            names[dst] = key
+            if demotion:
+                if tiers.tiers and not was_lossy and not tiers.contains(key):
+                    self._count_put(tiers.put(key, self.pool.read_page(src)))
+            else:
+                lossy.add(dst)
+        if self.sink is not None:
+            self.sink.relocated(old, new)
+
+    def _prefix(self, namespace: str) -> bytes:
+        prefix = self._prefixes.get(namespace)
+        if prefix is None:
+            prefix = self._prefixes[namespace] = namespace_prefix(namespace, self.kv_dtype)
+        return prefix
+
+    def _exact(self, page: int) -> bool:
+        """The page holds what a recompute gives at the pool's precision (not demoted, not promoted back)."""
+        return page < self._exact_ids and page not in self._lossy
 
     # ---- spill ----------------------------------------------------------------------------------------------
     def spill(self, freed: list[int]) -> None:
@@ -194,7 +236,7 @@ class TierLink:
             first = tiers[0]  # the host tier, when there is one: faster to load from than the disk holding it too
             for page in freed:
                 key = evicted.get(page)
-                if key is None or first.contains(key):
+                if key is None or page >= self._exact_ids or first.contains(key):  # (lossy ones: not listed)
                     continue
                 self._count_put(first.put(key, self.pool.read_page(page)))
         evicted.clear()
@@ -238,7 +280,7 @@ class TierLink:
             if known is None:
                 return None
             parent = known.page_hash
-        prefix = namespace_prefix(namespace)
+        prefix = self._prefix(namespace)
         keys: list[PageKey] = []
         for i in range(held, min(total, held + self.max_load_pages)):
             page = key[i * bpp : (i + 1) * bpp]
@@ -256,6 +298,9 @@ class TierLink:
         if not keys:
             return None
         lease = cache.acquire(f"{owner}:tier-load", tokens, namespace, max_cached=held * ps, count=False)
+        if len(lease.pages) != held:  # a demoted page on the way could not be brought back: the keys do not follow
+            cache.release(lease)
+            return None
         job = LoadJob(namespace, list(tokens[: (held + len(keys)) * ps]), len(lease.pages), keys, lease)
         self._jobs.append(job)
         self.counts.load_jobs += 1
@@ -378,7 +423,7 @@ class TierLink:
         while todo:
             page = todo.popleft()
             key = self._names.get(page)  # None: evicted meanwhile (the spill took it), or flushed
-            if key is not None and not disk.contains(key):
+            if key is not None and self._exact(page) and not disk.contains(key):
                 self._count_put(disk.put(key, self.pool.read_page(page)))
                 if time.perf_counter() >= deadline:
                     return
@@ -408,7 +453,7 @@ class TierLink:
             pinned = node.pin_until is not None
             for page in node.pages:
                 key = self._names.get(page)
-                if key is not None:
+                if key is not None and self._exact(page):
                     order.append((not pinned, -node.access, page, key))
         order.sort(key=lambda item: item[:2])
         queued = 0
@@ -496,13 +541,14 @@ class TierLink:
         cache = self._cache
         assert cache is not None, "the tier link is not attached to a cache"
         assert not self._evicted, f"{len(self._evicted)} evicted pages were neither spilled nor discarded"
-        expected = records_page_index(cache.tree.page_records(), self.page_size)
+        expected = records_page_index(cache.tree.page_records(), self.page_size, kv_dtype=self.kv_dtype)
         named: dict[str, dict[int, int | None]] = {}
         for key in self._names.values():
             named.setdefault(key.namespace, {})[key.page_hash] = key.parent_hash or None
         whole = sum(len(v) for v in expected.values())
         assert len(self._names) == whole, f"{len(self._names)} pages named, the tree stores {whole} whole pages"
         assert named == expected, "a page's name (hash, parent) differs from what its path in the tree gives"
+        assert all(p in self._names and p < self._exact_ids for p in self._lossy), "a lossy page is not a named one"
         for job in self._jobs:
             assert job.lease is None or job.cancelled or not job.lease.released, "a load in flight lost its lease"
         for tier in self.tiers.tiers:

@@ -23,6 +23,15 @@ Protection: a node is protected while its subtree holds a lock (`lock`, counted 
 (`pin_ref`). Only unprotected leaves are evictable; `radixcache.lru.LeafLRU` keeps them in LRU order incrementally
 whenever a node's leaf/lock/pin status or access time changes, so one evicted node costs O(log n) however large the
 tree is, and nothing is ever rebuilt. The integrity check lives in `radixcache.tree_check`.
+
+Demotion (the cache's --kv-demote): `set_pages(node, pages, demoted=True)` swaps a node's pages for demoted copies
+(the caller made them). The two classes have an LRU each: the full-precision one lists the unprotected nodes
+without full-precision children (a node whose children are all demoted is next in line for demotion: its subtree
+is cold), the demoted one the unprotected demoted leaves. `lru_leaf(demoted=...)` and `evict(n, demoted=...)` pick
+from one class, so the cache demotes the least recently used full-precision node and evicts only demoted leaves;
+evicting a full-precision node drops its demoted subtree with it. Without demotion the first LRU is exactly the
+evictable leaves. A node's pages are always all demoted or all not: new pages never join a demoted node (a demoted
+partial tail that an insert covers is split off and stops being demoted).
 """
 
 from __future__ import annotations
@@ -58,6 +67,7 @@ class RadixTree:
         self._ids = itertools.count()
         self._tick = 0  # logical LRU clock: deterministic, and never ties two touches
         self._lru = LeafLRU()  # the evictable leaves, least recently used first
+        self._dlru = LeafLRU()  # the evictable demoted leaves, likewise
         self._expiry = SortedList()  # (pin_until, node id) of pins with a TTL
         self._pinned: dict[int, Node] = {}
         self.cached_pages = 0
@@ -67,6 +77,8 @@ class RadixTree:
         # Per namespace (a tenant's view of the cache), kept with the totals above: cached and pinned pages.
         self.namespace_cached: dict[str, int] = {}
         self.namespace_pinned: dict[str, int] = {}
+        self.demoted_pages = 0  # cached pages in demoted nodes
+        self.protected_demoted_pages = 0  # of those, in nodes whose subtree is locked or pinned
         self._sink: EventSink | None = None
 
     # ---- queries -------------------------------------------------------------------------------------------
@@ -78,8 +90,18 @@ class RadixTree:
         return self.cached_pages - self.protected_pages
 
     @property
+    def evictable_demoted_pages(self) -> int:
+        """Of evictable_pages, those in demoted nodes."""
+        if self._expiry:
+            self.expire()
+        return self.demoted_pages - self.protected_demoted_pages
+
+    @property
     def evictable_leaves(self) -> int:
-        return len(self._lru)
+        return len(self._lru) + len(self._dlru)
+
+    def _lru_of(self, node: Node) -> LeafLRU:
+        return self._dlru if node.demoted else self._lru
 
     def namespaces(self) -> list[str]:
         return list(self._roots)
@@ -118,6 +140,8 @@ class RadixTree:
                 break
             if touch:
                 child.access = tick
+                if child.ev_key is not None and child.children:  # listed above demoted children only
+                    self._lru.touch(child)
             edge = child.key
             if key.startswith(edge, off):
                 cur = child
@@ -143,10 +167,11 @@ class RadixTree:
         if touch and low is not None:
             low.access = tick
             if low.ev_key is not None:  # only the lowest node on a path can be a leaf
+                lru = self._dlru if low.demoted else self._lru
                 if low.ev_key == RECENT:
-                    self._lru.recent.move_to_end(low.id)
+                    lru.recent.move_to_end(low.id)
                 else:
-                    self._lru.touch(low)
+                    lru.touch(low)
         used = 0 if node is None else len(node.pages) if used < 0 else used
         return Match(pages, node, used, pnode, ppage, k, ps)
 
@@ -212,7 +237,7 @@ class RadixTree:
             start = off // bpp
             child.access = tick
             if child.ev_key is not None:
-                self._lru.touch(child)
+                self._lru_of(child).touch(child)
             if key.startswith(edge, off):
                 node = child
                 if child.tail:  # the key runs through a cached partial tail: replace it if the key goes further
@@ -274,8 +299,15 @@ class RadixTree:
 
     def _regrow(self, node: Node, key: bytes, pages: list[int], tick: int, namespace: str) -> int:
         """Put `pages` for `key` in place of leaf `node`'s partial tail page (key starts at that page and continues
-        its tokens), in place, so that locks on `node` stay valid. Returns the page the tree no longer stores."""
+        its tokens), in place, so that locks on `node` stay valid. Returns the page the tree no longer stores.
+        A demoted node's whole pages stay behind in a node of their own: `node` keeps only the tail, then the new
+        pages, and is no longer demoted."""
         bpp, keep = self.bpp, len(node.pages) - 1
+        if node.demoted:
+            if keep:
+                self._split(node, keep)  # `node` keeps the lower part: the tail page alone
+                keep = 0
+            self._set_demoted(node, False)
         old = node.pages[keep]
         if self._sink is not None:  # the tail was never reported; what covers it is new
             after = node.pages[keep - 1] if keep else node.parent.pages[-1] if node.parent.pages else None
@@ -307,7 +339,7 @@ class RadixTree:
                 sk.insert(i, first)
         node.access = tick
         if node.ev_key is not None:
-            self._lru.touch(node)
+            self._lru_of(node).touch(node)
         return old
 
     def _attach(self, key: bytes, pages: list[int], parent: Node, tick: int, namespace: str) -> Node:
@@ -316,6 +348,7 @@ class RadixTree:
             self._sink.stored(namespace, parent.pages[-1] if parent.pages else None, pages, key)
         node.first = first = key[: self.bpp]
         parent.children[first] = node
+        parent.full_children += 1
         if len(key) % self.bpp:
             node.tail = len(key) % self.bpp // TOKEN_BYTES
             self.partial_pages += 1
@@ -347,12 +380,13 @@ class RadixTree:
         bpp, cut = self.bpp, j * self.bpp
         parent = node.parent
         upper = Node(node.key[:cut], node.pages[:j], parent, next(self._ids), node.access)
-        upper.lock, upper.pin_ref = node.lock, node.pin_ref
+        upper.lock, upper.pin_ref, upper.demoted = node.lock, node.pin_ref, node.demoted
         upper.first = node.first
         parent.children[upper.first] = upper
         node.key, node.pages, node.parent = node.key[cut:], node.pages[j:], upper
         node.first = first = node.key[:bpp]
         upper.children[first] = node
+        upper.full_children = 0 if node.demoted else 1
         upper.partial_children = len(first) < bpp  # the lower part kept the tail, if any
         if bpp > TOKEN_BYTES:
             upper.sorted_keys = [first]
@@ -367,11 +401,13 @@ class RadixTree:
     # ---- protection ------------------------------------------------------------------------------------------
     def _refresh(self, node: Node) -> None:
         """List or unlist `node` as evictable after its leaf/lock/pin status changed."""
-        if not node.children and node.lock == 0 and node.pin_ref == 0 and node.parent is not None:
+        # Full-precision nodes: listed once no child is full precision (then only demoted ones, if any, hang below).
+        below = node.children if node.demoted else node.full_children
+        if not below and node.lock == 0 and node.pin_ref == 0 and node.parent is not None:
             if node.ev_key is None:
-                self._lru.add(node)
+                self._lru_of(node).add(node)
         elif node.ev_key is not None:
-            self._lru.remove(node)
+            self._lru_of(node).remove(node)
 
     def _adjust(self, node: Node | None, dlock: int, dpin: int) -> None:
         while node is not None:
@@ -381,6 +417,8 @@ class RadixTree:
             now = node.lock > 0 or node.pin_ref > 0
             if was != now:
                 self.protected_pages += len(node.pages) if now else -len(node.pages)
+                if node.demoted:
+                    self.protected_demoted_pages += len(node.pages) if now else -len(node.pages)
                 self._refresh(node)
             node = node.parent
 
@@ -486,19 +524,27 @@ class RadixTree:
         return count
 
     # ---- eviction ------------------------------------------------------------------------------------------
-    def evict(self, num_pages: int, dropped: dict[str, int] | None = None) -> list[int]:
+    def evict(self, num_pages: int, dropped: dict[str, int] | None = None, *, demoted: bool = False) -> list[int]:
         """Drop up to `num_pages` pages from least recently used unprotected leaves (the tail of a leaf first when
-        only part of it is needed). Returns the dropped page ids; the caller releases the tree's reference.
-        `dropped`, when given, is added the pages dropped per namespace."""
+        only part of it is needed): full-precision leaves, or with `demoted` only demoted ones. Returns the dropped
+        page ids; the caller releases the tree's reference. `dropped`, when given, is added the pages dropped per
+        namespace."""
         if self._expiry:
             self.expire()
-        bpp, need, freed, lru = self.bpp, num_pages, [], self._lru
+        bpp, need, freed, lru = self.bpp, num_pages, [], self._dlru if demoted else self._lru
         recent, ordered = lru.recent, lru.ordered
         while need > 0 and (recent or ordered):
             # The least recently used listed leaf, looked up inline: this loop is the eviction hot path.
             node = recent[next(iter(recent))] if recent else None
             if ordered and (node is None or ordered[0] < (node.access << ID_BITS) | node.id):
                 node = lru.by_key[ordered[0]]
+            if node.children:  # a full-precision node above demoted leaves only: they go with it
+                gone = self._drop_subtree(node)
+                freed += gone
+                need -= len(node.pages)
+                if dropped is not None:
+                    dropped[node.namespace] = dropped.get(node.namespace, 0) + len(gone)
+                continue
             n = len(node.pages)
             if n > need:  # only part of this leaf is needed: cut its end (the tail page goes first)
                 if node.tail:
@@ -512,6 +558,8 @@ class RadixTree:
                 self._count(self.namespace_cached, node.namespace, -need)
                 if dropped is not None:
                     dropped[node.namespace] = dropped.get(node.namespace, 0) + need
+                if demoted:
+                    self.demoted_pages -= need
                 break
             freed += self._drop_leaf(node)
             need -= n
@@ -519,9 +567,23 @@ class RadixTree:
                 dropped[node.namespace] = dropped.get(node.namespace, 0) + n
         return freed
 
+    def _drop_subtree(self, node: Node) -> list[int]:
+        """Drop a listed node and the (unprotected, demoted) subtree below it, children first: every page of it."""
+        freed: list[int] = []
+        stack, order = [node], []
+        while stack:
+            top = stack.pop()
+            order.append(top)
+            stack.extend(top.children.values())
+        for below in reversed(order[1:]):
+            if not below.children:  # the reversed preorder meets every child before its parent
+                freed += self._drop_leaf(below)
+        return freed + self._drop_leaf(node)
+
     def _drop_leaf(self, node: Node) -> list[int]:
         """Remove an evictable (listed) leaf with all its pages; its parent may become an evictable leaf."""
-        self._lru.remove(node)
+        assert not node.children, f"node {node.id} has children: not a leaf"
+        self._lru_of(node).remove(node)
         node.evicted = True
         if self._sink is not None:
             self._sink.removed(node.pages[:-1] if node.tail else node.pages)
@@ -529,16 +591,22 @@ class RadixTree:
             self.partial_pages -= 1
         self.cached_pages -= len(node.pages)
         self._count(self.namespace_cached, node.namespace, -len(node.pages))
+        if node.demoted:
+            self.demoted_pages -= len(node.pages)
         parent = node.parent
         del parent.children[node.first]
+        parent.full_children -= not node.demoted
         if len(node.first) < self.bpp:
             parent.partial_children -= 1
         sk = parent.sorted_keys
         if not parent.children:
             parent.sorted_keys = None
             self._refresh(parent)
-        elif sk is not None and len(sk) > 2 * len(parent.children) + 8:
-            parent.sorted_keys = sorted(parent.children)
+        else:
+            if not node.demoted and not parent.full_children:
+                self._refresh(parent)  # only demoted children left: next in line for demotion
+            if sk is not None and len(sk) > 2 * len(parent.children) + 8:
+                parent.sorted_keys = sorted(parent.children)
         return node.pages
 
     def flush(self, namespace: str | None = None) -> list[int]:
@@ -548,7 +616,9 @@ class RadixTree:
             for node in list(self._pinned.values()):
                 self._set_pin(node, None)
             held = [ns for ns, root in self._roots.items() if root.children]
-            freed = self.evict(self.cached_pages)
+            freed: list[int] = []
+            while dropped := self.evict(self.cached_pages) + self.evict(self.cached_pages, demoted=True):
+                freed += dropped  # each class's evictions may leave leaves of the other class behind
             if self._sink is not None:
                 for ns in held:
                     if not self._roots[ns].children:
@@ -576,6 +646,46 @@ class RadixTree:
         if self._sink is not None and held and not root.children:
             self._sink.cleared(namespace)
         return freed
+
+    # ---- demotion ------------------------------------------------------------------------------------------
+    def lru_leaf(self, *, demoted: bool = False) -> Node | None:
+        """The least recently used evictable leaf of one class (full precision, or demoted), or None. Read-only."""
+        if self._expiry:
+            self.expire()
+        lru = self._dlru if demoted else self._lru
+        node = lru.recent[next(iter(lru.recent))] if lru.recent else None
+        if lru.ordered and (node is None or lru.ordered[0] < (node.access << ID_BITS) | node.id):
+            node = lru.by_key[lru.ordered[0]]
+        return node
+
+    def set_pages(self, node: Node, pages: list[int], *, demoted: bool) -> list[int]:
+        """Let `node` store `pages` instead of its own (as many; the same tokens, copied by the caller, demoted or
+        brought back to full precision) and mark it demoted or not. Returns the pages it no longer stores (the
+        caller drops the tree's reference). The sink learns the move (`relocated`); no page is stored or removed."""
+        old = node.pages
+        if len(pages) != len(old):
+            raise ValueError(f"node {node.id} holds {len(old)} pages, not {len(pages)}")
+        node.pages = list(pages)
+        self._set_demoted(node, demoted)
+        if self._sink is not None:
+            self._sink.relocated(old, node.pages)
+        return old
+
+    def _set_demoted(self, node: Node, demoted: bool) -> None:
+        if node.demoted == demoted:
+            return
+        if node.ev_key is not None:  # listed in its old class's LRU
+            self._lru_of(node).remove(node)
+        sign = 1 if demoted else -1
+        self.demoted_pages += sign * len(node.pages)
+        if node.lock or node.pin_ref:
+            self.protected_demoted_pages += sign * len(node.pages)
+        node.demoted = demoted
+        self._refresh(node)  # the rule differs between the classes
+        parent = node.parent
+        parent.full_children -= sign
+        if parent.parent is not None:
+            self._refresh(parent)
 
     # ---- events --------------------------------------------------------------------------------------------
     def set_event_sink(self, sink: EventSink | None) -> None:

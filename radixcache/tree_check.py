@@ -21,9 +21,8 @@ def check_tree(tree: RadixTree) -> None:
     evictable list (exactly the unprotected leaves, keyed by current access), page counters, no page held twice, no
     evicted node reachable; partial tails only as the last page of an unpinned leaf; sibling keys prefix-free.
     Raises AssertionError naming the node and the broken invariant."""
-    lru = tree._lru
     bpp, seen = tree.bpp, set()
-    cached = protected = pinned = leaves = partial = 0
+    cached = protected = pinned = leaves = partial = demoted = protected_demoted = 0
     by_namespace: dict[str, list[int]] = {}  # namespace -> [cached, pinned]
     for namespace, root in tree._roots.items():
         assert root.parent is None and not root.pages and not root.key, f"root of {namespace!r} is malformed"
@@ -48,6 +47,8 @@ def check_tree(tree: RadixTree) -> None:
             short = sum(len(first) < bpp for first in firsts)
             assert node.partial_children == short, f"node {node.id}: {node.partial_children} partial children"
             locks, pins = node.own_locks, node.pin_until is not None
+            full = sum(not child.demoted for child in node.children.values())
+            assert node.full_children == full, f"node {node.id}: {node.full_children} full-precision children, {full}"
             for first, child in node.children.items():
                 assert child.parent is node and child.key[:bpp] == first is child.first, f"bad link {child.id}"
                 locks += child.lock
@@ -67,16 +68,23 @@ def check_tree(tree: RadixTree) -> None:
                 seen.add(page)
             cached += len(node.pages)
             protected += len(node.pages) if node.lock or node.pin_ref else 0
+            if node.demoted:
+                demoted += len(node.pages)
+                protected_demoted += len(node.pages) if node.lock or node.pin_ref else 0
             pinned += len(node.pages) if node.pin_until is not None else 0
-            evictable = node is not root and not node.children and not node.lock and not node.pin_ref
+            # Listed: unprotected, and a leaf (demoted), or without full-precision children (not demoted).
+            below = node.children if node.demoted else full
+            evictable = node is not root and not below and not node.lock and not node.pin_ref
             leaves += evictable
             if node.ev_key is not None:
                 assert evictable, f"node {node.id} is listed as evictable but is not"
-                assert lru.listed(node), f"node {node.id} is listed at a stale place"
+                lru = tree._dlru if node.demoted else tree._lru  # each class of leaves has its own LRU
+                assert lru.listed(node), f"node {node.id} is listed at a stale place (or in the wrong LRU)"
             else:
                 assert not evictable, f"evictable node {node.id} is not listed"
-    lru.check()
-    assert leaves == len(lru), "the evictable list holds unreachable nodes"
+    tree._lru.check()
+    tree._dlru.check()
+    assert leaves == len(tree._lru) + len(tree._dlru), "the evictable lists hold unreachable nodes"
     counters = (tree.cached_pages, tree.protected_pages, tree.pinned_pages, tree.partial_pages)
     assert (cached, protected, pinned, partial) == counters, (
         f"counters (cached, protected, pinned, partial) {counters} != recomputed {(cached, protected, pinned, partial)}"
@@ -84,5 +92,8 @@ def check_tree(tree: RadixTree) -> None:
     for i, (name, table) in enumerate((("cached", tree.namespace_cached), ("pinned", tree.namespace_pinned))):
         recount = {ns: c[i] for ns, c in by_namespace.items() if c[i]}
         assert table == recount, f"pages {name} per namespace {table} != recomputed {recount}"
+    assert (tree.demoted_pages, tree.protected_demoted_pages) == (demoted, protected_demoted), (
+        f"demoted page counters {(tree.demoted_pages, tree.protected_demoted_pages)} != {(demoted, protected_demoted)}"
+    )
     finite = sorted((n.pin_until, n.id) for n in tree._pinned.values() if n.pin_until != math.inf)
     assert list(tree._expiry) == finite, "pin expiry list out of sync"

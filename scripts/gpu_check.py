@@ -19,8 +19,13 @@ Sections (each row says ok / FAIL; exit status 1 if any check fails, 0 otherwise
    float32 on the same data, error measured per sequence (a wrong short sequence cannot hide behind a long one),
    K/V written to the same slots, and once per step the kernel runs into a NaN-filled buffer (a skipped row shows).
    The first configuration's first step carries FlashInfer's JIT compilation: its time is printed.
-4. engine: the shipped default model served with flashinfer and with torch gives the same greedy tokens.
-5. timings: decode attention time and the KV bandwidth it reaches, next to the device's copy bandwidth.
+   fp8_e4m3 KV pages (--kv-dtype fp8_e4m3: plan()'s kv_data_type float8_e4m3fn, run()'s k_scale / v_scale, here
+   0.5 and 2.0 so a dropped scale shows) go through the same lifecycle against the torch backend reading the same
+   fp8 pages in float32; the pages each backend writes must be byte-identical.
+4. engine: the shipped default model served with flashinfer and with torch gives the same greedy tokens, with
+   pages in the model's dtype and in fp8_e4m3.
+5. timings: decode attention time and the KV bandwidth it reaches, next to the device's copy bandwidth (bf16 and
+   fp8 pages).
 6. tiers below the pool: the default model served with a host-memory tier (pinned on CUDA) over a disk tier; a
    prompt pushed out of a small pool comes back from them with the same greedy tokens; a page's copy out of the pool
    (read_page) and into it (write_page) timed. Runs on the CPU too (host memory unpinned there).
@@ -77,7 +82,7 @@ register_worker_package()
 
 import torch  # noqa: E402
 
-from radixcache.pool import KVPool, KVShape  # noqa: E402
+from radixcache.pool import KVLayer, KVPool, KVShape  # noqa: E402
 from radixcache.worker.attention import AttentionBackend, BatchLayout, SequenceSlice, create_backend  # noqa: E402
 from radixcache.worker.attention.base import (  # noqa: E402
     AttentionOptions,
@@ -137,6 +142,7 @@ class Config:
     dtype: torch.dtype
     page_size: int
     attention: AttentionOptions = AttentionOptions()  # per layer of the LAYERS: windows, scale, soft cap
+    kv_dtype: str | None = None  # the pages' precision; None: the model's dtype
 
     @property
     def group(self) -> int:
@@ -144,7 +150,7 @@ class Config:
 
     def options(self) -> dict[str, Any]:
         return {"num_heads": self.heads, "num_kv_heads": self.kv_heads, "head_dim": self.head_dim, "dtype": self.dtype,
-                "attention": self.attention}  # fmt: skip
+                "attention": self.attention, "kv_dtype": self.kv_dtype}  # fmt: skip
 
 
 GEOMETRIES = [("default model", 4, 2, 64), ("hd128 group 4", 32, 8, 128), ("hd128 group 1", 8, 8, 128)]
@@ -170,6 +176,24 @@ def config_matrix() -> list[Config]:
         Config("gemma3 sliding", 4, 1, 256, torch.float16, 1, GEMMA3),
     ]
     return configs[: len(GEOMETRIES)] + sliding + configs[len(GEOMETRIES) :]
+
+
+def fp8_matrix() -> list[Config]:
+    """fp8_e4m3 pages: the default model's geometry in bf16 at both page sizes, head_dim 128 (GQA 4), and fp16 q."""
+    (default, *_), (hd128, *_) = GEOMETRIES[0], GEOMETRIES[1]
+    geometry = {label: (heads, kv_heads, dim) for label, heads, kv_heads, dim in GEOMETRIES}
+    return [
+        Config(label, *geometry[label], dtype, page, kv_dtype="fp8_e4m3")
+        for label, dtype, page in [
+            (default, torch.bfloat16, 16),
+            (hd128, torch.bfloat16, 16),
+            (default, torch.bfloat16, 1),
+            (default, torch.float16, 16),
+        ]
+    ]
+
+
+FP8_SCALES = (0.5, 2.0)  # k_scale, v_scale of every layer in the fp8 checks: not 1, so a dropped scale is seen
 
 
 # --- one configuration through a serving lifecycle -----------------------------------------------------------------
@@ -234,7 +258,7 @@ def per_sequence_errors(got: torch.Tensor, want: torch.Tensor, layout: BatchLayo
     return errors
 
 
-def nan_buffer_check(backend: AttentionBackend, q: torch.Tensor, kv_layer: torch.Tensor, got: torch.Tensor) -> bool:
+def nan_buffer_check(backend: AttentionBackend, q: torch.Tensor, kv_layer: KVLayer, got: torch.Tensor) -> bool:
     """Run layer 0's planned FlashInfer kernel again into a NaN-filled buffer: every element must be written, and
     equal to what forward returned. True for backends without wrappers (nothing to check)."""
     wrappers = getattr(backend, "_decode" if getattr(backend, "_use_decode", False) else "_prefill", None)
@@ -242,8 +266,13 @@ def nan_buffer_check(backend: AttentionBackend, q: torch.Tensor, kv_layer: torch
         return True
     wrapper = wrappers[backend.attention.window(0)]
     out = torch.full_like(q, float("nan"))
-    wrapper.run(q.contiguous(), kv_layer, out=out)
+    scales = {"k_scale": kv_layer.k_scale, "v_scale": kv_layer.v_scale} if getattr(backend, "fp8", False) else {}
+    wrapper.run(q.contiguous(), kv_layer.values, out=out, **scales)
     return bool(torch.isfinite(out).all()) and torch.equal(out, got)
+
+
+def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dtype == b.dtype and torch.equal(a.view(torch.uint8), b.view(torch.uint8))
 
 
 def poison_left_pages(pools: list[KVPool], seqs: dict[str, SeqState], attention: AttentionOptions) -> None:
@@ -277,10 +306,19 @@ def run_case(
     ps = config.page_size
     num_pages = 2 * (context + 512) // ps + 64
     shape = KVShape(LAYERS, config.kv_heads, config.head_dim)
-    pool = KVPool(shape, page_size=ps, num_pages=num_pages, dtype=config.dtype, device=device)
-    pool.kv.normal_()  # stale values everywhere: only the right slots may be read
-    ref_pool = KVPool(shape, page_size=ps, num_pages=num_pages, dtype=torch.float32, device=device)
-    ref_pool.kv.copy_(pool.kv.float())
+    if config.kv_dtype is None:
+        pool = KVPool(shape, page_size=ps, num_pages=num_pages, dtype=config.dtype, device=device)
+        pool.kv.normal_()  # stale values everywhere: only the right slots may be read
+        ref_pool = KVPool(shape, page_size=ps, num_pages=num_pages, dtype=torch.float32, device=device)
+        ref_pool.kv.copy_(pool.kv.float())
+    else:  # quantized pages: the reference reads the very same pages (the torch backend dequantizes in float32)
+        scales = torch.tensor([FP8_SCALES] * LAYERS)
+        pool, ref_pool = (
+            KVPool(shape, page_size=ps, num_pages=num_pages, dtype=config.kv_dtype, device=device, kv_scales=scales)
+            for _ in range(2)
+        )
+        pool.kv.copy_(torch.randn(pool.kv.shape, device=device).to(pool.kv.dtype))
+        ref_pool.kv.copy_(pool.kv)
     free = list(range(num_pages))
     rng.shuffle(free)  # scattered block tables
     seqs: dict[str, SeqState] = {}
@@ -321,8 +359,8 @@ def run_case(
         for layer in range(LAYERS):
             q = torch.randn(layout.num_tokens, config.heads, config.head_dim, device=device).to(config.dtype)
             k, v = torch.randn(2, layout.num_tokens, config.kv_heads, config.head_dim, device=device).to(config.dtype)
-            got = candidate.forward(layer, q, k, v, pool.layer(layer), layout)
-            want = reference.forward(layer, q.float(), k.float(), v.float(), ref_pool.layer(layer), layout)
+            got = candidate.forward(layer, q, k, v, pool.kv_layer(layer), layout)
+            want = reference.forward(layer, q.float(), k.float(), v.float(), ref_pool.kv_layer(layer), layout)
             if layer == 0 and step_no == 0:
                 if device.startswith("cuda"):
                     torch.cuda.synchronize()
@@ -333,9 +371,14 @@ def run_case(
                     result.worst_error, result.worst_where = err, f"{name}@{step_no + 1}"
                 if not err <= TOLERANCE.get(config.dtype, 1e-4):
                     result.problems.append(f"{where}: sequence {name} rel err {err:.2e}")
-            if not torch.equal(pool.layer(layer).float().nan_to_num(), ref_pool.layer(layer).nan_to_num()):
+            written = pool.layer(layer)
+            if config.kv_dtype is None:  # full precision: against the float32 reference, NaN-poisoned pages aside
+                same = torch.equal(written.float().nan_to_num(), ref_pool.layer(layer).nan_to_num())
+            else:  # the same quantized pages on both sides: byte for byte
+                same = same_bytes(written, ref_pool.layer(layer))
+            if not same:
                 result.problems.append(f"{where}: K/V not written to the same slots")
-            if layer == 0 and not nan_buffer_check(candidate, q, pool.layer(layer), got):
+            if layer == 0 and not nan_buffer_check(candidate, q, pool.kv_layer(layer), got):
                 result.problems.append(f"{where}: the kernel left elements unwritten (NaN buffer)")
         for name, new in spec.work:
             seqs[name].length += new
@@ -356,7 +399,7 @@ def check_kernels(
     deadline: float,
     compile_note: bool = True,
 ) -> None:
-    report.line(f"{'configuration':<16} {'dtype':<8} {'page':>4} {'heads':>7} {'hd':>4} {'steps':>5} "
+    report.line(f"{'configuration':<16} {'dtype':<8} {'kv':<8} {'page':>4} {'heads':>7} {'hd':>4} {'steps':>5} "
                 f"{'worst seq err':>13} {'(seq@step)':<11} {'1st step s':>10} {'total s':>7}  result")  # fmt: skip
     for i, config in enumerate(configs):
         if time.monotonic() > deadline:
@@ -364,8 +407,10 @@ def check_kernels(
             report.record("kernels", True, skipped=[c.label for c in configs[i:]])
             return
         heads = f"{config.heads}/{config.kv_heads}"
+        kv = config.kv_dtype or "="
         prefix = (
-            f"{config.label:<16} {dtype_name(config.dtype):<8} {config.page_size:>4} {heads:>7} {config.head_dim:>4}"
+            f"{config.label:<16} {dtype_name(config.dtype):<8} {kv:<8} {config.page_size:>4} {heads:>7} "
+            f"{config.head_dim:>4}"
         )
         try:
             res = run_case(config, device, make_candidate, context=context, seed=i)
@@ -454,8 +499,11 @@ def greedy_tokens(engine: Any, prompts: list[list[int]], max_tokens: int) -> lis
     return [outputs[rid] for rid in ids]
 
 
-def check_engine(report: Report, device: str, candidate: str = "flashinfer", max_tokens: int = 32) -> None:
-    """The shipped default model served by `candidate` and by torch: the same greedy tokens for every request."""
+def check_engine(
+    report: Report, device: str, candidate: str = "flashinfer", max_tokens: int = 32, kv_dtype: str = "auto"
+) -> None:
+    """The shipped default model served by `candidate` and by torch, pages at `kv_dtype`: the same greedy tokens
+    for every request."""
     from radixcache.worker.engine import Engine, EngineConfig
     from radixcache.worker.model.loader import load_checkpoint
 
@@ -466,7 +514,7 @@ def check_engine(report: Report, device: str, candidate: str = "flashinfer", max
     for name in (candidate, "torch"):
         loaded = load_checkpoint(path, device=device)
         prompts = [loaded.tokenizer.encode(system + q) for q in questions]
-        engine = Engine(loaded, EngineConfig(page_size=16, kv_pages=1024, backend=name))
+        engine = Engine(loaded, EngineConfig(page_size=16, kv_pages=1024, backend=name, kv_dtype=kv_dtype))
         started = time.monotonic()
         engine.start()
         warm = time.monotonic() - started
@@ -479,8 +527,8 @@ def check_engine(report: Report, device: str, candidate: str = "flashinfer", max
         finally:
             engine.shutdown(drain=False)
         dtype = dtype_name(next(loaded.model.parameters()).dtype)
-        report.line(f"engine {name:<10} backend {engine.backend.name}, {dtype}, warm-up {warm:.1f} s, {hit} prompt "
-                    "tokens from the cache")  # fmt: skip
+        report.line(f"engine {name:<10} backend {engine.backend.name}, {dtype}, kv {engine.kv_dtype}, warm-up "
+                    f"{warm:.1f} s, {hit} prompt tokens from the cache")  # fmt: skip
     same = [a == b for a, b in zip(tokens[candidate], tokens["torch"], strict=True)]
     detail = ""
     if not all(same):
@@ -491,7 +539,7 @@ def check_engine(report: Report, device: str, candidate: str = "flashinfer", max
     report.line(
         f"greedy tokens identical for {sum(same)}/{len(same)} requests{detail}  {'ok' if all(same) else 'FAIL'}"
     )
-    report.record("engine", all(same), identical=sum(same), requests=len(same), detail=detail)
+    report.record("engine", all(same), identical=sum(same), requests=len(same), detail=detail, kv_dtype=kv_dtype)
 
 
 def check_tiers(report: Report, device: str) -> None:
@@ -576,10 +624,11 @@ def timing_table(report: Report, deadline: float) -> None:
     bw = copy_bandwidth()
     report.line(f"device copy bandwidth (read+write): {bw:,.0f} GB/s")
     report.line("decode attention, bf16, 32 q heads / 8 kv heads / head_dim 128; GB/s = KV bytes read / time")
-    report.line(
-        f"{'backend':<11} {'batch':>5} {'context':>7} {'page':>4} {'KV MiB':>8} {'time us':>9} {'GB/s':>8} {'% copy':>7}"
-    )
-    for batch, ctx, page_size in [(1, 8192, 16), (32, 2048, 16), (128, 1024, 16), (32, 2048, 1)]:
+    report.line(f"{'backend':<11} {'kv':<8} {'batch':>5} {'context':>7} {'page':>4} {'KV MiB':>8} {'time us':>9} "
+                f"{'GB/s':>8} {'% copy':>7}")  # fmt: skip
+    rows = [(1, 8192, 16, "bf16"), (32, 2048, 16, "bf16"), (128, 1024, 16, "bf16"), (32, 2048, 1, "bf16")]
+    rows += [(32, 2048, 16, "fp8_e4m3"), (128, 1024, 16, "fp8_e4m3")]
+    for batch, ctx, page_size, kv_dtype in rows:
         if time.monotonic() > deadline:
             report.line("(time budget reached: remaining rows skipped)")
             return
@@ -587,20 +636,22 @@ def timing_table(report: Report, deadline: float) -> None:
         seqs = [SequenceSlice(list(range(b * pages_per, (b + 1) * pages_per)), ctx - 1, 1) for b in range(batch)]
         layout = BatchLayout.build(seqs, page_size, "cuda")
         pool = KVPool(
-            KVShape(1, 8, 128), page_size=page_size, num_pages=batch * pages_per, dtype=torch.bfloat16, device="cuda"
+            KVShape(1, 8, 128), page_size=page_size, num_pages=batch * pages_per, dtype=kv_dtype, device="cuda"
         )
-        pool.kv.normal_()
+        pool.kv.copy_(torch.randn(pool.kv.shape, device="cuda").to(pool.kv.dtype))
         q = torch.randn(batch, 32, 128, device="cuda").bfloat16()
         k, v = torch.randn(2, batch, 8, 128, device="cuda").bfloat16()
-        kv_bytes = batch * ctx * 8 * 128 * 2 * 2
+        kv_bytes = batch * ctx * pool.bytes_per_token
         for name in ["flashinfer", "torch"] if batch * ctx <= 64 * 1024 else ["flashinfer"]:
-            backend = create_backend(name, "cuda", num_heads=32, num_kv_heads=8, head_dim=128, dtype=torch.bfloat16)
+            backend = create_backend(
+                name, "cuda", num_heads=32, num_kv_heads=8, head_dim=128, dtype=torch.bfloat16, kv_dtype=kv_dtype
+            )
             backend.begin_step(layout)
-            step = (q, k, v, pool.layer(0), layout)
+            step = (q, k, v, pool.kv_layer(0), layout)
             seconds = time_cuda(lambda backend=backend, step=step: backend.forward(0, *step))
             gbs = kv_bytes / seconds / 1e9
-            report.line(f"{name:<11} {batch:>5} {ctx:>7} {page_size:>4} {kv_bytes / 2**20:>8.0f} {seconds * 1e6:>9.1f} "
-                        f"{gbs:>8.0f} {100 * gbs / bw:>6.0f}%")  # fmt: skip
+            report.line(f"{name:<11} {kv_dtype:<8} {batch:>5} {ctx:>7} {page_size:>4} {kv_bytes / 2**20:>8.0f} "
+                        f"{seconds * 1e6:>9.1f} {gbs:>8.0f} {100 * gbs / bw:>6.0f}%")  # fmt: skip
 
 
 # --- main ------------------------------------------------------------------------------------------------------------
@@ -645,6 +696,7 @@ def main(argv: list[str] | None = None) -> int:
             report.line("")
             report.line("== dry run on the CPU: the kernel checks' own logic, torch backend as the candidate")
             dry = [c for c in config_matrix() if c.head_dim == 64 or c.group == 4][::3]  # both dtypes, pages, dims
+            dry += fp8_matrix()[:1]
             check_kernels(
                 report,
                 dry,
@@ -675,7 +727,12 @@ def main(argv: list[str] | None = None) -> int:
         section(report, "kernels vs torch (float32), the rest of the matrix",
                 lambda: check_kernels(report, configs[1:], "cuda", flashinfer_backend, context=args.context or 8192,
                                       deadline=deadline, compile_note=False))  # fmt: skip
-        section(report, "decode timings", lambda: timing_table(report, deadline + 60))
+        section(report, "fp8_e4m3 KV pages: flashinfer vs torch over the same pages",
+                lambda: check_kernels(report, fp8_matrix(), "cuda", flashinfer_backend, context=args.context or 8192,
+                                      deadline=deadline + 60, compile_note=False))  # fmt: skip
+        section(report, "engine: default model with fp8_e4m3 pages, flashinfer vs torch, greedy",
+                lambda: check_engine(report, "cuda", kv_dtype="fp8_e4m3"))  # fmt: skip
+        section(report, "decode timings", lambda: timing_table(report, deadline + 90))
         section(report, "tiers below the pool (CUDA: pinned host memory, disk)", lambda: check_tiers(report, "cuda"))
         return 1 if report.failures else 0
     finally:

@@ -54,9 +54,10 @@ def _int32_list(name: str, t: torch.Tensor) -> list[int]:
     return [int(x) for x in t.cpu().tolist()]
 
 
-def _dtype(value: Any) -> torch.dtype:
+def _dtype(value: Any, *, kv: bool = False) -> torch.dtype:
     dtype = getattr(torch, value) if isinstance(value, str) else value
-    assert dtype in (torch.float16, torch.bfloat16), f"flashinfer attention runs 16-bit q/kv, got {value}"
+    allowed = (torch.float16, torch.bfloat16, torch.float8_e4m3fn) if kv else (torch.float16, torch.bfloat16)
+    assert dtype in allowed, f"flashinfer attention runs 16-bit q and 16-bit or fp8 e4m3 kv, got {value}"
     return dtype
 
 
@@ -109,6 +110,8 @@ class _Wrapper:
         assert window_left is None, "the window is planned (plan() picks the kernel by it), not passed to run()"
         group = plan.num_qo_heads // kv_heads
         scale = plan.sm_scale if plan.sm_scale is not None else 1.0 / math.sqrt(dim)
+        # As documented: k_scale multiplies sm_scale, v_scale the output (fp8 KV's calibration scales).
+        scale *= 1.0 if k_scale is None else k_scale
         result = torch.empty(q.shape, dtype=torch.float32)
         for b in range(len(plan.last_page_len)):
             pages = plan.kv_indices[plan.kv_indptr[b] : plan.kv_indptr[b + 1]]
@@ -129,6 +132,8 @@ class _Wrapper:
                 visible = visible & (kv_pos >= last - plan.window_left)
             scores = scores.masked_fill(~visible, float("-inf"))
             result[rows] = torch.einsum("hnl,lhd->nhd", scores.softmax(-1), values)
+        if v_scale is not None:
+            result *= v_scale
         if out is None:
             return result.to(q.dtype)
         out.copy_(result)
@@ -154,6 +159,8 @@ class BatchPrefillWithPagedKVCacheWrapper(_Wrapper):
         jit_kwargs: dict[str, Any] | None = None,
     ) -> None:
         assert not use_cuda_graph, "CUDA-graph wrappers need fixed-size index buffers"
+        assert backend in ("auto", "fa2", "fa3", "trtllm-gen", "cudnn"), backend
+        self.backend = backend
         super().__init__(_lib_of(self), float_workspace_buffer, kv_layout)
 
     def plan(
@@ -197,7 +204,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_Wrapper):
             causal,
             sm_scale,
             q_dtype,
-            _dtype(kv_data_type) if kv_data_type is not None else q_dtype,
+            _dtype(kv_data_type, kv=True) if kv_data_type is not None else q_dtype,
             window_left,
             logits_soft_cap,
         )
@@ -260,7 +267,7 @@ class BatchDecodeWithPagedKVCacheWrapper(_Wrapper):
             False,
             sm_scale,
             q_dtype,
-            _dtype(kv_data_type) if kv_data_type is not None else q_dtype,
+            _dtype(kv_data_type, kv=True) if kv_data_type is not None else q_dtype,
             window_left,
             logits_soft_cap,
         )

@@ -140,13 +140,14 @@ async def hold_connections(
 class Attack:
     """Attack rounds on a fresh event loop in a daemon thread: `make()` returns one round's coroutine; rounds repeat
     until `at_least_s` have passed (one round when 0). start(), then result(): the last round's result (re-raises
-    its error); `rounds` counts them."""
+    its error); `rounds` counts them, `outputs` holds every round's result."""
 
     def __init__(self, make: Callable[[], Coroutine[Any, Any, Any]], *, at_least_s: float = 0.0) -> None:
         self._make, self._at_least_s = make, at_least_s
         self._out: Any = None
         self._error: BaseException | None = None
         self.rounds = 0
+        self.outputs: list[Any] = []
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
@@ -154,6 +155,7 @@ class Attack:
             start, out = time.monotonic(), None
             while self.rounds == 0 or time.monotonic() - start < self._at_least_s:
                 out = await self._make()
+                self.outputs.append(out)
                 self.rounds += 1
             return out
 

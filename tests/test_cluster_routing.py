@@ -82,6 +82,10 @@ def test_policy_prefers_the_longest_match_unless_load_is_imbalanced():
     assert choose([short, idle], prompt, PAGE, t, rng=rng).replica == "b"
     tie = [Candidate("a", 2, 4), Candidate("b", 1, 4)]
     assert choose(tie, prompt, PAGE, t, rng=rng).replica == "b"  # equal matches: the less loaded
+    # Imbalanced, an idle replica whose pool is full of much-used pages still takes the request: what it would
+    # evict is a cache consideration, and load alone decides (the CI failure of the saturated-replica e2e test).
+    crowded = Candidate("b", requests=0, matched_pages=0, free_tokens=0, victim_uses=(50,) * 11)
+    assert choose([busy, crowded], prompt, PAGE, t, rng=rng).replica == "b"
 
 
 def test_policy_weighs_cached_tokens_against_load_in_tokens():

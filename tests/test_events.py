@@ -25,6 +25,7 @@ from radixcache.events import (
     PagesStored,
     ReplayError,
     page_hashes,
+    records_page_index,
 )
 from radixcache.keys import encode
 from radixcache.tree import RadixTree
@@ -335,3 +336,32 @@ def test_page_hashes_default_to_the_default_namespace_and_name_a_bad_page_size()
         PageIndex().apply(PagesStored("", 5, [7], [1]))
     with pytest.raises(TypeError, match="not a cache event"):
         PageIndex().apply("stored")
+
+
+def test_quantized_kv_dtypes_hash_apart_and_full_precision_hashes_are_unchanged() -> None:
+    """Full precision (said or not) keeps the documented hashes; every quantized precision gets its own, for every
+    page (the tag sits in every page's input, not only the first's), and an EventLog names pages the same way."""
+    from radixcache.kv_dtypes import FULL_PRECISION_KV_DTYPES, QUANTIZED_KV_DTYPES
+
+    tokens = list(range(500, 548))
+    plain = spec_hashes(tokens, 16, "t")
+    for name in (None, *FULL_PRECISION_KV_DTYPES, "float16", "BF16"):
+        assert page_hashes(tokens, 16, "t", kv_dtype=name) == plain, name
+    seen = set(plain)
+    for name in QUANTIZED_KV_DTYPES:
+        hashes = page_hashes(tokens, 16, "t", kv_dtype=name)
+        assert len(hashes) == 3 and not seen & set(hashes), name
+        seen |= set(hashes)
+        _, second, third = hashes  # continuing a page of that precision still needs the precision
+        assert page_hashes(tokens[32:], 16, "t", parent=second, kv_dtype=name) == [third]
+        assert page_hashes(tokens[32:], 16, "t", parent=second) != [third]
+        log = EventLog(16, strict=True, kv_dtype=name)
+        tree = RadixTree(16)
+        tree.set_event_sink(log)
+        tree.insert(encode(tokens), [0, 1, 2], "t")
+        [stored] = log.drain()
+        assert stored.page_hashes == hashes
+        parents = dict(zip(hashes, [None, *hashes[:2]], strict=True))
+        assert records_page_index(tree.page_records(), 16, kv_dtype=name) == {"t": parents}
+    with pytest.raises(ValueError, match="unknown dtype 'int3'"):
+        page_hashes(tokens, 16, kv_dtype="int3")

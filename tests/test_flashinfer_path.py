@@ -255,3 +255,25 @@ def test_serve_with_an_impossible_backend_says_why_and_exits_2():
     )  # fmt: skip
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "cannot run here" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_kv_precision_decides_whether_flashinfer_runs(fake_cuda: types.SimpleNamespace) -> None:
+    """fp8_e4m3 pages go to FlashInfer; int8 / int4 pages have no FlashInfer kernel, so auto picks the torch backend
+    (which dequantizes in its gather) and an explicit flashinfer says so; 16-bit pages must be the model's dtype."""
+    assert create_backend("auto", "cuda", **GEOMETRY, kv_dtype="fp8_e4m3").name == "flashinfer"
+    assert create_backend("auto", "cuda", **GEOMETRY, kv_dtype="bf16").name == "flashinfer"
+    for kv_dtype, reason in (
+        ("int8", "no kernel for int8/int4 KV pages"),
+        ("int4", "no kernel for int8/int4 KV pages"),
+        ("fp16", "the model's dtype or fp8_e4m3, and the KV dtype is fp16"),
+        ("fp32", "the model's dtype or fp8_e4m3, and the KV dtype is fp32"),
+    ):
+        assert create_backend("auto", "cuda", **GEOMETRY, kv_dtype=kv_dtype).name == "torch"
+        with pytest.raises(BackendUnavailableError, match=reason):
+            create_backend("flashinfer", "cuda", **GEOMETRY, kv_dtype=kv_dtype)
+
+
+def test_an_int8_engine_on_cuda_runs_on_the_torch_backend(fake_cuda: types.SimpleNamespace) -> None:
+    model = tiny_model()
+    engine = Engine(model, EngineConfig(page_size=4, kv_pages=32, kv_dtype="int8"))
+    assert engine.backend.name == "torch" and engine.kv_dtype == "int8"

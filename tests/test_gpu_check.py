@@ -39,8 +39,9 @@ def test_without_cuda_runs_the_cpu_parts_writes_files_and_exits_0(gpu_check, tmp
     assert "no CUDA device" in text and "0 failed checks" in text
     assert "device cpu     auto -> torch      explicit flashinfer: it needs a CUDA device" in text
     records = json.loads((tmp_path / "gpu_check.json").read_text())
-    assert [r["section"] for r in records] == ["fallbacks"] * 3 + ["kernels", "tiers"]
+    assert [r["section"] for r in records] == ["fallbacks"] * 3 + ["kernels"] * 2 + ["tiers"]  # fp8's dry run too
     assert all(r["ok"] for r in records) and records[-2]["steps"] == len(gpu_check.lifecycle(48))
+    assert [r["config"]["kv_dtype"] for r in records[-3:-1]] == [None, "fp8_e4m3"]
     assert records[-1]["host_hit_tokens"] > 0 and records[-1]["disk_hit_tokens"] > 0 and records[-1]["identical"]
     assert (tmp_path / "gpu_check.log").exists()
 
@@ -115,5 +116,21 @@ def test_engine_check_serves_the_default_model_both_ways(gpu_check, tmp_path) ->
         report.close()
     assert report.failures == 0 and report.records[-1]["identical"] == report.records[-1]["requests"] == 5
     lines = (tmp_path / "gpu_check.txt").read_text().splitlines()
-    assert lines[0].startswith("engine torch      backend torch, bfloat16, warm-up")
+    assert lines[0].startswith("engine torch      backend torch, bfloat16, kv bf16, warm-up")
     assert int(lines[0].split(", ")[-1].split()[0]) > 0  # prompt tokens served from the cache
+
+
+def test_fp8_pages_run_the_lifecycle_through_the_flashinfer_backend(gpu_check, monkeypatch) -> None:  # noqa: ANN001
+    """fp8 pages with k_scale 0.5 / v_scale 2.0: plan() gets kv_data_type float8_e4m3fn, every run() its scales, the
+    fp8 prefill wrapper is FA2's, and the result matches the torch backend reading the same pages."""
+    fake = install_fake_cuda(monkeypatch)
+    [config] = [
+        c for c in gpu_check.fp8_matrix() if c.page_size == 16 and c.head_dim == 64 and c.dtype == torch.bfloat16
+    ]
+    result = gpu_check.run_case(config, "cpu", lambda c: FlashInferAttentionBackend("cuda", **c.options()), context=64)
+    assert result.ok, result.problems
+    plans = [p for _, call, p in fake.lib.calls if call == "plan"]
+    assert plans and all(p.kv_data_type == torch.float8_e4m3fn and p.q_data_type == torch.bfloat16 for p in plans)
+    prefill = next(w for w in fake.lib.wrappers if type(w).kind == "prefill")
+    assert prefill.backend == "fa2"
+    assert gpu_check.FP8_SCALES != (1.0, 1.0)  # a dropped scale changes the result, so result.ok means they arrived

@@ -135,7 +135,7 @@ def test_the_tree_check_names_an_unreachable_listed_leaf() -> None:
     cache, nodes = healthy()
     stray = Node(encode([50, 51]), [31], nodes["root"], 999, 1)
     cache.tree._lru.add(stray)
-    with pytest.raises(AssertionError, match="holds unreachable nodes"):
+    with pytest.raises(AssertionError, match="hold unreachable nodes"):
         check_tree(cache.tree)
 
 

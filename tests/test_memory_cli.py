@@ -90,3 +90,16 @@ def test_dispatcher_and_module_entry_point(capsys: pytest.CaptureFixture[str]) -
         check=True,
     )
     assert "131072" in run.stdout and "32 such sequences fit" in run.stdout
+
+
+def test_quantized_kv_dtypes_count_their_scales(capsys: pytest.CaptureFixture[str]) -> None:
+    shape = ["memory", "--layers", "32", "--kv-heads", "8", "--head-dim", "128", "--tokens", "4096"]
+    assert main([*shape, "--kv-dtype", "int8", "--budget", "16GiB", "--page-size", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "KV bytes per token: 66560 (65.0 KiB)" in out  # 2 x 32 x 8 x (128 + 2 bytes of fp16 scale)
+    assert "(128 dims x 1 byte + a 2-byte scale) in int8" in out and "0.508x the bytes of fp16" in out
+    assert "budget 16.0 GiB: 63 such sequences fit (16131 pages" in out  # vs 32 at bf16: the pages it buys
+    assert main([*shape, "--kv-dtype", "int4"]) == 0
+    assert "KV bytes per token: 33792" in capsys.readouterr().out  # 2 x 32 x 8 x (64 + 2)
+    assert main([*shape, "--kv-dtype", "fp8_e4m3"]) == 0
+    assert "KV bytes per token: 65536" in capsys.readouterr().out  # its scales are per layer, not per token

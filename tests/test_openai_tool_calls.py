@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from radixcache.worker.openai.tool_calls import ToolCallParser, parse_tool_calls, rebase_refs
+from radixcache.worker.tool_calls import ToolCallParser, parse_tool_calls, rebase_refs
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}\n</tool_call>'
 
@@ -101,3 +101,10 @@ def test_rebase_refs_moves_local_refs_under_the_new_place_and_leaves_data_and_ot
     for _ in range(5000):  # past any schema llguidance reads: kept as is, without recursing 5000 deep
         deep = {"items": deep}
     assert rebase_refs(deep, "/x")["items"]["items"]["items"] is not None
+
+
+def test_a_generated_block_nested_too_deeply_stays_text():
+    deep = "[" * 5000 + "]" * 5000
+    for body in (deep, json.dumps({"name": "f", "arguments": deep})):
+        text = f"before <tool_call>{body}</tool_call> after"
+        assert parse_tool_calls(text) == (text, [])

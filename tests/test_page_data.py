@@ -45,7 +45,7 @@ def test_write_page_refuses_another_precision_or_shape_and_writes_nothing() -> N
     pool = filled_pool("fp32")
     before = pool.kv.clone()
     for data, error in (
-        (filled_pool("bf16").read_page(0), "a bf16 page cannot be written into a fp32 KV pool"),
+        (filled_pool("bf16").read_page(0), "a bf16 page cannot be written into a fp32 KV page"),
         (filled_pool("fp32", page_size=8).read_page(0), "does not fit this pool's pages"),
         (PageData("fp32", torch.zeros(3, 2, 4, 2, 8), torch.ones(3, 2, 4, 2)), "has no scales"),
     ):

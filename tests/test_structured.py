@@ -25,7 +25,7 @@ from radixcache.worker.engine import Engine, EngineConfig
 from radixcache.worker.model.loader import load_checkpoint, random_model
 from radixcache.worker.model.packed import PackedLinear
 from radixcache.worker.pb_inputs import constraint_values
-from radixcache.worker.request import Constraint, FinishReason, Request, SamplingParams
+from radixcache.worker.request import Constraint, ErrorKind, FinishReason, Request, SamplingParams
 from radixcache.worker.structured import ConstraintError, GrammarCache
 
 REQUESTS = 20  # per schema / regex / grammar, sampled with different seeds
@@ -332,6 +332,7 @@ def test_a_grammar_failing_past_the_probe_ends_only_its_request_with_one_short_l
                             Request("other", [1, 2, 3], SamplingParams(max_tokens=8, ignore_eos=True))])  # fmt: skip
     failed = sink.last("late")
     assert failed.finish_reason is FinishReason.ERROR and "too many expressions" in failed.error
+    assert failed.error_kind is ErrorKind.CONSTRAINT  # the client's grammar, not a fault of ours: 400, not 500
     assert len(sink.tokens("other")) == 8
     (record,) = [r for r in caplog.records if "late" in r.getMessage()]
     assert record.levelno == logging.WARNING and record.exc_info is None and len(record.getMessage()) < 300
@@ -385,6 +386,15 @@ def test_json_schema_over_grpc(wire):
         assert done.finish_reason == "stop_token"
     regex = client.generate_text("<|bos|>Answer:", regex=REGEX, max_tokens=32, temperature=0.8, seed=1)
     assert re.fullmatch(REGEX, regex.text)
+    assert engine.stats().cache.live_leases == 0
+
+
+def test_a_grammar_failing_past_the_probe_is_invalid_argument_over_grpc(wire):
+    client, engine = wire
+    with pytest.raises(grpc.RpcError) as failed:
+        client.generate_text("<|bos|>Answer:", regex="[ab][ab][ab]c(x{1000}){1000}", max_tokens=20)
+    assert failed.value.code() == grpc.StatusCode.INVALID_ARGUMENT, failed.value.details()
+    assert "too many expressions" in failed.value.details()
     assert engine.stats().cache.live_leases == 0
 
 

@@ -91,6 +91,55 @@ def test_a_page_evicted_to_disk_comes_back_with_the_recomputed_output(model, tmp
     engine.shutdown()
 
 
+def test_an_int8_page_evicted_to_disk_comes_back_with_the_recomputed_output(model, tmp_path: Path) -> None:
+    from radixcache.event_log import EventLog
+    from radixcache.events import page_hashes
+
+    engine = engine_on(model, tmp_path, kv_dtype="int8")
+    log = EventLog(PAGE, strict=True, kv_dtype="int8")
+    engine.cache.set_event_sink(log)
+    prompt = prompts(1, 40, seed=15)[0]
+    first = run(engine, prompt, "first")
+    evict_everything(engine)
+    settle(engine)
+    assert engine.cache.match_length(prompt) == 0
+    again = run(engine, prompt, "again")
+    assert again.cached_tokens >= 36 and engine.stats().disk_hit_tokens >= 36
+    off = Engine(model, EngineConfig(page_size=PAGE, kv_pages=40, kv_dtype="int8", cache_enabled=False))
+    assert again.token_ids == first.token_ids == run(off, prompt, "off").token_ids
+    # on disk as int8 pages with their scales, named by the int8 page hashes a router computes
+    link = engine.cache.tier
+    on_disk = [key for medium, key in link.tier_records() if medium == "DISK"]
+    assert {link.disk.get(key).kv_dtype for key in on_disk} == {"int8"}
+    disk_hashes = {h for e in log.drain() if isinstance(e, PagesStored) and e.medium == "DISK" for h in e.page_hashes}
+    assert set(page_hashes(prompt, PAGE, kv_dtype="int8")) <= disk_hashes | {key.page_hash for key in on_disk}
+    assert set(page_hashes(prompt, PAGE, kv_dtype="int8")) <= {key.page_hash for key in on_disk}
+    engine.cache.check(idle=True)
+    engine.shutdown()
+
+
+def test_with_kv_demote_the_disk_gets_exact_pages_another_worker_serves(model, tmp_path: Path) -> None:
+    """--kv-disk-write evict: a prompt reaches the disk only as its full-precision pages, handed down when it is
+    demoted (never its int4 copy), so a worker without --kv-demote sharing the folder serves it exactly."""
+    engine = engine_on(model, tmp_path, kv_dtype="fp32", kv_demote="int4", kv_disk_write="evict")
+    prompt = prompts(1, 40, seed=16)[0]
+    first = run(engine, prompt, "first")
+    for i, filler in enumerate(prompts(2, 36, seed=17)):  # 20 fp32 pages: the prompt's 12 are demoted
+        run(engine, filler, f"filler-{i}")
+    settle(engine)
+    stats = engine.stats().cache
+    assert stats.demoted_pages >= 10 and stats.disk_pages >= 10 and stats.evicted_pages == 0
+    engine.cache.check(idle=True)
+    engine.shutdown()
+    plain = engine_on(model, tmp_path, kv_dtype="fp32")  # same fingerprint: fp32 pages of 4 tokens
+    got = run(plain, prompt, "plain")
+    off = Engine(model, EngineConfig(page_size=PAGE, kv_pages=40, kv_dtype="fp32", cache_enabled=False))
+    assert got.cached_tokens >= 36 and plain.stats().disk_hit_tokens >= 36
+    assert got.token_ids == first.token_ids == run(off, prompt, "off").token_ids
+    plain.cache.check(idle=True)
+    plain.shutdown()
+
+
 def test_host_tier_then_disk(model, tmp_path: Path) -> None:
     page_bytes = 2 * 2 * PAGE * 2 * 16 * 4  # layers x K/V x page x kv heads x head dim x fp32
     engine = engine_on(model, tmp_path, host=4 * page_bytes)

@@ -17,6 +17,10 @@ from radixcache.worker.model.tokenizer import Tokenizer, bytes_per_token_bound
 from radixcache.worker.request import Constraint
 from radixcache.worker.validation import (
     DEFAULT_MAX_TOKENS,
+    MAX_SCHEMA_BYTES,
+    MAX_TOOL_ARGUMENTS_BYTES,
+    MAX_TOOL_CALLS,
+    MAX_TOOLS,
     InvalidArgument,
     ModelLimits,
     PromptInput,
@@ -29,6 +33,7 @@ from radixcache.worker.validation import (
     sampling_params,
     tokenize_off_loop,
     tokenize_prompt,
+    tool_call_arguments,
 )
 
 DEFAULT_TOKENIZER = Tokenizer.from_dir(default_model_file.rsplit("/", 1)[0])
@@ -256,3 +261,40 @@ def test_token_ids_span_the_whole_vocabulary_and_the_first_one_outside_is_named(
         check_prompt_input(PromptInput(token_ids=[0, 100]), None, SMALL)
     with invalid(r"^token_ids.ids\[2\] = -1 is outside"):
         check_prompt_input(PromptInput(token_ids=[0, 5, -1]), None, SMALL)
+
+
+def tool(name: str = "f", parameters: object = None) -> dict:
+    return {"type": "function", "function": {"name": name, "parameters": parameters or {"type": "object"}}}
+
+
+def test_tools_and_tool_calls_are_counted_sized_and_their_text_checked() -> None:
+    chat = [{"role": "user", "content": "hi"}]
+    check_prompt_input(PromptInput(messages=chat, tools=[tool()] * MAX_TOOLS), DEFAULT_TOKENIZER, LIMITS)
+    with invalid(f"tools must hold at most {MAX_TOOLS} tools, got {MAX_TOOLS + 1}"):
+        check_prompt_input(PromptInput(messages=chat, tools=[tool()] * (MAX_TOOLS + 1)), DEFAULT_TOKENIZER, LIMITS)
+    big = {"type": "object", "description": "x" * MAX_SCHEMA_BYTES}
+    with invalid(r"tools\[1\].function.parameters must have at most 65536 bytes as JSON"):
+        check_prompt_input(PromptInput(messages=chat, tools=[tool(), tool(parameters=big)]), DEFAULT_TOKENIZER, LIMITS)
+    with invalid(r"tools\[0\].function.name is not valid Unicode"):
+        check_prompt_input(PromptInput(messages=chat, tools=[tool("f\ud800")]), DEFAULT_TOKENIZER, LIMITS)
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": {"city": "Paris"}}}
+    turn = {"role": "assistant", "content": "", "tool_calls": [call]}
+    check_prompt_input(PromptInput(messages=[*chat, turn]), DEFAULT_TOKENIZER, LIMITS)
+    with invalid(rf"messages\[1\].tool_calls must hold at most {MAX_TOOL_CALLS} tool calls"):
+        many = turn | {"tool_calls": [call] * (MAX_TOOL_CALLS + 1)}
+        check_prompt_input(PromptInput(messages=[*chat, many]), DEFAULT_TOKENIZER, LIMITS)
+    lone = {"function": {"name": "f", "arguments": {"city": "\udc00"}}}
+    with invalid(r"messages\[1\].tool_calls\[0\].function.arguments is not valid Unicode"):
+        check_prompt_input(PromptInput(messages=[*chat, turn | {"tool_calls": [lone]}]), DEFAULT_TOKENIZER, LIMITS)
+    with invalid(r"messages\[1\].tool_call_id is not valid Unicode"):
+        check_prompt_input(PromptInput(messages=[*chat, {"role": "tool", "content": "", "tool_call_id": "\ud800"}]),
+                           DEFAULT_TOKENIZER, LIMITS)  # fmt: skip
+
+
+def test_tool_call_arguments_are_sized_before_they_are_parsed() -> None:
+    assert tool_call_arguments('{"a": [1]}', "args") == {"a": [1]}
+    assert tool_call_arguments("not json", "args") == "not json"
+    deep = "[" * 30_000 + "]" * 30_000
+    assert tool_call_arguments(deep, "args") == deep  # too deep for json.loads: kept as text
+    with invalid(f"args must have at most {MAX_TOOL_ARGUMENTS_BYTES} bytes as JSON"):
+        tool_call_arguments("[" + "1," * MAX_TOOL_ARGUMENTS_BYTES + "1]", "args")

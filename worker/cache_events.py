@@ -96,6 +96,8 @@ class CacheEventHub:
             raise ValueError(f"queue_batches must be >= 1, got {queue_batches}")
         self.engine = engine
         self.page_size = int(engine.page_size)
+        # Part of every page hash (radixcache.events): quantized pages are named apart from full-precision ones.
+        self.kv_dtype: str | None = getattr(engine, "kv_dtype", None)
         self.queue_batches = queue_batches
         self.max_pending = max_pending
         self.sequence = 0  # of the last EVENTS batch
@@ -116,7 +118,9 @@ class CacheEventHub:
             with contextlib.suppress(RuntimeError):  # the loop is closed: nobody reads any more
                 loop.call_soon_threadsafe(self._drain)
 
-        event_log = self._log = EventLog(self.page_size, on_pending=pending, max_pending=self.max_pending)
+        event_log = self._log = EventLog(
+            self.page_size, on_pending=pending, max_pending=self.max_pending, kv_dtype=self.kv_dtype
+        )
         cache = self.engine.cache
 
         def attach() -> None:

@@ -15,7 +15,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from radixcache.kv_dtypes import KV_DTYPES
 from radixcache.memory import parse_size
+from radixcache.worker.engine_config import DEMOTE_DTYPES
 
 log = logging.getLogger("radixcache.serve")
 
@@ -60,6 +62,28 @@ def parser() -> argparse.ArgumentParser:
     kv = e.add_mutually_exclusive_group()
     kv.add_argument("--kv-memory", type=parse_size, help="KV pool size, e.g. 512MiB (default 512MiB)")
     kv.add_argument("--kv-pages", type=int, help="KV pool size in pages")
+    # KV page precision (issue 24): one block.
+    e.add_argument(
+        "--kv-dtype",
+        choices=("auto", *KV_DTYPES),
+        default="auto",
+        help="KV page precision (default auto: the model's dtype). int8 / fp8_e4m3 / int4 store 0.52x / 0.5x / "
+        "0.27x the bytes of fp16 per token, scales included, so --kv-memory holds that many more pages; quantized "
+        "pages cost quality (README: measured) and carry their own page hashes",
+    )
+    e.add_argument(
+        "--kv-demote",
+        choices=DEMOTE_DTYPES,
+        help="opt-in: under memory pressure rewrite cold cached prefixes as int4 (or int8) pages instead of "
+        "evicting them, and evict only those; a later hit brings them back. Lossy: a hit on a demoted prefix reads "
+        "its demoted values, so its answer may differ from a recompute (README: measured)",
+    )
+    e.add_argument(
+        "--kv-demote-share",
+        type=parse_share,
+        default=0.5,
+        help="with --kv-demote: the share of the KV memory given to demoted pages (default 50%%)",
+    )
     e.add_argument("--max-step-tokens", type=int, default=512, help="token budget of one engine step")
     e.add_argument("--max-running", type=int, default=64, help="requests in the batch at most")
     e.add_argument("--backend", choices=("auto", "torch", "flashinfer"), default="auto")
@@ -160,6 +184,29 @@ def parser() -> argparse.ArgumentParser:
         default=10.0,
         help="seconds an HTTP request's line and headers may take to arrive (default 10; then 408, closed)",
     )
+    s.add_argument(
+        "--http-allowed-hosts",
+        type=lambda text: tuple(text.split(",")),
+        help="comma-separated Host names the HTTP API answers besides localhost and IP addresses, e.g. "
+        "api.example.com ('*': any). Default: bound to loopback, localhost only; bound beyond it, any",
+    )
+    a = p.add_argument_group("agents (issue 28)")
+    a.add_argument(
+        "--remember-generated-mib", type=int, default=64,
+        help="memory for the token ids of what was generated, per tenant, so a history that sends a reply back "
+        "continues from the model's own tokens (default 64 MiB in all; 0: off)",
+    )  # fmt: skip
+    a.add_argument(
+        "--responses-store", type=int, default=1000, help="stored responses per tenant (default 1000; 0: none)"
+    )
+    a.add_argument("--responses-store-mib", type=int, default=64, help="stored responses' size per tenant (default 64)")
+    a.add_argument(
+        "--responses-ttl", type=float, default=3600.0, help="seconds a stored response is kept (default 3600)"
+    )
+    a.add_argument(
+        "--responses-pin-ttl", type=float, default=600.0,
+        help="seconds a stored response's pages stay pinned, inside --max-pinned (default 600; 0: not pinned)",
+    )  # fmt: skip
     s.add_argument("--grace-period", type=float, default=30.0, help="seconds to drain streams on SIGTERM")
     s.add_argument("--max-concurrent-rpcs", type=int, default=1024)
     s.add_argument("--max-message-mib", type=int, default=16, help="largest request/response message, MiB")
@@ -267,6 +314,9 @@ def build_engine(args: argparse.Namespace) -> tuple[Any, Any]:
         cache_enabled=not args.no_cache,
         backend=args.backend,
         max_pinned=args.max_pinned,
+        kv_dtype=args.kv_dtype,
+        kv_demote=args.kv_demote,
+        kv_demote_share=args.kv_demote_share,
         kv_disk_dir=args.kv_disk,
         kv_host_bytes=args.kv_host_memory,
         kv_disk_write=args.kv_disk_write,
@@ -276,8 +326,9 @@ def build_engine(args: argparse.Namespace) -> tuple[Any, Any]:
     engine.start()  # warm-up forward, then the engine thread
     info = describe(engine, model_name=name, model_path=path, cache_enabled=not args.no_cache)
     log.info(
-        "serving %s: %d KV pages of %d tokens (%.1f MiB), backend %s, %s on %s",
-        name, info.kv_pages, info.page_size, info.kv_bytes / 2**20, info.backend, info.dtype, info.device,
+        "serving %s: %d KV pages of %d tokens (%.1f MiB, %s, %d bytes per token), backend %s, %s on %s",
+        name, info.kv_pages, info.page_size, info.kv_bytes / 2**20, info.kv_dtype, info.kv_bytes_per_token,
+        info.backend, info.dtype, info.device,
     )  # fmt: skip
     return engine, info
 
@@ -343,6 +394,12 @@ def main(argv: list[str]) -> int:
         http_port=args.http_port,
         http_max_connections=args.http_max_connections,
         http_head_timeout_s=args.http_head_timeout,
+        http_allowed_hosts=args.http_allowed_hosts,
+        remember_generated_bytes=args.remember_generated_mib << 20,
+        responses_max=args.responses_store,
+        responses_max_bytes=args.responses_store_mib << 20,
+        responses_ttl_s=args.responses_ttl,
+        responses_pin_ttl_s=args.responses_pin_ttl,
     )
 
     def load_engine() -> tuple[Any, Any]:

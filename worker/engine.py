@@ -92,6 +92,8 @@ class Engine:
             enabled=self.config.cache_enabled,
             max_pinned_pages=int(self.config.max_pinned * self.pool.num_pages),
             tier=link,
+            demoted_pages=self.pool.demoted_pages,
+            transcode=self.pool.transcode,
         )
         # The tiers below the pool (worker/engine_tiers.py): None without --kv-disk / --kv-host-memory.
         self.tiers = None if link is None else EngineTiers(link, self.config, self._inbox.put, self._pin)
@@ -133,6 +135,15 @@ class Engine:
     @property
     def kv_bytes(self) -> int:
         return self.pool.nbytes
+
+    @property
+    def kv_dtype(self) -> str:
+        """The KV pages' precision (EngineConfig.kv_dtype, auto resolved): part of every page's hash."""
+        return self.pool.kv_dtype
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return self.pool.bytes_per_token
 
     @property
     def max_pinned_pages(self) -> int:
@@ -432,6 +443,8 @@ class Engine:
             steps=self._steps,
             cache=self.cache.stats(namespace),
             **dataclasses.asdict(counts),
+            kv_dtype=self.kv_dtype,
+            kv_bytes_per_token=self.kv_bytes_per_token,
         )
 
     def _load(self) -> EngineLoad:
@@ -518,7 +531,7 @@ class Engine:
         log line (its message is short by construction); anything else is a bug and gets its traceback."""
         if isinstance(exc, ConstraintFailed):
             log.warning("request %s: %s", seq.name, exc)
-            self._end(seq, FinishReason.ERROR, str(exc))
+            self._end(seq, FinishReason.ERROR, str(exc), ErrorKind.CONSTRAINT)
             return
         log.error("request %s failed", seq.name, exc_info=exc)
         self._end(seq, FinishReason.ERROR, "internal error while sampling this request")

@@ -53,6 +53,8 @@ class EngineStats:
     # Of the cache's hit tokens (every admission), those loaded back from host memory / the disk (the rest: device)
     host_hit_tokens: int = 0
     disk_hit_tokens: int = 0
+    kv_dtype: str = ""  # the KV pages' precision (radixcache.kv_dtypes)
+    kv_bytes_per_token: int = 0  # what one token's K/V costs in a page, scales included
 
     @property
     def hit_rate(self) -> float:
@@ -92,6 +94,10 @@ class ModelFacts:
     max_pinned_pages: int = 0
     layer_kinds: tuple[str, ...] = ()  # per layer "global" | "sliding"
     sliding_window: int = 0  # tokens a sliding layer attends to; 0: none slides
+    kv_dtype: str = ""
+    kv_bytes_per_token: int = 0
+    kv_demote: str = ""
+    kv_demoted_pages: int = 0
 
     @property
     def kv_tokens(self) -> int:

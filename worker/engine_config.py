@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from radixcache.kv_dtypes import KV_DTYPES
+
 DEFAULT_KV_MEMORY = 512 * 2**20
 DEFAULT_KV_DISK = 16 * 2**30
 DISK_WRITE_POLICIES = ("through", "evict")
+DEMOTE_DTYPES = ("int4", "int8")  # what cold pages may be demoted to (smaller than the pages' own precision)
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,9 @@ class EngineConfig:
     # "through": every computed page is queued for the disk at once (a crash loses only the queue); "evict": pages
     # are written when evicted (and at shutdown), so a crash loses what memory held
     kv_disk_write: str = "through"
+    kv_dtype: str = "auto"  # KV page precision (radixcache.kv_codec): auto = the model's dtype
+    kv_demote: str | None = None  # demote cold leaves to this precision instead of evicting them (None: off)
+    kv_demote_share: float = 0.5  # with kv_demote: the share of the KV memory that holds demoted pages
 
     def __post_init__(self) -> None:
         if self.page_size < 1:
@@ -51,5 +57,15 @@ class EngineConfig:
             )
         if self.kv_host_bytes is not None and self.kv_host_bytes < 1:
             raise ValueError(f"kv_host_bytes must be >= 1, got {self.kv_host_bytes}")
+        if self.kv_dtype not in ("auto", *KV_DTYPES):
+            raise ValueError(f"kv_dtype must be one of auto, {', '.join(KV_DTYPES)}; got {self.kv_dtype!r}")
+        if self.kv_demote is not None and self.kv_demote not in DEMOTE_DTYPES:
+            raise ValueError(f"kv_demote must be one of {', '.join(DEMOTE_DTYPES)} (or unset); got {self.kv_demote!r}")
+        if self.kv_demote is not None and not self.cache_enabled:
+            raise ValueError("kv_demote needs the prefix cache (it demotes cached pages); drop one of the two")
+        if self.kv_demote is not None and self.kv_demote == self.kv_dtype:
+            raise ValueError(f"kv_demote {self.kv_demote} is the KV dtype itself: demoting would save nothing")
+        if not 0.0 < self.kv_demote_share < 1.0:
+            raise ValueError(f"kv_demote_share must be in (0, 1), got {self.kv_demote_share}")
         if not 0.0 <= self.max_pinned <= 1.0:
             raise ValueError(f"max_pinned must be a share of the KV pool in [0, 1], got {self.max_pinned}")

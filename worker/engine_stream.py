@@ -12,9 +12,10 @@ double, a cluster ingress).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
-from radixcache.worker.request import Request, RequestOutput
+from radixcache.worker.request import FinishReason, Request, RequestOutput
 
 
 class StreamClosed(Exception):
@@ -33,12 +34,23 @@ class EngineStream:
 
     `open()` raises what engine.submit raises (ValueError, RequestTooLargeError, DuplicateRequestError,
     RuntimeError while draining), before anything is allocated. `metrics` (WorkerMetrics) records every output.
+    `generated[i]` holds sample i's token ids so far; `on_finished(index, ids, finish_reason)` is called (on the
+    loop) as each sample's last output is read.
     """
 
-    def __init__(self, engine: Any, request: Request, metrics: Any = None) -> None:
+    def __init__(
+        self,
+        engine: Any,
+        request: Request,
+        metrics: Any = None,
+        on_finished: Callable[[int, list[int], FinishReason], None] | None = None,
+    ) -> None:
         self.engine = engine
         self.request = request
         self.metrics = metrics
+        self.on_finished = on_finished
+        self.generated: list[list[int]] = [[] for _ in range(request.sampling.n)]
+        self.prompt_text = ""  # the rendered prompt, where the front core tokenized one
         self._unfinished = request.sampling.n
         self._loop: asyncio.AbstractEventLoop | None = None
         self._queue: asyncio.Queue[RequestOutput | None] = asyncio.Queue()  # None: closed
@@ -70,8 +82,11 @@ class EngineStream:
         out = await (asyncio.wait_for(self._queue.get(), timeout) if timeout is not None else self._queue.get())
         if out is None:
             raise StreamClosed
+        self.generated[out.index] += out.token_ids
         if out.finish_reason is not None:
             self._unfinished -= 1
+            if self.on_finished is not None:
+                self.on_finished(out.index, self.generated[out.index], out.finish_reason)
         if self.metrics is not None:
             self.metrics.observe(out, first=not self._started)
         self._started.add(out.index)

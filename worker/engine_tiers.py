@@ -91,7 +91,9 @@ class EngineTiers:
             parts = fingerprint_parts(loaded, pool=pool, page_size=c.page_size, device=str(device), backend=backend)
             digest = weights_digest(loaded, remember_in=c.kv_disk_dir)
             folder = store_folder(c.kv_disk_dir, parts, digest)  # type: ignore[arg-type]
-            store = DiskStore(folder, c.kv_disk_bytes, codec=PAGE_CODEC, queue_pages=c.kv_disk_queue_pages).start()
+            store = DiskStore(
+                folder, c.kv_disk_bytes, codec=PAGE_CODEC, queue_pages=c.kv_disk_queue_pages, kv_dtype=pool.kv_dtype
+            ).start()
         except Exception as e:
             self.error = f"{type(e).__name__}: {e}"
             log.exception("the disk tier under %s could not be opened; serving without it", c.kv_disk_dir)

@@ -45,14 +45,17 @@ def event_from_proto(message: pb.CacheEvent) -> CacheEvent:
     raise ValueError(f"a CacheEvent without an event: {message!r}")
 
 
-def batch_to_proto(batch: EventBatch, page_size: int) -> Iterator[pb.CacheEventBatch]:
-    """One message per batch; a snapshot in parts of about SNAPSHOT_PART_TOKENS tokens (at least one part)."""
+def batch_to_proto(batch: EventBatch, page_size: int, kv_dtype: str | None = None) -> Iterator[pb.CacheEventBatch]:
+    """One message per batch; a snapshot in parts of about SNAPSHOT_PART_TOKENS tokens (at least one part). Every
+    message names the page size and KV precision the hashes were computed with."""
     kind = KINDS[batch.kind]
+    kv = kv_dtype or ""
     if batch.kind != SNAPSHOT:
         events = [event_to_proto(e) for e in batch.events]
         yield pb.CacheEventBatch(
-            kind=kind, sequence=batch.sequence, events=events, page_size=page_size, timestamp=batch.timestamp
-        )
+            kind=kind, sequence=batch.sequence, events=events, page_size=page_size, timestamp=batch.timestamp,
+            kv_dtype=kv,
+        )  # fmt: skip
         return
     part: list[pb.CacheEvent] = []
     tokens = 0
@@ -61,8 +64,9 @@ def batch_to_proto(batch: EventBatch, page_size: int) -> Iterator[pb.CacheEventB
         tokens += len(event.token_ids) if isinstance(event, PagesStored) else 0
         if tokens >= SNAPSHOT_PART_TOKENS:
             yield pb.CacheEventBatch(
-                kind=kind, sequence=batch.sequence, events=part, page_size=page_size, timestamp=batch.timestamp
-            )
+                kind=kind, sequence=batch.sequence, events=part, page_size=page_size, timestamp=batch.timestamp,
+                kv_dtype=kv,
+            )  # fmt: skip
             part, tokens = [], 0
     yield pb.CacheEventBatch(
         kind=kind,
@@ -71,4 +75,5 @@ def batch_to_proto(batch: EventBatch, page_size: int) -> Iterator[pb.CacheEventB
         snapshot_complete=True,
         page_size=page_size,
         timestamp=batch.timestamp,
+        kv_dtype=kv,
     )

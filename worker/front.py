@@ -24,8 +24,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import enum
+import logging
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from radixcache.cache import PinBudgetError
@@ -39,6 +40,7 @@ from radixcache.worker.engine_api import (
     RequestTooLargeError,
 )
 from radixcache.worker.engine_stream import EngineStream, engine_request_id
+from radixcache.worker.generated import GeneratedTokens
 from radixcache.worker.request import ErrorKind, FinishReason, Request, SamplingParams
 from radixcache.worker.structured import ConstraintError
 from radixcache.worker.validation import (
@@ -47,13 +49,17 @@ from radixcache.worker.validation import (
     ModelLimits,
     PromptInput,
     SamplingValues,
+    chat_renderer,
     check_prompt_input,
     check_request_id,
     check_ttl,
     constraint,
+    render_chat,
     sampling_params,
     tokenize_off_loop,
 )
+
+log = logging.getLogger("radixcache.front")
 
 
 class RefusalKind(enum.Enum):
@@ -76,6 +82,7 @@ ERROR_KINDS = {
     ErrorKind.INTERNAL: RefusalKind.INTERNAL,
     ErrorKind.NO_CAPACITY: RefusalKind.NO_CAPACITY,
     ErrorKind.UNAVAILABLE: RefusalKind.UNAVAILABLE,
+    ErrorKind.CONSTRAINT: RefusalKind.INVALID_ARGUMENT,  # the client's grammar hit a limit: its request, not ours
     None: RefusalKind.INTERNAL,
 }
 
@@ -91,7 +98,8 @@ class Refusal(Exception):
     @classmethod
     def of_failure(cls, error_kind: ErrorKind | None, message: str) -> Refusal:
         """A request that failed after it was admitted (its last output has FinishReason.ERROR)."""
-        return cls(ERROR_KINDS[error_kind], message)
+        subject = "constraint" if error_kind is ErrorKind.CONSTRAINT else None
+        return cls(ERROR_KINDS[error_kind], message, subject=subject)
 
 
 def _invalid(e: InvalidArgument) -> Refusal:
@@ -103,9 +111,14 @@ class FrontCore:
     """The state every front shares (one per worker, or per cluster ingress): the engine once attached, the model
     facts and validation limits, auth, metrics, and whether the worker is draining."""
 
-    def __init__(self, auth: Authenticator | None = None, metrics: Any = None) -> None:
+    def __init__(
+        self, auth: Authenticator | None = None, metrics: Any = None, memory: GeneratedTokens | None = None
+    ) -> None:
         self.auth = auth or Authenticator()
         self.metrics = metrics  # WorkerMetrics: every output of every admitted request is observed
+        # The token ids of what was generated, per tenant (worker/generated.py): a history that sends a reply back
+        # continues from the model's own tokens.
+        self.memory = GeneratedTokens() if memory is None else memory
         self.engine: EngineLike | None = None
         self.facts = ModelFacts()
         self.limits = ModelLimits(vocab_size=0, context_length=0)
@@ -154,12 +167,18 @@ class FrontCore:
         wanted: tuple[str | None, str] = (None, ""),
         *,
         fill_max_tokens: bool = False,
+        cache_key: str = "",
+        remember: bool | None = None,
     ) -> EngineStream:
-        """Validate, tokenize, compile the constraint and submit: an open EngineStream (close it in a finally).
+        """Validate, tokenize, compile the constraint and submit: an open EngineStream (close it in a finally);
+        its `prompt_text` is the rendered prompt ("" for token ids).
 
         request_id None: a fresh one. wanted: the structured-output constraint as (kind, text) (see
         validation.constraint). fill_max_tokens: an unset max_tokens means as long as the reply can be (OpenAI
-        chat's default: what the context and the KV pool leave), instead of validation's default.
+        chat's default: what the context and the KV pool leave), instead of validation's default. cache_key: the
+        routing hint of Request.cache_key. Chat histories are tokenized with the tenant's remembered replies;
+        remember: whether the finished samples are remembered (None: for chat prompts, the only ones a reply comes
+        back in; a front that turned a conversation into token ids says True).
         """
         engine = self.ready()
         request_id = request_id or uuid.uuid4().hex
@@ -171,7 +190,8 @@ class FrontCore:
                 wanted_constraint = constraint(*wanted)
             except InvalidArgument as e:
                 raise Refusal(RefusalKind.INVALID_ARGUMENT, str(e), subject="constraint") from None
-            ids, _ = await tokenize_off_loop(prompt, engine.tokenizer, self.limits)
+            replies = self.memory.lookup(tenant, prompt.messages) if prompt.kind == "messages" else {}
+            ids, text = await tokenize_off_loop(prompt, engine.tokenizer, self.limits, replies=replies)
             if fill_max_tokens and values.max_tokens is None:
                 room = min(self.facts.context_length, self.facts.kv_tokens or self.facts.context_length) - len(ids)
                 values = dataclasses.replace(values, max_tokens=max(1, room))
@@ -184,13 +204,48 @@ class FrontCore:
             except ConstraintError as e:
                 raise Refusal(RefusalKind.INVALID_ARGUMENT, str(e), subject="constraint") from None
         request = Request(
-            engine_request_id(tenant, request_id), ids, sampling, namespace=tenant, constraint=wanted_constraint
+            engine_request_id(tenant, request_id), ids, sampling, namespace=tenant, constraint=wanted_constraint,
+            cache_key=cache_key,
+        )  # fmt: skip
+        remembering = (
+            self._remembering(engine, tenant, sampling)
+            if (remember is None and prompt.kind == "messages") or remember
+            else None
         )
-        return self._open(engine, request, request_id)
+        stream = self._open(engine, request, request_id, remembering)
+        stream.prompt_text = text
+        return stream
 
-    def _open(self, engine: EngineLike, request: Request, request_id: str) -> EngineStream:
+    def _remembering(
+        self, engine: EngineLike, tenant: str, sampling: SamplingParams
+    ) -> Callable[[int, list[int], FinishReason], None] | None:
+        """EngineStream.on_finished that remembers each finished sample's ids (its stop token dropped)."""
+        tokenizer = engine.tokenizer
+        if tokenizer is None or not self.memory.enabled:
+            return None
+        stops = set(getattr(tokenizer, "eos_token_ids", ())) | set(sampling.stop_token_ids)
+
+        def decode(ids: list[int]) -> str:
+            return str(tokenizer.decode(ids, skip_special_tokens=False))
+
+        def remember(index: int, ids: list[int], finish: FinishReason) -> None:
+            if finish in (FinishReason.ERROR, FinishReason.ABORTED):
+                return
+            if finish is FinishReason.STOP_TOKEN and ids and ids[-1] in stops:
+                ids = ids[:-1]
+            self.memory.remember(tenant, ids, decode)
+
+        return remember
+
+    def _open(
+        self,
+        engine: EngineLike,
+        request: Request,
+        request_id: str,
+        on_finished: Callable[[int, list[int], FinishReason], None] | None = None,
+    ) -> EngineStream:
         """EngineStream.open(), with the host's synchronous refusals as Refusals (request_id: the caller's)."""
-        stream = EngineStream(engine, request, self.metrics)
+        stream = EngineStream(engine, request, self.metrics, on_finished)
         try:
             stream.open()
         except RequestTooLargeError as e:
@@ -218,6 +273,32 @@ class FrontCore:
         except InvalidArgument as e:
             raise _invalid(e) from None
 
+    async def continue_from(
+        self, prefixes: list[tuple[list[int], str]], prompt: PromptInput
+    ) -> tuple[list[int], str] | None:
+        """The token ids of a chat prompt that extends a stored conversation, from the stored ids themselves: the
+        prompt is rendered (a few jinja milliseconds at most) and, when its text begins with one of `prefixes`'
+        texts, only the rest is tokenized and put after that prefix's ids. None when none is a prefix (the
+        template wrote the history otherwise, or the instructions or tools changed): tokenize the prompt then.
+        Returns (ids, rendered text). In a worker thread, like every tokenizing."""
+        engine = self.ready()
+        tokenizer = engine.tokenizer
+
+        def extend() -> tuple[list[int], str] | None:
+            messages, render = chat_renderer(prompt, tokenizer, self.limits)
+            rendered = render_chat(render, messages)
+            for ids, text in prefixes:
+                if ids and rendered.startswith(text):
+                    rest = rendered[len(text) :]
+                    return ids + (list(tokenizer.encode(rest, add_special_tokens=False)) if rest else []), rendered
+            return None
+
+        try:
+            check_prompt_input(prompt, tokenizer, self.limits)
+            return await asyncio.to_thread(extend)
+        except InvalidArgument as e:
+            raise _invalid(e) from None
+
     def stats_view(self, credentials: Iterable[tuple[str, str | bytes]] | None) -> str | None:
         """Whose figures a caller sees: a tenant its own (with the pool's capacity), an admin, or anyone with auth
         off, the whole worker's (None). Refusal(UNAUTHENTICATED) for a bad token."""
@@ -228,8 +309,20 @@ class FrontCore:
         return await asyncio.to_thread(self.ready().stats, namespace)
 
     async def flush(self, tenant: str) -> int:
-        """Drop the caller's own cached pages (one tenant cannot empty another's cache)."""
+        """Drop the caller's own cached pages (one tenant cannot empty another's cache), and its remembered replies."""
+        self.memory.clear(tenant)
         return int(await asyncio.to_thread(self.ready().flush_cache, tenant))
+
+    async def retain(self, tenant: str, token_ids: list[int], ttl_s: float) -> int:
+        """Pin what a finished request computed (its prompt and reply, `token_ids`) for ttl_s inside the pin budget,
+        so a follow-up hits even under pressure (stored responses, prompt_cache_retention). Best effort: past the
+        budget nothing is pinned (logged); returns the tokens pinned."""
+        try:
+            pinned, _ = await self.pin(tenant, PromptInput(token_ids=token_ids), ttl_s)
+        except Refusal as r:
+            log.info("not pinned (%s): %s", r.kind.value, r.message)
+            return 0
+        return pinned
 
     async def pin(self, tenant: str, prompt: PromptInput, ttl_s: float | None) -> tuple[int, int]:
         """Pin the prompt's cached whole pages for ttl_s (None: until unpinned), computing it first where it is not

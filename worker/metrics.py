@@ -72,6 +72,10 @@ def flatten_stats(stats: Any) -> dict[str, float]:
         "host_hit_tokens": host_hit,
         "disk_hit_tokens": disk_hit,
         "device_hit_tokens": max(0.0, hit - host_hit - disk_hit),
+        "kv_bytes_per_token": e("kv_bytes_per_token"),
+        "pages_demoted": c("pages_demoted"),
+        "demoted_pages": c("demoted_pages"),
+        "promoted_pages": c("promoted_pages"),
     } | {name: c(name) for name in TIER_FIGURES}
 
 
@@ -107,6 +111,18 @@ class _EngineCollector(Collector):
         yield GaugeMetricFamily("radixcache_requests_waiting", "requests waiting for admission", value=s["waiting"])
         yield GaugeMetricFamily(
             "radixcache_cache_live_leases", "running sequences' cache leases", value=s["live_leases"]
+        )
+        yield GaugeMetricFamily(
+            "radixcache_kv_bytes_per_token", "KV page bytes per token, scales included", value=s["kv_bytes_per_token"]
+        )
+        yield GaugeMetricFamily(
+            "radixcache_cache_pages_demoted", "cached pages held demoted (--kv-demote)", value=s["pages_demoted"]
+        )
+        yield CounterMetricFamily(
+            "radixcache_cache_demoted_pages", "pages demoted instead of evicted (--kv-demote)", value=s["demoted_pages"]
+        )
+        yield CounterMetricFamily(
+            "radixcache_cache_promoted_pages", "demoted pages brought back by a hit", value=s["promoted_pages"]
         )
 
 

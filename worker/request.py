@@ -19,6 +19,10 @@ MAX_SAMPLES = 16  # n: completions of one prompt, computed once and shared
 MAX_PENALTY = 2.0  # |presence_penalty|, |frequency_penalty| (OpenAI's range)
 CONSTRAINT_KINDS = ("json_schema", "json_object", "regex", "ebnf")
 MAX_CONSTRAINT_CHARS = 65536
+# JSON containers a json_schema may nest (a pydantic model nested 10 deep uses ~25); worker/validation.py refuses
+# deeper ones. llguidance's own reader stops at 128 with a message naming a column; the tool-call grammar adds 5
+# levels around a tool's parameters.
+MAX_SCHEMA_DEPTH = 64
 
 
 class FinishReason(str, enum.Enum):
@@ -37,6 +41,7 @@ class ErrorKind(str, enum.Enum):
         "no_capacity"  # it cannot fit in the KV cache even alone, e.g. beside pinned pages (RESOURCE_EXHAUSTED)
     )
     UNAVAILABLE = "unavailable"  # the replica serving it went away mid-stream (cluster only; UNAVAILABLE)
+    CONSTRAINT = "constraint"  # its structured-output constraint compiled but could not go on (INVALID_ARGUMENT)
 
 
 @dataclass(frozen=True)
@@ -121,6 +126,9 @@ class Request:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     namespace: str = ""  # the tenant; set by the server from the caller's identity, never from the request body
     constraint: Constraint | None = None  # structured output; None = unconstrained
+    # A routing hint (OpenAI's prompt_cache_key): in a cluster, requests with the same key go to the same replica
+    # while load allows, so a conversation finds its pages where they are. One engine ignores it.
+    cache_key: str = ""
 
     def __post_init__(self) -> None:
         if not self.request_id:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 import time
@@ -26,6 +27,7 @@ from radixcache.worker.auth import Authenticator
 from radixcache.worker.decode_guard import UndecodableRequestInterceptor
 from radixcache.worker.engine_api import ModelFacts
 from radixcache.worker.front import FrontCore
+from radixcache.worker.generated import GeneratedTokens
 from radixcache.worker.metrics import WorkerMetrics
 from radixcache.worker.reflection import enable_reflection
 from radixcache.worker.servicer import RadixCacheServicer
@@ -56,6 +58,23 @@ class ServerOptions:
     http_port: int | None = None  # the OpenAI-compatible HTTP API on this port (0: a free one); None: no HTTP
     http_max_connections: int = 512  # open HTTP connections at most; one more is answered 503
     http_head_timeout_s: float = 10.0  # an HTTP request's line and headers must arrive within this (else 408)
+    http_allowed_hosts: tuple[str, ...] | None = None  # Host names HTTP answers (None: by the bind address)
+    # Agents' state (issue 28): the memory of generated token ids (worker/generated.py; 0: off) and the Responses
+    # API's stored responses per tenant (worker/openai/response_store.py; 0 responses: store nothing).
+    remember_generated_bytes: int = 64 * MiB
+    responses_max: int = 1000
+    responses_max_bytes: int = 64 * MiB
+    responses_ttl_s: float = 3600.0
+    responses_pin_ttl_s: float = 600.0
+
+
+def freeze_startup_objects() -> None:
+    """Put what start-up made (model, tokenizer, libraries: ~300k objects) out of the cyclic GC's reach, once, before
+    serving. Otherwise each full collection scans them all with the GIL held: 0.2-0.7 s in which neither front
+    answers anyone (measured in a worker during make soak's HTTP phase, which allocates enough to trigger them);
+    they live as long as the process anyway. Later objects are collected as before."""
+    gc.collect()
+    gc.freeze()
 
 
 def grpc_server_options(max_message_bytes: int) -> list[tuple[str, Any]]:
@@ -81,7 +100,8 @@ class WorkerServer:
         # The metrics read the core's engine lazily (once attached), so they can be made first and handed to it.
         self.metrics = WorkerMetrics(lambda: self.core.engine.stats() if self.core.engine else None)
         # Both fronts (gRPC and HTTP) share this core: one engine, one Authenticator, one drain.
-        self.core = FrontCore(Authenticator(options.auth_tokens, options.admin_tokens or ()), self.metrics)
+        memory = GeneratedTokens(max_bytes=options.remember_generated_bytes)
+        self.core = FrontCore(Authenticator(options.auth_tokens, options.admin_tokens or ()), self.metrics, memory)
         self.servicer = RadixCacheServicer(self.core)
         self.health = health.aio.HealthServicer()
         self.port = 0
@@ -126,9 +146,22 @@ class WorkerServer:
         if o.http_port is not None:
             from radixcache.worker.openai.http_guard import HttpLimits  # fastapi/uvicorn: only when asked for
             from radixcache.worker.openai.http_server import HttpServer
+            from radixcache.worker.openai.response_store import ResponseStore
 
             limits = HttpLimits(max_connections=o.http_max_connections, head_timeout_s=o.http_head_timeout_s)
-            self.http = HttpServer(self.core, o.host, o.http_port, max_body_bytes=o.max_message_bytes, limits=limits)
+            store = ResponseStore(
+                max_responses=o.responses_max, max_bytes=o.responses_max_bytes, ttl_s=o.responses_ttl_s,
+                pin_ttl_s=o.responses_pin_ttl_s,
+            )  # fmt: skip
+            self.http = HttpServer(
+                self.core,
+                o.host,
+                o.http_port,
+                max_body_bytes=o.max_message_bytes,
+                limits=limits,
+                store=store,
+                allowed_host_names=o.http_allowed_hosts,
+            )
             self.http_port = await self.http.start()
         if o.metrics_port is not None:
             self.metrics_port = self.metrics.serve_http(o.metrics_port, o.metrics_host or o.host)
@@ -224,6 +257,7 @@ async def run_worker(
         await asyncio.wait({loading, stopping}, return_when=asyncio.FIRST_COMPLETED)
         if loading.done():
             engine, info = loading.result()
+            freeze_startup_objects()
             await server.attach(engine, info)
             if on_listening is not None:
                 on_listening(options.host, port)
@@ -265,6 +299,7 @@ def describe(
         dtype = str(next(model.parameters()).dtype)
     config = getattr(engine, "config", None)
     kinds = tuple(getattr(cfg, "layer_kinds", None) or ())
+    pool = getattr(engine, "pool", None)
     return ModelFacts(
         model_name=model_name,
         model_path=model_path,
@@ -282,4 +317,8 @@ def describe(
         max_pinned_pages=int(getattr(engine, "max_pinned_pages", 0) or 0),
         layer_kinds=kinds,
         sliding_window=int(getattr(cfg, "sliding_window", None) or 0) if "sliding" in kinds else 0,
+        kv_dtype=str(getattr(engine, "kv_dtype", "") or ""),
+        kv_bytes_per_token=int(getattr(engine, "kv_bytes_per_token", 0) or 0),
+        kv_demote=str(getattr(pool, "demote_dtype", "") or ""),
+        kv_demoted_pages=int(getattr(pool, "demoted_pages", 0) or 0),
     )

@@ -79,7 +79,9 @@ def cache_stats_message(stats: Any) -> pb.CacheStats:
     """engine.stats() as the CacheStats message."""
     s = flatten_stats(stats)
     fields = pb.CacheStats.DESCRIPTOR.fields_by_name
-    return pb.CacheStats(**{k: (v if k == "hit_rate" else int(v)) for k, v in s.items() if k in fields})
+    message = pb.CacheStats(**{k: (v if k == "hit_rate" else int(v)) for k, v in s.items() if k in fields})
+    message.kv_dtype = str(getattr(stats, "kv_dtype", "") or "")  # a string: not among flatten_stats' numbers
+    return message
 
 
 Handler = TypeVar("Handler", bound=Callable[..., Awaitable[Any]])
@@ -201,6 +203,6 @@ class RadixCacheServicer(pb_grpc.RadixCacheServicer):
 
         async with contextlib.aclosing(hub.subscribe()) as batches:
             async for batch in batches:
-                for message in batch_to_proto(batch, hub.page_size):
+                for message in batch_to_proto(batch, hub.page_size, hub.kv_dtype):
                     await context.write(message)
         await context.abort(grpc.StatusCode.UNAVAILABLE, "the worker is shutting down")

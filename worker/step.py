@@ -30,20 +30,31 @@ log = logging.getLogger("radixcache.engine")
 
 
 def build_pool(loaded: Any, config: EngineConfig) -> KVPool:
-    """The KV pool for `loaded`'s model on its device, in its dtype: kv_pages exactly, or as many pages as
-    kv_memory_bytes holds."""
+    """The KV pool for `loaded`'s model on its device, at config.kv_dtype (auto: the model's dtype): kv_pages
+    exactly, or as many pages as kv_memory_bytes holds (scales included, so a smaller precision buys more pages)."""
     param = next(loaded.model.parameters())
     mc = loaded.config
     shape = KVShape(layers=mc.num_layers, kv_heads=mc.num_kv_heads, head_dim=mc.head_dim)
-    if config.kv_pages is not None:
-        return KVPool(
-            shape, page_size=config.page_size, num_pages=config.kv_pages, dtype=param.dtype, device=param.device
+    kv_dtype = param.dtype if config.kv_dtype == "auto" else config.kv_dtype
+    if config.kv_demote is not None:  # the same memory, split: kv_demote_share of it for demoted pages
+        per_page = KVPool.bytes_per_page(shape, config.page_size, kv_dtype)
+        budget = config.kv_pages * per_page if config.kv_pages is not None else config.kv_memory_bytes
+        return KVPool.with_demotion(
+            shape,
+            page_size=config.page_size,
+            budget_bytes=budget or DEFAULT_KV_MEMORY,
+            dtype=kv_dtype,
+            demote_dtype=config.kv_demote,
+            demote_share=config.kv_demote_share,
+            device=param.device,
         )
+    if config.kv_pages is not None:
+        return KVPool(shape, page_size=config.page_size, num_pages=config.kv_pages, dtype=kv_dtype, device=param.device)
     return KVPool.from_budget(
         shape,
         page_size=config.page_size,
         budget_bytes=config.kv_memory_bytes or DEFAULT_KV_MEMORY,
-        dtype=param.dtype,
+        dtype=kv_dtype,
         device=param.device,
     )
 
@@ -65,6 +76,7 @@ class ModelStep:
             head_dim=mc.head_dim,
             dtype=self.dtype,
             attention=attention_options(mc),
+            kv_dtype=self.pool.kv_dtype,
         )
         self.backend = create_backend(config.backend, self.device, **self.backend_options)
         # Structured outputs: grammars compile on the submitting thread, masks are applied on the engine thread.

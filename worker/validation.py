@@ -17,19 +17,27 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from radixcache.worker.engine_api import RequestTooLargeError
-from radixcache.worker.request import Constraint, Request, SamplingParams
+from radixcache.worker.generated import Reply, encode_rendered
+from radixcache.worker.request import MAX_CONSTRAINT_CHARS, MAX_SCHEMA_DEPTH, Constraint, Request, SamplingParams
 
 CHAT_ROLES = ("system", "user", "assistant", "tool")
 MAX_REQUEST_ID_CHARS = 128
-MAX_CHAT_MESSAGES = 1024
-# JSON containers a json_schema may nest (a pydantic model nested 10 deep uses ~25). llguidance's own reader stops at
-# 128 with a message naming a column; the tool-call grammar adds 5 levels around a tool's parameters.
-MAX_SCHEMA_DEPTH = 64
+MAX_CHAT_MESSAGES = 1024  # (stop strings and stop token ids: request.py's SamplingParams has their limits)
+MAX_TOOLS = 128  # tool (function) definitions of one request, as OpenAI allows
+MAX_TOOL_CALLS = 64  # tool calls of one assistant message
+MAX_TOOL_ARGUMENTS_BYTES = 1 << 16  # one tool call's arguments as JSON
+MAX_CONTENT_PARTS = 64  # parts of one message's content (the HTTP front's [{"type": "text", "text": ...}, ...])
+MAX_SCHEMA_BYTES = MAX_CONSTRAINT_CHARS  # one tool's parameters as compact JSON (a response format: the constraint's)
+# A request body (HTTP) nests objects and arrays at most this deep (a schema inside it ~5 levels down), and holds at
+# most this many JSON values and keys beside its prompt's token ids; both are checked while it is parsed
+# (worker/openai/json_body.py), so what a body costs to parse and validate is bounded by these, not by its size.
+MAX_JSON_DEPTH = 2 * MAX_SCHEMA_DEPTH  # a refused schema is named by its own check
+MAX_JSON_ITEMS = 1 << 15
 DEFAULT_MAX_TOKENS = SamplingParams().max_tokens
 
 
@@ -39,7 +47,13 @@ class InvalidArgument(ValueError):
 
 class ContextOverflow(InvalidArgument):
     """The prompt, or the prompt plus max_tokens, does not fit the model's context (fronts that have a code for it,
-    as OpenAI's context_length_exceeded, tell it apart)."""
+    as OpenAI's context_length_exceeded, tell it apart). The message ends with OpenAI's own sentence ("This model's
+    maximum context length is N tokens."), which LangChain, LiteLLM and pydantic-ai look for before they trim or
+    summarise a conversation."""
+
+    def __init__(self, message: str, context_length: int) -> None:
+        super().__init__(f"{message}. This model's maximum context length is {context_length} tokens.")
+        self.context_length = context_length
 
 
 class TokenizerLike(Protocol):
@@ -172,6 +186,7 @@ def chat_messages(messages: Sequence[Mapping[str, Any]], limits: ModelLimits) ->
             raise InvalidArgument(f"messages[{i}].role must be one of {', '.join(CHAT_ROLES)}; got {role!r}")
         if not isinstance(content, str):
             raise InvalidArgument(f"messages[{i}].content must be a string, got {type(content).__name__}")
+        _message_fields(m, f"messages[{i}]")
         chars += len(content)
         out.append(dict(m))
     # Characters <= UTF-8 bytes: too many characters is too many bytes, without encoding megabytes to count them.
@@ -184,9 +199,74 @@ def chat_messages(messages: Sequence[Mapping[str, Any]], limits: ModelLimits) ->
         raise ContextOverflow(
             f"messages hold at least {size} bytes of content; a prompt that fits the context "
             f"({limits.max_prompt_tokens} tokens) holds at most {limits.max_prompt_bytes} bytes with this model's "
-            "tokenizer"
+            "tokenizer",
+            limits.context_length,
         )
     return out
+
+
+def _message_fields(message: Mapping[str, Any], name: str) -> None:
+    """A message's fields beside role and content (tool use: name, tool_call_id, tool_calls) are valid text."""
+    for key in ("name", "tool_call_id"):
+        if isinstance(message.get(key), str):
+            _utf8_size(message[key], f"{name}.{key}")
+    calls = message.get("tool_calls") or ()
+    if len(calls) > MAX_TOOL_CALLS:
+        raise InvalidArgument(f"{name}.tool_calls must hold at most {MAX_TOOL_CALLS} tool calls, got {len(calls)}")
+    for j, call in enumerate(calls):
+        if isinstance(call.get("id"), str):
+            _utf8_size(call["id"], f"{name}.tool_calls[{j}].id")
+        function = call.get("function") or {}
+        if isinstance(function.get("name"), str):
+            _utf8_size(function["name"], f"{name}.tool_calls[{j}].function.name")
+        if "arguments" in function:  # JSON text, or the object it holds
+            _tool_arguments_size(_json_size(function["arguments"], f"{name}.tool_calls[{j}].function.arguments"),
+                                 f"{name}.tool_calls[{j}].function.arguments")  # fmt: skip
+
+
+def _tool_arguments_size(size: int, name: str) -> None:
+    if size > MAX_TOOL_ARGUMENTS_BYTES:
+        raise InvalidArgument(f"{name} must have at most {MAX_TOOL_ARGUMENTS_BYTES} bytes as JSON, got {size}")
+
+
+def tool_call_arguments(text: str, name: str) -> Any:
+    """A tool call's arguments (JSON text, as OpenAI sends them) as chat templates expect them: the object the text
+    holds, or the text itself when it is not JSON. Its size is checked before it is parsed."""
+    _tool_arguments_size(len(text), name)  # characters <= bytes: a cheap first bound
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):  # not JSON, or nested deeper than json.loads goes
+        return text
+
+
+def check_tools(tools: Sequence[Mapping[str, Any]]) -> None:
+    """Tool definitions: at most MAX_TOOLS, names and descriptions valid text, parameters at most MAX_SCHEMA_BYTES
+    of JSON."""
+    if len(tools) > MAX_TOOLS:
+        raise InvalidArgument(f"tools must hold at most {MAX_TOOLS} tools, got {len(tools)}")
+    for i, tool in enumerate(tools):
+        function = tool.get("function") or {}
+        for key in ("name", "description"):
+            if isinstance(function.get(key), str):
+                _utf8_size(function[key], f"tools[{i}].function.{key}")
+        if function.get("parameters") is not None:
+            size = _json_size(function["parameters"], f"tools[{i}].function.parameters")
+            if size > MAX_SCHEMA_BYTES:
+                raise InvalidArgument(
+                    f"tools[{i}].function.parameters must have at most {MAX_SCHEMA_BYTES} bytes as JSON, got {size}"
+                )
+
+
+def _json_size(value: Any, name: str) -> int:
+    """The UTF-8 size of `value` as compact JSON (a string as itself); a lone surrogate anywhere in it is an
+    InvalidArgument naming `name`."""
+    if isinstance(value, str):
+        return _utf8_size(value, name)
+    try:
+        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    except (TypeError, ValueError, RecursionError) as e:
+        raise InvalidArgument(f"{name} must be JSON: {e}") from None
+    return _utf8_size(text, name)
 
 
 def check_prompt_input(prompt: PromptInput, tokenizer: TokenizerLike | None, limits: ModelLimits) -> int:
@@ -209,6 +289,7 @@ def check_prompt_input(prompt: PromptInput, tokenizer: TokenizerLike | None, lim
         return len(ids)
     if kind == "messages":
         chat_messages(prompt.messages or (), limits)
+        check_tools(prompt.tools or ())
         return 1  # a template may drop or trim content: no tighter bound is certain
     text = prompt.text or ""
     if not text:
@@ -219,18 +300,25 @@ def check_prompt_input(prompt: PromptInput, tokenizer: TokenizerLike | None, lim
         raise ContextOverflow(
             f"text has at least {num_bytes} bytes, so at least {at_least} tokens with this model's tokenizer (at most "
             f"{limits.max_bytes_per_token} bytes per token); the context allows at most {limits.max_prompt_tokens} "
-            f"prompt tokens (at most {limits.max_prompt_bytes} bytes)"
+            f"prompt tokens (at most {limits.max_prompt_bytes} bytes)",
+            limits.context_length,
         )
     return at_least
 
 
-def render_prompt(prompt: PromptInput, tokenizer: TokenizerLike | None, limits: ModelLimits) -> tuple[list[int], str]:
+def render_prompt(
+    prompt: PromptInput,
+    tokenizer: TokenizerLike | None,
+    limits: ModelLimits,
+    replies: Mapping[int, Reply] | None = None,
+) -> tuple[list[int], str]:
     """The token ids of a prompt, and the text they encode ("" for token ids). Slow: run it off the event loop.
 
     Runs check_prompt_input first. Chat messages are rendered with the model's chat template plus the assistant's
     generation prompt; the template writes the special tokens (BOS) itself, so the rendered text is encoded without
-    adding them again. Checks sizes only (check_prompt_input), not the exact length against the context: Tokenize
-    reports any length.
+    adding them again. `replies` (message index -> remembered generation, worker/generated.py): those assistant
+    turns keep the ids the model generated where the template wrote their exact text. Checks sizes only
+    (check_prompt_input), not the exact length against the context: Tokenize reports any length.
     """
     check_prompt_input(prompt, tokenizer, limits)
     kind = prompt.kind
@@ -240,24 +328,52 @@ def render_prompt(prompt: PromptInput, tokenizer: TokenizerLike | None, limits: 
     if kind == "text":
         text = prompt.text or ""
         return list(tokenizer.encode(text)), text
+    messages, render = chat_renderer(prompt, tokenizer, limits)
+    rendered = render_chat(render, messages)
+    return encode_rendered(tokenizer, rendered, render, messages, replies or {}), rendered
+
+
+def chat_renderer(
+    prompt: PromptInput, tokenizer: TokenizerLike, limits: ModelLimits
+) -> tuple[list[dict[str, Any]], Callable[[list[dict[str, Any]]], str]]:
+    """A chat prompt's checked messages, and the function that renders a conversation with the model's template
+    (generation prompt included, the prompt's tools as the template's `tools`)."""
     messages = chat_messages(prompt.messages or (), limits)
+    variables = {"tools": list(prompt.tools)} if prompt.tools else {}
+
+    def render(conversation: list[dict[str, Any]]) -> str:
+        return tokenizer.apply_chat_template(conversation, add_generation_prompt=True, **variables)
+
+    return messages, render
+
+
+def render_chat(render: Callable[[list[dict[str, Any]]], str], messages: list[dict[str, Any]]) -> str:
+    """render(messages), the template's refusal as an InvalidArgument naming messages."""
     try:
-        variables = {"tools": list(prompt.tools)} if prompt.tools else {}
-        rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True, **variables)
+        return render(messages)
     except Exception as e:  # no template (ValueError), or the template rejects the conversation (TemplateError)
         raise InvalidArgument(f"messages: the model's chat template cannot render them: {e}") from e
-    return list(tokenizer.encode(rendered, add_special_tokens=False)), rendered
 
 
-def tokenize_prompt(prompt: PromptInput, tokenizer: TokenizerLike | None, limits: ModelLimits) -> tuple[list[int], str]:
+def tokenize_prompt(
+    prompt: PromptInput,
+    tokenizer: TokenizerLike | None,
+    limits: ModelLimits,
+    replies: Mapping[int, Reply] | None = None,
+) -> tuple[list[int], str]:
     """render_prompt, then the length check: the prompt must leave room for one generated token."""
-    ids, text = render_prompt(prompt, tokenizer, limits)
+    ids, text = render_prompt(prompt, tokenizer, limits, replies)
     check_prompt_length(len(ids), limits.context_length)
     return ids, text
 
 
 async def tokenize_off_loop(
-    prompt: PromptInput, tokenizer: TokenizerLike | None, limits: ModelLimits, *, fit: bool = True
+    prompt: PromptInput,
+    tokenizer: TokenizerLike | None,
+    limits: ModelLimits,
+    *,
+    fit: bool = True,
+    replies: Mapping[int, Reply] | None = None,
 ) -> tuple[list[int], str]:
     """tokenize_prompt (fit: leave room to generate) or render_prompt, for a front's event loop: in a worker thread,
     so a long text or chat template never stalls other streams; token ids are checked in place (nothing to
@@ -265,7 +381,7 @@ async def tokenize_off_loop(
     tokenize = tokenize_prompt if fit else render_prompt
     if prompt.kind == "token_ids":
         return tokenize(prompt, tokenizer, limits)
-    return await asyncio.get_running_loop().run_in_executor(None, tokenize, prompt, tokenizer, limits)
+    return await asyncio.get_running_loop().run_in_executor(None, tokenize, prompt, tokenizer, limits, replies)
 
 
 def check_prompt_length(num_tokens: int, context_length: int) -> None:
@@ -274,7 +390,8 @@ def check_prompt_length(num_tokens: int, context_length: int) -> None:
     if num_tokens >= context_length:
         raise ContextOverflow(
             f"the prompt has {num_tokens} tokens; the context allows at most {context_length - 1} "
-            f"(context length {context_length}, leaving room for one generated token)"
+            f"(context length {context_length}, leaving room for one generated token)",
+            context_length,
         )
 
 
@@ -284,7 +401,8 @@ def check_room(prompt_tokens: int, max_tokens: int, context_length: int) -> None
     if max_tokens > room:
         raise ContextOverflow(
             f"max_tokens must be in [1, {room}]: the prompt has {prompt_tokens} tokens and the context "
-            f"length is {context_length}; got {max_tokens}"
+            f"length is {context_length}; got {max_tokens}",
+            context_length,
         )
 
 
@@ -405,3 +523,42 @@ def json_depth(value: Any, limit: int) -> int:
             return depth
         stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
     return deepest
+
+
+def check_strict_schema(schema: Any, owner: str) -> None:
+    """OpenAI's strict mode (`strict: true` on a json_schema response format or a function): every object schema
+    says `additionalProperties: false` and lists each of its properties in `required`. InvalidArgument naming the
+    rule and where it is broken, in OpenAI's words ("Invalid schema for response_format 'person': In
+    context=('properties', 'address'), ..."); `owner` names the schema ("response_format 'person'")."""
+
+    def visit(node: Any, context: tuple[Any, ...]) -> None:
+        if isinstance(node, list):
+            for i, item in enumerate(node):
+                visit(item, (*context, i))
+            return
+        if not isinstance(node, dict):
+            return
+        is_object = node.get("type") == "object" or (isinstance(node.get("type"), list) and "object" in node["type"])
+        if is_object or "properties" in node:
+            where = f"Invalid schema for {owner}: In context={context!r}"
+            if node.get("additionalProperties") is not False:
+                raise InvalidArgument(f"{where}, 'additionalProperties' is required to be supplied and to be false.")
+            properties = node.get("properties") or {}
+            required = node.get("required")
+            missing = [k for k in properties if not isinstance(required, list) or k not in required]
+            if missing:
+                raise InvalidArgument(
+                    f"{where}, 'required' is required to be supplied and to be an array including every key in "
+                    f"properties. Missing {missing[0]!r}."
+                )
+            extra = [k for k in required or () if k not in properties]
+            if extra:
+                raise InvalidArgument(f"{where}, 'required' names {extra[0]!r}, which is not in properties.")
+        for key in ("properties", "$defs", "definitions", "patternProperties"):
+            for name, sub in (node.get(key) or {}).items() if isinstance(node.get(key), dict) else ():
+                visit(sub, (*context, key, name))
+        for key in ("items", "prefixItems", "anyOf", "allOf", "oneOf", "not", "additionalProperties"):
+            if key in node:
+                visit(node[key], (*context, key))
+
+    visit(schema, ())

@@ -160,7 +160,7 @@ class GetModelInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("model_name", "model_path", "architecture", "vocab_size", "context_length", "page_size", "kv_pages", "kv_bytes", "backend", "dtype", "device", "cache_enabled", "eos_token_ids", "max_pinned_pages", "layer_kinds", "sliding_window")
+    __slots__ = ("model_name", "model_path", "architecture", "vocab_size", "context_length", "page_size", "kv_pages", "kv_bytes", "backend", "dtype", "device", "cache_enabled", "eos_token_ids", "max_pinned_pages", "layer_kinds", "sliding_window", "kv_dtype", "kv_bytes_per_token", "kv_demote", "kv_demoted_pages")
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_PATH_FIELD_NUMBER: _ClassVar[int]
     ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
@@ -177,6 +177,10 @@ class ModelInfo(_message.Message):
     MAX_PINNED_PAGES_FIELD_NUMBER: _ClassVar[int]
     LAYER_KINDS_FIELD_NUMBER: _ClassVar[int]
     SLIDING_WINDOW_FIELD_NUMBER: _ClassVar[int]
+    KV_DTYPE_FIELD_NUMBER: _ClassVar[int]
+    KV_BYTES_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    KV_DEMOTE_FIELD_NUMBER: _ClassVar[int]
+    KV_DEMOTED_PAGES_FIELD_NUMBER: _ClassVar[int]
     model_name: str
     model_path: str
     architecture: str
@@ -193,14 +197,18 @@ class ModelInfo(_message.Message):
     max_pinned_pages: int
     layer_kinds: _containers.RepeatedScalarFieldContainer[str]
     sliding_window: int
-    def __init__(self, model_name: _Optional[str] = ..., model_path: _Optional[str] = ..., architecture: _Optional[str] = ..., vocab_size: _Optional[int] = ..., context_length: _Optional[int] = ..., page_size: _Optional[int] = ..., kv_pages: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., backend: _Optional[str] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., cache_enabled: _Optional[bool] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., max_pinned_pages: _Optional[int] = ..., layer_kinds: _Optional[_Iterable[str]] = ..., sliding_window: _Optional[int] = ...) -> None: ...
+    kv_dtype: str
+    kv_bytes_per_token: int
+    kv_demote: str
+    kv_demoted_pages: int
+    def __init__(self, model_name: _Optional[str] = ..., model_path: _Optional[str] = ..., architecture: _Optional[str] = ..., vocab_size: _Optional[int] = ..., context_length: _Optional[int] = ..., page_size: _Optional[int] = ..., kv_pages: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., backend: _Optional[str] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., cache_enabled: _Optional[bool] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., max_pinned_pages: _Optional[int] = ..., layer_kinds: _Optional[_Iterable[str]] = ..., sliding_window: _Optional[int] = ..., kv_dtype: _Optional[str] = ..., kv_bytes_per_token: _Optional[int] = ..., kv_demote: _Optional[str] = ..., kv_demoted_pages: _Optional[int] = ...) -> None: ...
 
 class GetCacheStatsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class CacheStats(_message.Message):
-    __slots__ = ("pages_total", "pages_free", "pages_cached", "pages_evictable", "pages_pinned", "pages_in_use", "queried_tokens", "hit_tokens", "hit_rate", "evicted_pages", "preemptions", "running", "waiting", "live_leases", "steps", "max_pinned_pages", "disk_pages", "disk_bytes", "disk_capacity_bytes", "host_pages", "spilled_pages", "spill_dropped_pages", "disk_corrupt_pages", "disk_hit_tokens", "host_hit_tokens", "disk_ready", "replicas")
+    __slots__ = ("pages_total", "pages_free", "pages_cached", "pages_evictable", "pages_pinned", "pages_in_use", "queried_tokens", "hit_tokens", "hit_rate", "evicted_pages", "preemptions", "running", "waiting", "live_leases", "steps", "max_pinned_pages", "kv_dtype", "kv_bytes_per_token", "pages_demoted", "demoted_pages", "promoted_pages", "disk_pages", "disk_bytes", "disk_capacity_bytes", "host_pages", "spilled_pages", "spill_dropped_pages", "disk_corrupt_pages", "disk_hit_tokens", "host_hit_tokens", "disk_ready", "replicas")
     PAGES_TOTAL_FIELD_NUMBER: _ClassVar[int]
     PAGES_FREE_FIELD_NUMBER: _ClassVar[int]
     PAGES_CACHED_FIELD_NUMBER: _ClassVar[int]
@@ -217,6 +225,11 @@ class CacheStats(_message.Message):
     LIVE_LEASES_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
     MAX_PINNED_PAGES_FIELD_NUMBER: _ClassVar[int]
+    KV_DTYPE_FIELD_NUMBER: _ClassVar[int]
+    KV_BYTES_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    PAGES_DEMOTED_FIELD_NUMBER: _ClassVar[int]
+    DEMOTED_PAGES_FIELD_NUMBER: _ClassVar[int]
+    PROMOTED_PAGES_FIELD_NUMBER: _ClassVar[int]
     DISK_PAGES_FIELD_NUMBER: _ClassVar[int]
     DISK_BYTES_FIELD_NUMBER: _ClassVar[int]
     DISK_CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -244,6 +257,11 @@ class CacheStats(_message.Message):
     live_leases: int
     steps: int
     max_pinned_pages: int
+    kv_dtype: str
+    kv_bytes_per_token: int
+    pages_demoted: int
+    demoted_pages: int
+    promoted_pages: int
     disk_pages: int
     disk_bytes: int
     disk_capacity_bytes: int
@@ -255,7 +273,7 @@ class CacheStats(_message.Message):
     host_hit_tokens: int
     disk_ready: bool
     replicas: _containers.RepeatedCompositeFieldContainer[ReplicaCacheStats]
-    def __init__(self, pages_total: _Optional[int] = ..., pages_free: _Optional[int] = ..., pages_cached: _Optional[int] = ..., pages_evictable: _Optional[int] = ..., pages_pinned: _Optional[int] = ..., pages_in_use: _Optional[int] = ..., queried_tokens: _Optional[int] = ..., hit_tokens: _Optional[int] = ..., hit_rate: _Optional[float] = ..., evicted_pages: _Optional[int] = ..., preemptions: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., live_leases: _Optional[int] = ..., steps: _Optional[int] = ..., max_pinned_pages: _Optional[int] = ..., disk_pages: _Optional[int] = ..., disk_bytes: _Optional[int] = ..., disk_capacity_bytes: _Optional[int] = ..., host_pages: _Optional[int] = ..., spilled_pages: _Optional[int] = ..., spill_dropped_pages: _Optional[int] = ..., disk_corrupt_pages: _Optional[int] = ..., disk_hit_tokens: _Optional[int] = ..., host_hit_tokens: _Optional[int] = ..., disk_ready: _Optional[bool] = ..., replicas: _Optional[_Iterable[_Union[ReplicaCacheStats, _Mapping]]] = ...) -> None: ...
+    def __init__(self, pages_total: _Optional[int] = ..., pages_free: _Optional[int] = ..., pages_cached: _Optional[int] = ..., pages_evictable: _Optional[int] = ..., pages_pinned: _Optional[int] = ..., pages_in_use: _Optional[int] = ..., queried_tokens: _Optional[int] = ..., hit_tokens: _Optional[int] = ..., hit_rate: _Optional[float] = ..., evicted_pages: _Optional[int] = ..., preemptions: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., live_leases: _Optional[int] = ..., steps: _Optional[int] = ..., max_pinned_pages: _Optional[int] = ..., kv_dtype: _Optional[str] = ..., kv_bytes_per_token: _Optional[int] = ..., pages_demoted: _Optional[int] = ..., demoted_pages: _Optional[int] = ..., promoted_pages: _Optional[int] = ..., disk_pages: _Optional[int] = ..., disk_bytes: _Optional[int] = ..., disk_capacity_bytes: _Optional[int] = ..., host_pages: _Optional[int] = ..., spilled_pages: _Optional[int] = ..., spill_dropped_pages: _Optional[int] = ..., disk_corrupt_pages: _Optional[int] = ..., disk_hit_tokens: _Optional[int] = ..., host_hit_tokens: _Optional[int] = ..., disk_ready: _Optional[bool] = ..., replicas: _Optional[_Iterable[_Union[ReplicaCacheStats, _Mapping]]] = ...) -> None: ...
 
 class ReplicaCacheStats(_message.Message):
     __slots__ = ("replica_id", "stats")
@@ -328,7 +346,7 @@ class SubscribeCacheEventsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class CacheEventBatch(_message.Message):
-    __slots__ = ("kind", "sequence", "events", "snapshot_complete", "page_size", "timestamp", "replica_id")
+    __slots__ = ("kind", "sequence", "events", "snapshot_complete", "page_size", "timestamp", "replica_id", "kv_dtype")
     KIND_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     EVENTS_FIELD_NUMBER: _ClassVar[int]
@@ -336,6 +354,7 @@ class CacheEventBatch(_message.Message):
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    KV_DTYPE_FIELD_NUMBER: _ClassVar[int]
     kind: CacheEventBatchKind
     sequence: int
     events: _containers.RepeatedCompositeFieldContainer[CacheEvent]
@@ -343,7 +362,8 @@ class CacheEventBatch(_message.Message):
     page_size: int
     timestamp: float
     replica_id: str
-    def __init__(self, kind: _Optional[_Union[CacheEventBatchKind, str]] = ..., sequence: _Optional[int] = ..., events: _Optional[_Iterable[_Union[CacheEvent, _Mapping]]] = ..., snapshot_complete: _Optional[bool] = ..., page_size: _Optional[int] = ..., timestamp: _Optional[float] = ..., replica_id: _Optional[str] = ...) -> None: ...
+    kv_dtype: str
+    def __init__(self, kind: _Optional[_Union[CacheEventBatchKind, str]] = ..., sequence: _Optional[int] = ..., events: _Optional[_Iterable[_Union[CacheEvent, _Mapping]]] = ..., snapshot_complete: _Optional[bool] = ..., page_size: _Optional[int] = ..., timestamp: _Optional[float] = ..., replica_id: _Optional[str] = ..., kv_dtype: _Optional[str] = ...) -> None: ...
 
 class CacheEvent(_message.Message):
     __slots__ = ("namespace", "stored", "removed", "cleared")

@@ -3,7 +3,7 @@
 One engine step = one BatchLayout. The model calls `backend.begin_step(layout)` once, then
 `backend.forward(layer, q, k, v, kv_layer, layout)` per layer. Every backend computes the same thing:
 
-    write the new K/V rows into the pool at (layout.write_pages, layout.write_slots), then
+    write the new K/V rows into the pool at (layout.write_pages, layout.write_slots), at its precision, then
     s = cap(scale * q[t] . K_seq^T), cap(x) = soft_cap * tanh(x / soft_cap) when soft_cap is set, else x
     out[t] = softmax(s) V_seq over the positions layer `layer` of t's sequence sees (worker/attention/window.py:
     0..positions[t] for a global layer, the last W of them for a sliding one),
@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from radixcache.pool import KVLayer
 from radixcache.worker.attention.layout import BatchLayout
 
 
@@ -67,9 +68,12 @@ class AttentionBackend(ABC):
     Contract:
     - begin_step(layout) is called once per step before any forward with that layout; a backend may plan
       there (FlashInfer) or precompute gather indices (torch). It must not read the KV pool.
-    - forward(layer_idx, q[T,H,D], k[T,KVH,D], v[T,KVH,D], kv_layer[pages,2,page,KVH,D], layout) writes k/v
-      into kv_layer at the layout's write positions, then returns attention output [T,H,D] in q's dtype
+    - forward(layer_idx, q[T,H,D], k[T,KVH,D], v[T,KVH,D], kv_layer, layout) writes k/v into kv_layer at the
+      layout's write positions, encoded at its precision, then returns attention output [T,H,D] in q's dtype
       (causal within each sequence; a global layer sees its whole cached prefix, a sliding layer its window).
+      kv_layer is a radixcache.pool.KVLayer (values [pages, 2, page, KVH, stored_dim], scales, codec:
+      KVPool.kv_layer(i)) or a bare full-precision [pages, 2, page, KVH, D] tensor; a backend reads every position
+      back from it, the step's own tokens too, at its precision.
     - A sliding layer never reads a page of a sequence's block table before `window.skipped_pages` (the pages no
       query of the step can see): those may hold anything (NaN included), so a cache may give them back.
     """
@@ -85,6 +89,7 @@ class AttentionBackend(ABC):
         head_dim: int | None = None,
         dtype: torch.dtype | None = None,
         attention: AttentionOptions | None = None,
+        kv_dtype: str | None = None,
     ) -> None:
         self.device = torch.device(device)
         self.num_heads = num_heads
@@ -92,6 +97,7 @@ class AttentionBackend(ABC):
         self.head_dim = head_dim
         self.dtype = dtype
         self.attention = attention or AttentionOptions()
+        self.kv_dtype_name = kv_dtype  # the KV precision the engine's pool pages are in (None: not told)
 
     @abstractmethod
     def begin_step(self, layout: BatchLayout) -> None: ...
@@ -103,16 +109,14 @@ class AttentionBackend(ABC):
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
-        kv_layer: torch.Tensor,
+        kv_layer: torch.Tensor | KVLayer,
         layout: BatchLayout,
     ) -> torch.Tensor: ...
 
     @staticmethod
-    def write_kv(k: torch.Tensor, v: torch.Tensor, kv_layer: torch.Tensor, layout: BatchLayout) -> None:
-        """Store the step's new K/V rows at (write_pages, write_slots) of one layer."""
-        index = (layout.write_pages, layout.write_slots)
-        kv_layer[:, 0].index_put_(index, k.to(kv_layer.dtype))
-        kv_layer[:, 1].index_put_(index, v.to(kv_layer.dtype))
+    def write_kv(k: torch.Tensor, v: torch.Tensor, kv_layer: torch.Tensor | KVLayer, layout: BatchLayout) -> None:
+        """Store the step's new K/V rows at (write_pages, write_slots) of one layer, encoded at its precision."""
+        KVLayer.of(kv_layer).write(layout.write_pages, layout.write_slots, k, v)
 
 
 # name -> "module:Class", so a backend's heavy imports (flashinfer) happen only when it is created.
@@ -132,6 +136,9 @@ def available_backends() -> list[str]:
 
 
 FLASHINFER_DTYPES = (torch.float16, torch.bfloat16)
+# KV precisions FlashInfer's paged kernels read: the model's own 16-bit dtype, or fp8 e4m3 with per-layer scales
+# (run()'s k_scale / v_scale). int8 / int4 pages have no FlashInfer kernel: the torch backend dequantizes them.
+FLASHINFER_KV_DTYPES = ("bf16", "fp16", "fp8_e4m3")
 # The head_dims FlashInfer 0.6.1's prefill kernels (which also run mixed prefill+decode batches) exist for. On Hopper
 # they are FA3 kernels, instantiated for 64, 128 and 256 only. Elsewhere FA2 runs, whose loads work in 64-wide
 # blocks: other sizes fault or return wrong values without an error (flashinfer-ai/flashinfer#4299), and a fault
@@ -151,12 +158,15 @@ def flashinfer_unsupported_reason(
     num_kv_heads: int | None = None,
     head_dim: int | None = None,
     dtype: torch.dtype | None = None,
+    kv_dtype: str | None = None,
 ) -> str | None:
-    """Why the flashinfer backend cannot run a model of this geometry and dtype on `device`; None when it can.
+    """Why the flashinfer backend cannot run a model of this geometry and dtype on `device` with KV pages of
+    `kv_dtype` (None: the model's dtype); None when it can.
 
-    Checks, cheapest first: a CUDA device that torch sees, the geometry and a 16-bit dtype (plan() needs them), a
-    head_dim FlashInfer's prefill kernels exist for, and last that flashinfer imports (only ever imported once
-    everything else holds, so a CPU machine or a CPU device never touches it).
+    Checks, cheapest first: a CUDA device that torch sees, the geometry and a 16-bit dtype (plan() needs them), a KV
+    precision its kernels read (the model's dtype or fp8_e4m3), a head_dim FlashInfer's prefill kernels exist for,
+    and last that flashinfer imports (only ever imported once everything else holds, so a CPU machine or a CPU
+    device never touches it).
     """
     device = torch.device(device)
     if device.type != "cuda":
@@ -169,6 +179,12 @@ def flashinfer_unsupported_reason(
         return "it needs the model dtype to plan, and it is unset"
     if dtype not in FLASHINFER_DTYPES:
         return f"its kernels run float16/bfloat16, and the model is {str(dtype).removeprefix('torch.')}"
+    model_kv = {torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype]
+    if kv_dtype is not None and kv_dtype != model_kv and kv_dtype != "fp8_e4m3":
+        why = "its kernels read KV pages in the model's dtype or fp8_e4m3"
+        if kv_dtype in ("int8", "int4"):
+            why = "it has no kernel for int8/int4 KV pages (the torch backend dequantizes them in its gather)"
+        return f"{why}, and the KV dtype is {kv_dtype}"
     if num_heads % num_kv_heads:  # type: ignore[operator]
         return f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}"
     if head_dim not in FLASHINFER_HEAD_DIMS:
@@ -184,7 +200,7 @@ def resolve_backend_name(name: str, device: str | torch.device = "cpu", **option
     """'auto' -> 'flashinfer' when it can run this model on `device` (see flashinfer_unsupported_reason), else
     'torch'. Other names are checked against the registry; an explicit 'flashinfer' that cannot run raises
     BackendUnavailableError saying why."""
-    geometry = {key: options.get(key) for key in ("num_heads", "num_kv_heads", "head_dim", "dtype")}  # what it plans
+    geometry = {key: options.get(key) for key in ("num_heads", "num_kv_heads", "head_dim", "dtype", "kv_dtype")}
     if name == "auto":
         return "flashinfer" if flashinfer_unsupported_reason(device, **geometry) is None else "torch"  # type: ignore[arg-type]
     if name not in _REGISTRY:
@@ -202,11 +218,12 @@ def resolve_backend_name(name: str, device: str | torch.device = "cpu", **option
 def create_backend(name: str = "auto", device: str | torch.device = "cpu", **options: object) -> AttentionBackend:
     """Create a backend by name ("auto" | "torch" | "flashinfer").
 
-    auto = flashinfer when it can run this model on `device` (a CUDA device, 16-bit dtype, a head_dim its prefill
-    kernels support, flashinfer importable); otherwise torch. An explicit "flashinfer" that cannot run raises
-    BackendUnavailableError naming the reason. options: num_heads, num_kv_heads, head_dim, dtype (the flashinfer
-    backend needs them to plan; torch ignores them) and attention (AttentionOptions: the model's scale, soft cap
-    and per-layer windows; default plain causal attention on every layer).
+    auto = flashinfer when it can run this model on `device` (a CUDA device, 16-bit dtype, KV pages in that dtype or
+    fp8_e4m3, a head_dim its prefill kernels support, flashinfer importable); otherwise torch. An explicit
+    "flashinfer" that cannot run raises BackendUnavailableError naming the reason. options: num_heads, num_kv_heads,
+    head_dim, dtype, kv_dtype (the KV precision's name; the flashinfer backend needs them to plan; torch ignores
+    them) and attention (AttentionOptions: the model's scale, soft cap and per-layer windows; default plain causal
+    attention on every layer).
     """
     resolved = resolve_backend_name(name, device, **options)
     target = _REGISTRY[resolved]

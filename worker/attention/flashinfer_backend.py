@@ -9,6 +9,11 @@ window_left = W - 1 and starts each block table at the first page the window nee
 the kernel aligns queries to the end of the (shorter) K/V, so positions stay exact. The model's scale and soft cap
 go to plan() as sm_scale and logits_soft_cap.
 
+KV precision: pages in the model's 16-bit dtype, or fp8_e4m3 (`kv_dtype="fp8_e4m3"`): plan() is given
+kv_data_type float8_e4m3fn, the new K/V are written divided by the layer's scales (radixcache.kv_codec) and run()
+gets k_scale / v_scale, which FlashInfer folds into sm_scale and the output. The fp8 prefill wrapper is built with
+backend "fa2": FA3's fp8 kernels (Hopper's default) expect fp8 queries too, and queries stay 16-bit here.
+
 Documented pitfalls handled here:
 - prefill plan() defaults to causal=False and q_data_type float16: both are always passed explicitly.
 - plan() stages its metadata in a pinned host buffer and copies it to the device asynchronously; planning the
@@ -25,6 +30,7 @@ import math
 
 import torch
 
+from radixcache.pool import KVLayer
 from radixcache.worker.attention import window as win
 from radixcache.worker.attention.base import (
     AttentionBackend,
@@ -48,7 +54,7 @@ class FlashInferAttentionBackend(AttentionBackend):
         num_kv_heads: int | None = None,
         head_dim: int | None = None,
         dtype: torch.dtype | None = None,
-        kv_dtype: torch.dtype | None = None,
+        kv_dtype: str | None = None,
         attention: AttentionOptions | None = None,
         workspace_bytes: int = WORKSPACE_BYTES,
     ) -> None:
@@ -56,13 +62,15 @@ class FlashInferAttentionBackend(AttentionBackend):
             device, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype, attention=attention
         )
         reason = flashinfer_unsupported_reason(
-            self.device, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype
-        )
+            self.device, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype,
+            kv_dtype=kv_dtype,
+        )  # fmt: skip
         if reason is not None:
             raise BackendUnavailableError(f"the flashinfer backend cannot run here: {reason}; use backend 'torch'")
         import flashinfer  # imports: flashinfer_unsupported_reason just imported it
 
-        self.kv_dtype = kv_dtype or dtype
+        self.fp8 = kv_dtype == "fp8_e4m3"
+        self.kv_dtype = torch.float8_e4m3fn if self.fp8 else dtype
         self.sm_scale = self.attention.scale or 1.0 / math.sqrt(head_dim)
         group = num_heads // num_kv_heads
         # One workspace per wrapper kind, shared by that kind's wrappers of every window: their kernels run one
@@ -74,7 +82,9 @@ class FlashInferAttentionBackend(AttentionBackend):
         self._prefill: dict[int | None, object] = {}
         self._decode: dict[int | None, object] = {}
         for window in self.attention.distinct_windows:
-            self._prefill[window] = flashinfer.BatchPrefillWithPagedKVCacheWrapper(prefill_space, "NHD")
+            self._prefill[window] = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+                prefill_space, "NHD", backend="fa2" if self.fp8 else "auto"
+            )
             self._decode[window] = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
                 decode_space,
                 "NHD",
@@ -144,11 +154,16 @@ class FlashInferAttentionBackend(AttentionBackend):
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
-        kv_layer: torch.Tensor,
+        kv_layer: torch.Tensor | KVLayer,
         layout: BatchLayout,
     ) -> torch.Tensor:
         if self._layout is not layout:
             raise RuntimeError("flashinfer backend: begin_step(layout) must be called before forward with it")
-        self.write_kv(k, v, kv_layer, layout)
-        wrappers = self._decode if self._use_decode else self._prefill
-        return wrappers[self.attention.window(layer_idx)].run(q.contiguous(), kv_layer)
+        layer = KVLayer.of(kv_layer)
+        if layer.values.dtype != self.kv_dtype:
+            raise RuntimeError(f"flashinfer backend planned {self.kv_dtype} KV pages, got {layer.values.dtype}")
+        self.write_kv(k, v, layer, layout)
+        wrapper = (self._decode if self._use_decode else self._prefill)[self.attention.window(layer_idx)]
+        if self.fp8:
+            return wrapper.run(q.contiguous(), layer.values, k_scale=layer.k_scale, v_scale=layer.v_scale)
+        return wrapper.run(q.contiguous(), layer.values)

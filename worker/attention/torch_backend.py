@@ -11,6 +11,14 @@ Each distinct window of the model's layers (worker/attention/window.py) gets its
 sliding layer's start at the first page its window needs. With a soft cap (Gemma 2), which torch's fused kernel
 does not have, scores are computed, capped, masked and softmaxed explicitly.
 Scores, softmax and the weighted sum run in float32 whatever the pool dtype.
+
+Quantized pools (int8, fp8_e4m3, int4: radixcache.kv_codec) are written through the layer's codec and read back
+dequantized inside the gathers, a tile at a time: decode sequences are attended to in tiles of about
+DECODE_TILE_TOKENS positions (gather a tile's int8/fp8/int4 blocks, dequantize them while they sit in the CPU's
+cache, one batched matmul for the scores), so the full-precision K/V of a step is never materialised; the step's
+scores are softmaxed together, then the values are read back the same way. Every position is read back from the
+pool, the step's own new tokens too, so a token attends to the same stored values whether it was computed this
+step or came from the cache. For int4 (keys stored Hadamard-rotated) the queries are rotated the same way.
 """
 
 from __future__ import annotations
@@ -21,9 +29,15 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from radixcache.kv_codec import hadamard
+from radixcache.pool import KVLayer
 from radixcache.worker.attention import window as win
 from radixcache.worker.attention.base import AttentionBackend
 from radixcache.worker.attention.layout import BatchLayout
+
+# Positions per tile of the quantized decode path: a tile's dequantized K (B x 256 x KVH x D floats) stays in the L2
+# cache. Measured at b8 x 4k, 4 KV heads of 64 (one thread): 256 -> 26 ms per layer, 128 -> 33, 512 -> 49, 1024 -> 57.
+DECODE_TILE_TOKENS = 256
 
 # The explicit (soft-capped) path forms scores a block of queries at a time, at most this many float32 elements
 # (64 MiB): a 512-token chunk of a 16-head model over an 8k prefix would otherwise hold 268 MB of scores at once.
@@ -42,6 +56,9 @@ class _WindowPlan:
     prefills: list[tuple[int, int, torch.Tensor, torch.Tensor | None]]
     # Built by the first layer of the step, once the KV head count is known; shared by every later layer.
     prefill_head_rows: list[torch.Tensor] | None = None
+    # Quantized pools, built by the first layer that needs them: (first position, K blocks [Bd * n], V blocks
+    # [Bd * n]) per tile of n pages of the decode page table
+    decode_tiles: list[tuple[int, torch.Tensor, torch.Tensor]] | None = None
 
 
 @dataclass
@@ -170,7 +187,7 @@ class TorchAttentionBackend(AttentionBackend):
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
-        kv_layer: torch.Tensor,
+        kv_layer: torch.Tensor | KVLayer,
         layout: BatchLayout,
     ) -> torch.Tensor:
         if self._layout is not layout or self._plan is None:
@@ -178,46 +195,76 @@ class TorchAttentionBackend(AttentionBackend):
         plan = self._plan
         assert plan is not None
         wplan = plan.windows[self.attention.window(layer_idx)]
-        _, _, page_size, kvh, dim = kv_layer.shape
-        # Rows view of the layer; K rows are the plan's indices, V rows the same shifted by page_size.
-        rows = kv_layer.view(-1, kvh, dim)
-        # The step's new K and V in one indexed copy (same effect as AttentionBackend.write_kv).
-        rows.index_copy_(0, plan.write_rows, torch.cat((k, v)).to(rows.dtype))
-        k_flat, v_flat = rows, rows[page_size:]
-        num_tokens, heads, _ = q.shape
+        layer = KVLayer.of(kv_layer)
+        kvh = layer.values.shape[3]
+        # The step's new K and V in one indexed copy, encoded at the layer's precision (as AttentionBackend.write_kv).
+        layer.write_rows(plan.write_rows, k, v)
+        num_tokens, heads, dim = q.shape
         cap = self.attention.soft_cap
         qf = q.float() * (self.attention.scale or 1.0 / math.sqrt(dim))
+        if layer.codec.rotate_keys:  # keys are stored rotated: q.k is unchanged when q turns the same way
+            qf = hadamard(qf)
+        decode = self.decode_kernel(layer)
         if plan.decode_rows is not None and not wplan.prefills and plan.decode_rows.numel() == num_tokens:
-            return self._decode(qf, rows, page_size, wplan, cap).to(q.dtype)
+            return decode(qf, layer, wplan, cap).to(q.dtype)
         out = torch.empty(num_tokens, heads, dim, dtype=torch.float32, device=q.device)
         if plan.decode_rows is not None:
-            out[plan.decode_rows] = self._decode(qf[plan.decode_rows], rows, page_size, wplan, cap)
+            out[plan.decode_rows] = decode(qf[plan.decode_rows], layer, wplan, cap)
         if wplan.prefill_head_rows is None:
             wplan.prefill_head_rows = [_head_rows(slots[None], kvh) for _, _, slots, _ in wplan.prefills]
         for (start, end, _, visible), head_rows in zip(wplan.prefills, wplan.prefill_head_rows, strict=True):
-            keys = k_flat.view(-1, dim).index_select(0, head_rows).view(kvh, -1, dim).float()  # [KVH, L, D]
-            values = v_flat.view(-1, dim).index_select(0, head_rows).view(kvh, -1, dim).float()
+            keys = layer.gather_head_rows(head_rows, 0, torch.float32).view(kvh, -1, dim)  # [KVH, L, D]
+            values = layer.gather_head_rows(head_rows, 1, torch.float32).view(kvh, -1, dim)
             qs = qf[start:end].transpose(0, 1)[None]  # [1, H, n, D]
             out[start:end] = _attend(qs, keys[None], values[None], visible, cap, causal=True)[0].transpose(0, 1)
         return out.to(q.dtype)
 
+    def decode_kernel(self, layer: KVLayer):  # noqa: ANN201 (one of the two static methods below)
+        """How decode rows attend over `layer`: the tiled, dequantizing path for quantized pages, one fused call of
+        torch's attention over whole gathered pages otherwise."""
+        return self._decode_tiled if layer.codec.quantized else self._decode
+
     @staticmethod
-    def _decode(
-        qf: torch.Tensor, rows: torch.Tensor, page_size: int, plan: _WindowPlan, soft_cap: float | None
-    ) -> torch.Tensor:
+    def _decode(qf: torch.Tensor, layer: KVLayer, plan: _WindowPlan, soft_cap: float | None) -> torch.Tensor:
         """One query per sequence, all sequences in one attention call. Returns float32 [Bd, H, D].
 
         K and V are gathered a whole page at a time (page_size * KVH * D contiguous values: a plain memory copy,
         ~2x faster than gathering one head's row at a time) into [Bd, P * page_size, KVH, D]; the kernel reads
-        them head by head through strides, without another copy.
-        rows: the layer viewed as [pages * 2 * page_size, KVH, D] (a token's V is page_size rows after its K)."""
+        them head by head through strides, without another copy. Full-precision layers only."""
         assert plan.decode_blocks is not None
         bd, heads, dim = qf.shape
-        kvh = rows.shape[1]
-        blocks = rows.view(-1, page_size, kvh, dim)  # [pages * 2, page_size, KVH, D]
+        kvh = layer.values.shape[3]
+        blocks = layer.values.view(-1, layer.page_size, kvh, dim)  # [pages * 2, page_size, KVH, D]
         kv = blocks.index_select(0, plan.decode_blocks).view(2, bd, -1, kvh, dim).float()  # [2, Bd, L, KVH, D]
         keys, values = kv[0].transpose(1, 2), kv[1].transpose(1, 2)  # [Bd, KVH, L, D], strided
         out = _attend(qf.view(bd, heads, 1, dim), keys, values, plan.decode_visible, soft_cap)
+        return out.view(bd, heads, dim)
+
+    @staticmethod
+    def _decode_tiled(qf: torch.Tensor, layer: KVLayer, plan: _WindowPlan, soft_cap: float | None) -> torch.Tensor:
+        """The decode attention of a quantized layer, tile by tile (see the module docstring). float32 [Bd, H, D]."""
+        assert plan.decode_blocks is not None
+        bd, heads, dim = qf.shape
+        if plan.decode_tiles is None:
+            plan.decode_tiles = _decode_tiles(plan.decode_blocks, bd, layer.page_size)
+        kvh = layer.values.shape[3]
+        group = heads // kvh
+        q4 = qf.view(bd, kvh, group, dim)
+        tiles = plan.decode_tiles
+        width = tiles[-1][0] + tiles[-1][1].numel() // bd * layer.page_size
+        scores = torch.empty(bd, kvh, group, width, dtype=torch.float32, device=qf.device)
+        for start, k_blocks, _ in tiles:
+            keys = layer.gather_heads(k_blocks, 0, bd, torch.float32)  # [Bd, KVH, n, D]
+            torch.matmul(q4, keys.transpose(-1, -2), out=scores[..., start : start + keys.shape[2]])
+        if soft_cap is not None:
+            scores = torch.tanh(scores / soft_cap).mul_(soft_cap)
+        if plan.decode_visible is not None:
+            scores.masked_fill_(~plan.decode_visible, float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        out = torch.zeros(bd, kvh, group, dim, dtype=torch.float32, device=qf.device)
+        for start, _, v_blocks in tiles:
+            values = layer.gather_heads(v_blocks, 1, bd, torch.float32)
+            out.add_(torch.matmul(probs[..., start : start + values.shape[2]], values))
         return out.view(bd, heads, dim)
 
 
@@ -239,3 +286,15 @@ def _decode_blocks(
     k_pos = torch.tensor(first, device=device)[:, None] * ps + torch.arange(width, device=device)  # [Bd, width]
     q_pos = torch.tensor(totals, device=device)[:, None] - 1  # [Bd, 1]
     return blocks, win.visible(q_pos, k_pos, window)[:, None, :, :]  # [Bd, 1, 1, width]
+
+
+def _decode_tiles(blocks: torch.Tensor, bd: int, page_size: int) -> list[tuple[int, torch.Tensor, torch.Tensor]]:
+    """The decode blocks (every sequence's P K blocks, then their V blocks) cut into tiles of whole pages along the
+    positions: (first position, K blocks [Bd * n], V blocks [Bd * n]) per tile, sequence-major inside a tile."""
+    k_blocks, v_blocks = blocks.view(2, bd, -1)
+    per_tile = max(1, DECODE_TILE_TOKENS // page_size)
+    pages = k_blocks.shape[1]
+    return [
+        (j * page_size, k_blocks[:, j : j + per_tile].flatten(), v_blocks[:, j : j + per_tile].flatten())
+        for j in range(0, pages, per_tile)
+    ]

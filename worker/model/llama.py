@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from radixcache.pool import KVPool
+from radixcache.pool import KVLayer, KVPool
 from radixcache.worker.attention.base import AttentionBackend, AttentionOptions
 from radixcache.worker.attention.layout import BatchLayout
 from radixcache.worker.model.config import ModelConfig
@@ -129,7 +129,7 @@ class Attention(nn.Module):
         cos: torch.Tensor,
         sin: torch.Tensor,
         layout: BatchLayout,
-        kv_layer: torch.Tensor,
+        kv_layer: KVLayer,
         backend: AttentionBackend,
     ) -> torch.Tensor:
         t = x.shape[0]
@@ -286,7 +286,7 @@ class CausalLM(nn.Module):
         rotations = self.rope(layout.positions, x.dtype)
         for i, layer in enumerate(self.model.layers):
             cos, sin = rotations[layer.rotation]
-            x = layer.forward(x, cos, sin, layout, kv_pool.layer(i), backend)
+            x = layer.forward(x, cos, sin, layout, kv_pool.kv_layer(i), backend)
         if not all_logits and (layout.logits_indices.shape[0] != x.shape[0]):
             x = x[layout.logits_indices]  # a pure decode step needs every row already
         return soft_cap(self.lm_head.forward(self.model.norm.forward(x)).float(), self.config.final_logit_softcap)

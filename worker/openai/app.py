@@ -1,4 +1,5 @@
-"""The OpenAI-compatible HTTP front (FastAPI): /v1/models, /v1/chat/completions, /v1/completions, /health.
+"""The OpenAI-compatible HTTP front (FastAPI): /v1/models, /v1/chat/completions, /v1/completions, /v1/responses
+(responses_api.py), /health.
 
 It serves the same engine as the gRPC servicer, through the same front core (worker/front.py: the bearer-token
 tenant = cache namespace, validation, tokenizing off the event loop, constraint compiling, submit); this module is
@@ -6,8 +7,9 @@ the OpenAI wire mapping only: bodies in (requests.py), chunks and responses out 
 errors (errors.py).
 
 A client that disconnects aborts its request at once, streaming or not: its pages are freed in the engine's next
-step. Errors are OpenAI's shape (errors.py): 400 bad input, 401 auth, 404 model or route, 413 too large, 503 while
-loading or draining, 500 for a failure inside one request.
+step. Errors are OpenAI's shape (errors.py): 400 bad input (a body past json_body's limits included) or a Host it
+does not answer to (host_check), 401 auth, 404 model or route, 405 method, 413 too large, 415 a body not said to be
+JSON, 503 while loading or draining, 500 for a failure inside one request.
 """
 
 from __future__ import annotations
@@ -25,15 +27,20 @@ from pydantic import BaseModel, ValidationError
 from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from radixcache.worker.decode_guard import RateLimitedWarning
 from radixcache.worker.engine_stream import EngineStream, StreamClosed
 from radixcache.worker.front import FrontCore, Refusal, RefusalKind
 from radixcache.worker.openai.errors import APIError, bad_request, param_of
+from radixcache.worker.openai.host_check import HostCheck
+from radixcache.worker.openai.json_body import BodyError, BodyShape, parse_body
 from radixcache.worker.openai.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
-from radixcache.worker.openai.requests import ParsedRequest, parse_chat, parse_completion
+from radixcache.worker.openai.requests import ParsedRequest, body_shape, parse_chat, parse_completion
+from radixcache.worker.openai.response_store import ResponseStore
 from radixcache.worker.openai.responses import ChatResponder, CompletionResponder
 from radixcache.worker.request import FinishReason, RequestOutput
 
 log = logging.getLogger("radixcache.openai")
+_refused_bodies = RateLimitedWarning(log)  # one short line, not one per hostile request
 
 DEFAULT_MAX_BODY_BYTES = 16 << 20
 # A front-core refusal's HTTP status (request ids are made here, so a duplicate one is the server's fault: 500).
@@ -84,23 +91,33 @@ def _pydantic_param(error: dict[str, Any]) -> str:
     return path
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
+async def _read_body(request: Request, limit: int) -> list[bytes]:
+    """The body as the pieces it arrived in (json_body joins what it needs: 16 MB copied is milliseconds the loop
+    serves no one)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise APIError(413, f"the request body has {declared} bytes; at most {limit} are accepted", code="too_large")
-    body = bytearray()
+    pieces, size = [], 0
     async for piece in request.stream():
-        body += piece
-        if len(body) > limit:
+        pieces.append(piece)
+        size += len(piece)
+        if size > limit:
             raise APIError(413, f"the request body exceeds {limit} bytes", code="too_large")
-    return bytes(body)
+    return pieces
 
 
-def _parse(model: type[BaseModel], raw: bytes) -> Any:
-    try:
-        data = json.loads(raw)
-    except ValueError as e:
-        raise bad_request(f"the request body is not valid JSON: {e}", None) from None
+def _require_json(request: Request) -> None:
+    """Bodies are JSON, said so: a browser page on another site can POST text/plain or a form to a worker on
+    localhost without asking first (no CORS preflight), but not application/json."""
+    content_type = request.headers.get("content-type", "")
+    if content_type.split(";", 1)[0].strip().lower() != "application/json":
+        raise APIError(
+            415, f"Content-Type must be application/json, got {content_type or 'none'!r}",
+            code="unsupported_media_type",
+        )  # fmt: skip
+
+
+def _validate(model: type[BaseModel], data: Any) -> Any:
     if not isinstance(data, dict):
         raise bad_request("the request body must be a JSON object", None)
     try:
@@ -123,6 +140,7 @@ class OpenAIFront:
     def __init__(self, core: FrontCore, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
         self.core = core
         self.max_body_bytes = max_body_bytes
+        self._background: set[asyncio.Future[Any]] = set()  # retain() pins running after their response
 
     # -- gates -------------------------------------------------------------------------------------------------
     def tenant(self, request: Request) -> str:
@@ -172,28 +190,61 @@ class OpenAIFront:
     ) -> Response:  # fmt: skip
         tenant = self.tenant(request)
         engine = self.engine()
-        body = _parse(model, await _read_body(request, self.max_body_bytes))
+        body = await self.body(request, model)
         self.check_model(body.model)
         parsed = parse(body)
-        common = {
-            "model": self.model_name,
-            "n": parsed.sampling.n or 1,
-            "token_text": self._token_text(engine),
-            "logprobs": bool(parsed.sampling.logprobs),
-        }
-        responder: ChatResponder | CompletionResponder
-        if chat:
-            responder = ChatResponder(
-                request_id="chatcmpl-" + uuid.uuid4().hex, parse_tools=parsed.parse_tools, **common
-            )
-        else:
-            responder = CompletionResponder(request_id="cmpl-" + uuid.uuid4().hex, **common)
-        stream = await self._open(tenant, responder.id, parsed, prompt_param=prompt_param, chat=chat)
+        request_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        stream = await self._open(tenant, request_id, parsed, prompt_param=prompt_param, chat=chat)
+        try:  # only now, with every field valid, is anything sized by the request (one choice per sample)
+            responder = self._responder(engine, stream, request_id, parsed, chat=chat)
+        except BaseException:
+            stream.close()
+            raise
+
+        def done() -> None:
+            if parsed.retention_s is not None:
+                self.retain(tenant, stream, parsed.retention_s)
+
         if parsed.stream:
-            return self._sse(stream, responder, parsed.include_usage)
-        return await self._whole(request, stream, responder)
+            return self._sse(stream, responder, parsed.include_usage, done)
+        return await self._whole(request, stream, responder, done)
+
+    def retain(self, tenant: str, stream: EngineStream, ttl_s: float) -> None:
+        """Pin what a finished request computed (its prompt and first sample's reply but the last, uncomputed,
+        token) for ttl_s, in the background: the response is not held up by it."""
+        ids = list(stream.request.prompt_ids) + stream.generated[0][:-1]
+        task = asyncio.ensure_future(self.core.retain(tenant, ids, ttl_s))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def body(self, request: Request, model: type[BaseModel], shape: BodyShape | None = None) -> Any:
+        """The body as `model`: JSON said so, at most max_body_bytes, parsed within `shape`'s limits (chat's and
+        completions' by default) without stalling the loop (json_body), then typed by pydantic (cheap: the shape
+        bounds what it holds). Every route with a body reads it here."""
+        _require_json(request)
+        raw = await _read_body(request, self.max_body_bytes)
+        try:
+            data = await parse_body(raw, shape or body_shape(self.core.limits))
+        except BodyError as e:
+            client = request.client.host if request.client else "?"
+            size = sum(len(piece) for piece in raw)
+            _refused_bodies.warn(f"refused an HTTP body from {client} ({size} bytes): {e.message[:200]}")
+            raise bad_request(e.message, e.param) from None
+        return _validate(model, data)
 
     # -- the way through validation to the engine -------------------------------------------------------------
+    def _responder(
+        self, engine: Any, stream: EngineStream, request_id: str, parsed: ParsedRequest, *, chat: bool
+    ) -> ChatResponder | CompletionResponder:
+        """The response builder of an admitted request, sized by its validated sampling (n, logprobs)."""
+        sampling = stream.request.sampling
+        common = {"request_id": request_id, "model": self.model_name, "n": sampling.n,
+                  "token_text": self._token_text(engine), "logprobs": sampling.logprobs}  # fmt: skip
+        if chat:
+            closes = bool(parsed.tool_choice.stop())
+            return ChatResponder(parse_tools=parsed.parse_tools, closes_at_stop=closes, **common)
+        return CompletionResponder(**common)
+
     @staticmethod
     def _token_text(engine: Any) -> Callable[[int], str]:
         tokenizer = engine.tokenizer
@@ -212,8 +263,9 @@ class OpenAIFront:
         Chat's default max_tokens (OpenAI's) is as long as the reply can be: what the context and KV pool leave."""
         try:
             return await self.core.admit(
-                tenant, request_id, parsed.prompt, parsed.sampling, parsed.constraint, fill_max_tokens=chat
-            )
+                tenant, request_id, parsed.prompt, parsed.sampling, parsed.constraint, fill_max_tokens=chat,
+                cache_key=parsed.cache_key,
+            )  # fmt: skip
         except Refusal as r:
             renames = {"max_tokens": parsed.max_tokens_param, "top_logprobs": parsed.top_logprobs_param}
             raise api_error(
@@ -224,7 +276,9 @@ class OpenAIFront:
     def _failure(out: RequestOutput) -> APIError:
         return api_error(Refusal.of_failure(out.error_kind, f"the request failed: {out.error}"))
 
-    async def _whole(self, request: Request, stream: EngineStream, responder: Any) -> Response:
+    async def _whole(
+        self, request: Request, stream: EngineStream, responder: Any, done: Callable[[], None] | None = None
+    ) -> Response:
         """Non-streaming: nothing is sent until the end, so a watcher notices the client leaving and closes the
         stream (aborting the request) at once."""
 
@@ -243,9 +297,13 @@ class OpenAIFront:
         finally:
             watcher.cancel()
             stream.close()
+        if done is not None:
+            done()
         return JSONResponse(responder.response().model_dump())
 
-    def _sse(self, stream: EngineStream, responder: Any, include_usage: bool) -> StreamingResponse:
+    def _sse(
+        self, stream: EngineStream, responder: Any, include_usage: bool, done: Callable[[], None] | None = None
+    ) -> StreamingResponse:
         # Starlette cancels this generator when the client disconnects (it listens for http.disconnect while it
         # streams), which closes the stream: the request is aborted at once.
         async def events() -> AsyncIterator[str]:
@@ -261,6 +319,8 @@ class OpenAIFront:
                 else:
                     if include_usage:
                         yield f"data: {responder.usage_chunk().model_dump_json()}\n\n"
+                    if done is not None:
+                        done()
                 yield "data: [DONE]\n\n"
             finally:
                 stream.close()
@@ -277,10 +337,22 @@ class OpenAIFront:
         )  # fmt: skip
 
 
-def create_app(core: FrontCore, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
-    """The FastAPI app of the OpenAI front over the front core (see the module docstring)."""
+def create_app(
+    core: FrontCore,
+    *,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    allowed_hosts: frozenset[str] | None = None,
+    store: ResponseStore | None = None,
+) -> FastAPI:
+    """The FastAPI app of the OpenAI front over the front core (see the module docstring). allowed_hosts: the Host
+    names it answers (host_check.allowed_hosts; None: any, as behind the cluster's proxy). store: the Responses
+    API's stored responses (a default-sized one if None)."""
+    from radixcache.worker.openai.responses_api import ResponsesEndpoint  # it imports this module's helpers
+
     api = OpenAIFront(core, max_body_bytes=max_body_bytes)
+    responses = ResponsesEndpoint(api, store if store is not None else ResponseStore())
     app = FastAPI(title="radixcache", docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(HostCheck, allowed=allowed_hosts)
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, e: APIError) -> JSONResponse:
@@ -300,4 +372,8 @@ def create_app(core: FrontCore, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES)
     app.add_api_route("/v1/models", api.models, methods=["GET"])
     app.add_api_route("/v1/chat/completions", api.chat, methods=["POST"])
     app.add_api_route("/v1/completions", api.completions, methods=["POST"])
+    app.state.store = responses.store
+    app.add_api_route("/v1/responses", responses.create, methods=["POST"])
+    app.add_api_route("/v1/responses/{response_id}", responses.retrieve, methods=["GET"])
+    app.add_api_route("/v1/responses/{response_id}", responses.delete, methods=["DELETE"])
     return app

@@ -10,11 +10,18 @@ from radixcache.worker.openai.protocol import ErrorBody, ErrorResponse
 ERROR_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
+    403: "permission_error",
     404: "not_found_error",
     413: "invalid_request_error",
+    429: "rate_limit_error",
     503: "service_unavailable",
     500: "internal_error",
 }
+
+
+def error_type(status: int) -> str:
+    """OpenAI's error type for an HTTP status: a client's mistake (405, 415, 431, ...) is an invalid request."""
+    return ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
 
 
 class APIError(Exception):
@@ -25,9 +32,7 @@ class APIError(Exception):
         self.status, self.message, self.param, self.code = status, message, param, code
 
     def body(self) -> dict[str, Any]:
-        error = ErrorBody(
-            message=self.message, type=ERROR_TYPES.get(self.status, "error"), param=self.param, code=self.code
-        )
+        error = ErrorBody(message=self.message, type=error_type(self.status), param=self.param, code=self.code)
         return ErrorResponse(error=error).model_dump()
 
 
@@ -38,6 +43,7 @@ def bad_request(message: str, param: str | None) -> APIError:
 # validation's messages begin with the field they are about (its gRPC-side name), e.g. "messages[2].role must be",
 # "stop[0] ...", "token_ids.ids[3] = ...". The HTTP front renames the few fields whose names differ.
 _LEADING_FIELD = re.compile(r"^([a-z_]+)(?:[\[.]|\s)")
+_PATH = re.compile(r"^[a-z_]+(?:\[\d+\]|\.[a-z_]+)*")
 _PROMPT_WORDS = ("text", "token_ids", "the prompt", "no input", "set exactly one")
 
 
@@ -50,8 +56,7 @@ def param_of(message: str, *, prompt_param: str, renames: dict[str, str] | None 
     if match is None:
         return None
     name = match.group(1)
-    if name == "messages":
-        # keep the path into the messages: "messages[2].role"
-        path = re.match(r"^messages(\[\d+\](?:\.[a-z_]+)?)?", message)
-        return path.group(0) if path else name
+    if name in ("messages", "tools"):
+        # keep the path into them: "messages[2].role", "messages[0].tool_calls[1].function.name"
+        return _PATH.match(message).group(0)  # type: ignore[union-attr]  # it starts with the name
     return (renames or {}).get(name, name)

@@ -9,12 +9,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import uvicorn
 
 from radixcache.worker.openai.app import DEFAULT_MAX_BODY_BYTES, create_app
+from radixcache.worker.openai.host_check import allowed_hosts
 from radixcache.worker.openai.http_guard import HttpLimits, protocol_for
 
 
@@ -36,8 +37,12 @@ class HttpServer:
         *,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         limits: HttpLimits | None = None,
+        allowed_host_names: Sequence[str] | None = None,
+        store: Any = None,
     ) -> None:
-        self.app = create_app(core, max_body_bytes=max_body_bytes)
+        # The Host names answered: by the bind address, or as --http-allowed-hosts says (host_check).
+        hosts = allowed_hosts(host, allowed_host_names)
+        self.app = create_app(core, max_body_bytes=max_body_bytes, allowed_hosts=hosts, store=store)
         self.host, self.port = host, port
         self.limits = limits or HttpLimits()
         self._server: _Server | None = None

@@ -85,6 +85,8 @@ class ChatCompletionRequest(_SamplingFields):
     tools: list[Tool] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
+    prompt_cache_key: str | None = Field(default=None, max_length=1024)
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = None
 
 
 class CompletionRequest(_SamplingFields):

@@ -12,15 +12,48 @@ from dataclasses import dataclass
 from typing import Any
 
 from radixcache.worker.openai.errors import bad_request
-from radixcache.worker.openai.protocol import ChatCompletionRequest, ChatMessageIn, CompletionRequest
-from radixcache.worker.openai.tool_calls import tool_call_grammar
-from radixcache.worker.validation import PromptInput, SamplingValues
+from radixcache.worker.openai.json_body import ArrayRule, BodyShape
+from radixcache.worker.openai.protocol import ChatCompletionRequest, ChatMessageIn, CompletionRequest, Tool
+from radixcache.worker.request import MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS
+from radixcache.worker.tool_calls import TOOL_CHOICE_MODES, ToolChoice, ToolSpec, template_tools
+from radixcache.worker.validation import (
+    MAX_CHAT_MESSAGES,
+    MAX_CONTENT_PARTS,
+    MAX_JSON_DEPTH,
+    MAX_JSON_ITEMS,
+    MAX_TOOL_CALLS,
+    MAX_TOOLS,
+    InvalidArgument,
+    ModelLimits,
+    PromptInput,
+    SamplingValues,
+    check_strict_schema,
+    tool_call_arguments,
+)
 
 # Accepted and ignored: they never change what is generated.
-IGNORED_PARAMS = frozenset(
-    {"user", "store", "metadata", "service_tier", "prompt_cache_key", "prompt_cache_retention", "safety_identifier"}
-)
-TOOL_CHOICES = ("auto", "none", "required")  # or {"type": "function", "function": {"name": ...}}
+IGNORED_PARAMS = frozenset({"user", "store", "metadata", "service_tier", "safety_identifier"})
+# prompt_cache_retention -> how long what a request computed stays pinned (inside the pin budget; None: not pinned).
+# The disk tier (issue 25) will keep "24h" there instead, where one is configured.
+RETENTION_S = {None: None, "in_memory": None, "24h": 24 * 3600.0}
+
+
+def body_shape(limits: ModelLimits) -> BodyShape:
+    """What a chat or completions body may hold, by validation's limits, checked while it is parsed (json_body):
+    a body with more messages, tools, parts, stop strings or token ids than any request may have is refused before
+    it is built, naming the field."""
+    token_ids = ArrayRule(max(1, limits.max_prompt_tokens), "token ids")
+    rules = {
+        ("messages",): ArrayRule(MAX_CHAT_MESSAGES, "messages"),
+        ("messages", "*", "content"): ArrayRule(MAX_CONTENT_PARTS, "content parts"),
+        ("messages", "*", "tool_calls"): ArrayRule(MAX_TOOL_CALLS, "tool calls"),
+        ("tools",): ArrayRule(MAX_TOOLS, "tools"),
+        ("stop",): ArrayRule(MAX_STOP_STRINGS, "strings"),
+        ("stop_token_ids",): ArrayRule(MAX_STOP_TOKEN_IDS, "ids"),
+        ("prompt",): token_ids,  # or a batch of one prompt
+        ("prompt", "*"): token_ids,
+    }
+    return BodyShape(max_depth=MAX_JSON_DEPTH, max_items=MAX_JSON_ITEMS + limits.context_length, rules=rules)
 
 
 @dataclass(frozen=True)
@@ -32,11 +65,14 @@ class ParsedRequest:
     stream: bool
     include_usage: bool
     parse_tools: bool = False  # chat with tools (tool_choice "auto"): generated <tool_call> blocks become tool_calls
+    tool_choice: ToolChoice = ToolChoice()
     max_tokens_param: str = "max_tokens"  # the field that set max_tokens, for error messages
     top_logprobs_param: str = "top_logprobs"
     # Structured output, as validation.constraint takes it: (kind, text), and the parameter that asked for it
     constraint: tuple[str | None, str] = (None, "")
     constraint_param: str = "response_format"
+    cache_key: str = ""  # prompt_cache_key: Request.cache_key, the cluster router's hint
+    retention_s: float | None = None  # prompt_cache_retention: pin the prompt and reply this long (None: not)
 
 
 def _refuse_unsupported(body: ChatCompletionRequest | CompletionRequest) -> None:
@@ -49,52 +85,85 @@ def _refuse_unsupported(body: ChatCompletionRequest | CompletionRequest) -> None
         raise bad_request("stream_options is only allowed when stream is true", "stream_options")
 
 
-def _response_format(body: ChatCompletionRequest | CompletionRequest) -> tuple[str | None, str]:
-    """response_format -> a constraint's (kind, text): text (none), json_object, or json_schema {"schema": ...}."""
-    rf = body.response_format
+def response_format(rf: dict[str, Any] | None, param: str = "response_format") -> tuple[str | None, str]:
+    """response_format -> a constraint's (kind, text): text (none), json_object, or json_schema {"schema": ...};
+    `strict: true` is OpenAI's strict mode (validation.check_strict_schema)."""
     kind = None if rf is None else rf.get("type")
     if kind in (None, "text"):
         return None, ""
     if kind == "json_object":
         return "json_object", ""
     if kind == "json_schema":
-        spec = rf.get("json_schema")
+        assert rf is not None
+        spec = rf.get("json_schema") if param == "response_format" else rf  # Responses' text.format is flat
         schema = spec.get("schema") if isinstance(spec, dict) else None
+        where = f"{param}.json_schema" if param == "response_format" else param
         if not isinstance(schema, (dict, bool)):
-            raise bad_request(
-                "response_format.json_schema.schema must be a JSON schema (an object)", "response_format.json_schema"
-            )
+            raise bad_request(f"{where}.schema must be a JSON schema (an object)", where)
+        if isinstance(spec, dict) and spec.get("strict") is True:
+            strict_schema(schema, f"{param} {spec.get('name', '')!r}", param)
         return "json_schema", json.dumps(schema)
-    raise bad_request(
-        f"response_format.type must be one of text, json_object, json_schema; got {kind!r}", "response_format"
-    )
+    raise bad_request(f"{param}.type must be one of text, json_object, json_schema; got {kind!r}", param)
 
 
-def _tool_choice(body: ChatCompletionRequest, tools: list[dict[str, Any]] | None) -> tuple[str | None, str]:
-    """tool_choice "required" / {"type": "function", "function": {"name"}} -> a constraint forcing one tool call."""
-    choice = body.tool_choice
-    if choice is None or choice in ("auto", "none"):
-        return None, ""
-    name = None
-    if isinstance(choice, dict):
-        function = choice.get("function")
-        name = function.get("name") if choice.get("type") == "function" and isinstance(function, dict) else None
-        if not isinstance(name, str):
+def strict_schema(schema: Any, owner: str, param: str) -> None:
+    """validation.check_strict_schema, as a 400 naming `param`."""
+    try:
+        check_strict_schema(schema, owner)
+    except InvalidArgument as e:
+        raise bad_request(str(e), param) from None
+
+
+def tool_specs(tools: list[Tool] | None) -> list[ToolSpec]:
+    """Chat's tools -> ToolSpecs (a strict function's parameters are checked as OpenAI checks them)."""
+    specs = []
+    for i, tool in enumerate(tools or ()):
+        f = tool.function
+        if f.strict:
+            strict_schema(f.parameters or {}, f"function {f.name!r}", f"tools[{i}].function.parameters")
+        specs.append(ToolSpec(f.name, f.description, f.parameters, bool(f.strict)))
+    return specs
+
+
+def _named(entry: Any) -> str | None:
+    """The function name of {"type": "function", "function": {"name"}} (chat) or {"type": "function", "name"}."""
+    if not isinstance(entry, dict) or entry.get("type") != "function":
+        return None
+    function = entry.get("function", entry)
+    name = function.get("name") if isinstance(function, dict) else None
+    return name if isinstance(name, str) else None
+
+
+def tool_choice(choice: Any, parallel: bool | None, specs: list[ToolSpec], param: str = "tool_choice") -> ToolChoice:
+    """OpenAI's tool_choice (chat's or the Responses API's shapes) -> a ToolChoice: "auto" | "none" | "required",
+    a named function, or {"type": "allowed_tools", "allowed_tools": {"mode", "tools"}} (chat; the Responses API
+    writes mode and tools at the top level); parallel_tool_calls False: at most one call."""
+    usage = f"{param} must be auto, none, required, a function ({{'type': 'function', ...}}) or allowed_tools"
+    one = parallel is not False
+    if choice is None or isinstance(choice, str):
+        mode = choice or "auto"
+        if mode not in TOOL_CHOICE_MODES:
+            raise bad_request(f"{usage}; got {choice!r}", param)
+        wanted = ToolChoice(mode, parallel=one)
+    elif _named(choice) is not None:
+        wanted = ToolChoice("required", (_named(choice),), parallel=one)  # type: ignore[arg-type]
+    elif isinstance(choice, dict) and choice.get("type") == "allowed_tools":
+        allowed = choice.get("allowed_tools", choice)
+        entries = allowed.get("tools") if isinstance(allowed, dict) else None
+        names = [_named(t) for t in entries] if isinstance(entries, list) else [None]
+        mode = allowed.get("mode") if isinstance(allowed, dict) else None
+        if mode not in ("auto", "required") or None in names:
             raise bad_request(
-                "tool_choice must be auto, none, required or {'type': 'function', 'function': {'name': ...}}",
-                "tool_choice",
+                f"{param}: allowed_tools takes a mode (auto or required) and tools [{{'type': 'function', ...}}]",
+                param,
             )
-    elif choice not in TOOL_CHOICES:
-        raise bad_request(
-            f"tool_choice must be auto, none, required or a named function; got {choice!r}", "tool_choice"
-        )
-    if not tools:
-        raise bad_request("tool_choice requires tools", "tool_choice")
-    if name is not None and name not in {t["function"]["name"] for t in tools}:
-        raise bad_request(f"tool_choice names the function {name!r}, which is not among tools", "tool_choice")
-    if body.response_format is not None and _response_format(body)[0] is not None:
-        raise bad_request("set response_format or a forced tool_choice, not both", "response_format")
-    return "ebnf", tool_call_grammar(tools, name)
+        wanted = ToolChoice(mode, tuple(names), parallel=one)  # type: ignore[arg-type]
+    else:
+        raise bad_request(usage, param)
+    problem = wanted.check(specs)
+    if problem is not None:
+        raise bad_request(f"{param} {problem}", param)
+    return wanted
 
 
 def _stop(stop: str | list[str] | None) -> tuple[str, ...]:
@@ -140,12 +209,22 @@ def _content(message: ChatMessageIn, i: int) -> str:
     return "".join(texts)
 
 
-def _arguments(raw: str) -> Any:
-    """Tool-call arguments as chat templates expect them (an object), when the string is one; else as sent."""
+def template_arguments(raw: str) -> Any:
+    """Tool-call arguments as chat templates expect them (an object), when the string is one; else as sent (text
+    that is not JSON, or nests deeper than json.loads goes). For what the model generated; a client's: client_arguments."""
     try:
         return json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         return raw
+
+
+def client_arguments(raw: str, param: str) -> Any:
+    """A client's tool-call arguments, the field `param` (validation.tool_call_arguments: size-checked before they
+    are parsed), or a 400 naming it."""
+    try:
+        return tool_call_arguments(raw, param)
+    except InvalidArgument as e:
+        raise bad_request(str(e), param) from None
 
 
 def chat_messages(messages: list[ChatMessageIn]) -> list[dict[str, Any]]:
@@ -164,9 +243,14 @@ def chat_messages(messages: list[ChatMessageIn]) -> list[dict[str, Any]]:
                 {
                     "id": call.id,
                     "type": "function",
-                    "function": {"name": call.function.name, "arguments": _arguments(call.function.arguments)},
+                    "function": {
+                        "name": call.function.name,
+                        "arguments": client_arguments(
+                            call.function.arguments, f"messages[{i}].tool_calls[{j}].function.arguments"
+                        ),
+                    },
                 }
-                for call in m.tool_calls
+                for j, call in enumerate(m.tool_calls)
             ]
         if m.tool_call_id is not None:
             message["tool_call_id"] = m.tool_call_id
@@ -176,35 +260,35 @@ def chat_messages(messages: list[ChatMessageIn]) -> list[dict[str, Any]]:
 
 def parse_chat(body: ChatCompletionRequest) -> ParsedRequest:
     _refuse_unsupported(body)
-    choice = body.tool_choice
-    if body.parallel_tool_calls is False:
-        raise bad_request("parallel_tool_calls=false is not supported by this server", "parallel_tool_calls")
     if body.top_logprobs is not None and not body.logprobs:
         raise bad_request("top_logprobs needs logprobs set to true", "top_logprobs")
-    tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
+    specs = tool_specs(body.tools)
+    choice = tool_choice(body.tool_choice, body.parallel_tool_calls, specs)
+    forced = choice.constraint(specs)
+    wanted = response_format(body.response_format)
+    if forced[0] is not None and wanted[0] is not None:
+        raise bad_request("set response_format or a forced tool_choice, not both", "response_format")
     max_param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     sampling = _sampling(
         body,
         max_tokens=body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens,
         logprobs=body.logprobs,
         top_logprobs=body.top_logprobs,
+        stop=_stop(body.stop) + tuple(s for s in choice.stop() if s not in _stop(body.stop)),
     )
     return ParsedRequest(
-        prompt=PromptInput(messages=chat_messages(body.messages), tools=tools),
+        prompt=PromptInput(messages=chat_messages(body.messages), tools=template_tools(specs)),
         sampling=sampling,
         stream=bool(body.stream),
         include_usage=bool(body.stream_options and body.stream_options.include_usage),
-        parse_tools=bool(tools) and choice != "none",
+        parse_tools=choice.parses(specs),
+        tool_choice=choice,
         max_tokens_param=max_param,
-        **_constraint(body, tools),
+        constraint=forced if forced[0] is not None else wanted,
+        constraint_param="tool_choice" if forced[0] is not None else "response_format",
+        cache_key=body.prompt_cache_key or "",
+        retention_s=RETENTION_S[body.prompt_cache_retention],
     )
-
-
-def _constraint(body: ChatCompletionRequest, tools: list[dict[str, Any]] | None) -> dict[str, Any]:
-    forced = _tool_choice(body, tools)
-    if forced[0] is not None:
-        return {"constraint": forced, "constraint_param": "tool_choice"}
-    return {"constraint": _response_format(body)}
 
 
 def _completion_prompt(prompt: str | list[str] | list[int] | list[list[int]]) -> PromptInput:
@@ -239,5 +323,5 @@ def parse_completion(body: CompletionRequest) -> ParsedRequest:
         stream=bool(body.stream),
         include_usage=bool(body.stream_options and body.stream_options.include_usage),
         top_logprobs_param="logprobs",
-        constraint=_response_format(body),
+        constraint=response_format(body.response_format),
     )

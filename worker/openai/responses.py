@@ -29,8 +29,8 @@ from radixcache.worker.openai.protocol import (
     TopLogprobOut,
     Usage,
 )
-from radixcache.worker.openai.tool_calls import ToolCall, ToolCallParser
 from radixcache.worker.request import FinishReason, RequestOutput, TokenLogprob
+from radixcache.worker.tool_calls import ToolCall, ToolCallParser
 
 FINISH_REASONS = {
     FinishReason.STOP_TOKEN: "stop",
@@ -65,8 +65,15 @@ def usage(prompt_tokens: int, cached_tokens: int, completion_tokens: int) -> Usa
 
 
 class _Responder:
-    def __init__(self, *, request_id: str, model: str, n: int, token_text: TokenText, parse_tools: bool) -> None:
+    """closes_at_stop: the request stops at the tool-call closing tag (parallel_tool_calls false, ToolChoice.stop),
+    so a generation that ends on a stop string with a block open has closed it."""
+
+    def __init__(
+        self, *, request_id: str, model: str, n: int, token_text: TokenText, parse_tools: bool,
+        closes_at_stop: bool = False,
+    ) -> None:  # fmt: skip
         self.id, self.model, self.token_text = request_id, model, token_text
+        self.closes_at_stop = closes_at_stop
         self.samples = [_Sample(i, ToolCallParser() if parse_tools else None) for i in range(n)]
         self.prompt_tokens = self.cached_tokens = 0
 
@@ -81,7 +88,12 @@ class _Responder:
             parsed = sample.parser.push(out.text)
             text, calls = parsed.text, parsed.calls
             if out.finish_reason is not None:
-                text += sample.parser.finish().text
+                # Cut by max_tokens: the call as far as it got, never the markup.
+                rest = sample.parser.finish(
+                    truncated=out.finish_reason is FinishReason.LENGTH,
+                    closed=self.closes_at_stop and out.finish_reason is FinishReason.STOP_STRING,
+                )
+                text, calls = text + rest.text, calls + rest.calls
         if out.finish_reason is not None:
             sample.finish = FINISH_REASONS.get(out.finish_reason, "stop")
             if sample.finish == "stop" and (sample.calls or calls):
