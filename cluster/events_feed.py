@@ -30,16 +30,16 @@ log = logging.getLogger("radixcache.cluster")
 
 
 def hub_events(events: list[CacheEvent]) -> list[tuple[Any, ...]]:
-    """The hub's tuples of the device's pages. Pages in the tiers below it (medium "CPU" / "DISK") are left out
-    until the router scores them (below device pages): counted as device pages they would draw requests wrongly."""
+    """The hub's tuples (cluster.hub.Event). A page in a tier below the device (medium "CPU" / "DISK") carries its
+    medium as a 4th element: the router scores it below a device page (cluster.index, cluster.policy)."""
     out: list[tuple[Any, ...]] = []
     for e in events:
-        if getattr(e, "medium", MEDIUM_DEVICE) != MEDIUM_DEVICE:
-            continue
+        medium = getattr(e, "medium", MEDIUM_DEVICE)
+        tail = () if medium == MEDIUM_DEVICE else (medium,)
         if isinstance(e, PagesStored):
-            out.append(("stored", e.namespace, e.page_hashes))
+            out.append(("stored", e.namespace, e.page_hashes, *tail))
         elif isinstance(e, PagesRemoved):
-            out.append(("removed", e.namespace, e.page_hashes))
+            out.append(("removed", e.namespace, e.page_hashes, *tail))
         elif isinstance(e, NamespaceCleared):
             out.append(("cleared", e.namespace))
     return out
