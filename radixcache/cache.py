@@ -222,6 +222,8 @@ class PrefixCache:
             else:
                 self.allocator.incref([m.partial_page])
                 lease._src, lease.copy_from = m.partial_page, (m.partial_page, dst, m.partial_tokens)
+                if self.tier is not None:
+                    self.tier.copying(m.partial_page, dst)
                 lease.pages.append(dst)
                 cached += m.partial_tokens
         elif node is not None:

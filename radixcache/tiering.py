@@ -22,7 +22,7 @@ Everything here runs on the cache's thread (the engine's) except the loader thre
   reads a lossy page. When the cache demotes a node (`relocated` into the demoted ids), its full-precision pages are
   handed to the tiers first, unless they hold them already (write-through usually did): demotion is an eviction
   from the full-precision pool. A demoted page, and a page promoted back from one (its values are what the
-  demotion kept), is never spilled, written through or saved. A load that the cache cannot line up with what memory
+  demotion kept), or one a hit copied slots of such a page into, is never spilled, written through or saved. A load that the cache cannot line up with what memory
   holds (a demoted page on the path that could not be brought back) is not started: those pages are computed.
 - Events: what the tiers start and stop holding becomes PagesStored / PagesRemoved with the tier's medium ("CPU",
   "DISK") in the cache's event stream (`pump`, each step); `tier_records` lists it for snapshots.
@@ -132,6 +132,9 @@ class TierLink:
         self._names: dict[int, PageKey] = {}  # page id -> its key, for every whole page the tree stores
         self._evicted: dict[int, PageKey] = {}  # removed by the eviction under way, until spill() takes them
         self._lossy: set[int] = set()  # full-precision pages promoted back from demoted copies: never go down
+        # pages a lease copied the first slots of a lossy page into (a partial hit): lossy once stored whole. An
+        # entry left behind by a page freed unpublished only keeps a later page of that id from spilling (safe).
+        self._tainted: set[int] = set()
         self._prefixes: dict[str, bytes] = {}
         self._mirror: dict[tuple[str, str, int], PageKey] = {}  # (medium, ns, hash) the events say a tier holds
         self._jobs: list[LoadJob] = []  # in flight (started, not finished)
@@ -177,6 +180,9 @@ class TierLink:
                 for i, (page, h) in enumerate(zip(pages, hashes, strict=False)):
                     self._names[page] = PageKey(namespace, h, parent, key[i * bpp : (i + 1) * bpp])
                     parent = h
+                    if page in self._tainted:
+                        self._tainted.discard(page)
+                        self._lossy.add(page)
                 if self.write_through and self.disk is not None:
                     self._to_write.extend(pages[:whole])
         if self.sink is not None:
@@ -217,6 +223,14 @@ class TierLink:
                 lossy.add(dst)
         if self.sink is not None:
             self.sink.relocated(old, new)
+
+    def copying(self, src: int, dst: int) -> None:
+        """The cache copies the first slots of page `src` into a lease's page `dst` (a hit ending inside a page):
+        slots of a lossy page make `dst` lossy too."""
+        if src in self._lossy or src in self._tainted:
+            self._tainted.add(dst)
+        else:
+            self._tainted.discard(dst)
 
     def _prefix(self, namespace: str) -> bytes:
         prefix = self._prefixes.get(namespace)

@@ -7,34 +7,51 @@ from __future__ import annotations
 
 import random
 
+from test_cache_demotion import PS, Contents, prompt, serve
+
 from radixcache.cache import PrefixCache
 from radixcache.events import page_hashes
 from radixcache.host_tier import HostTier
-from radixcache.keys import encode
+from radixcache.keys import decode, encode
 from radixcache.tier import PageKey, TierChain
 from radixcache.tiering import TierLink
 
-PS = 2
 EXACT, LOSSY = b"exact:", b"lossy:"
 
 
-class LossyPool:
-    """A stand-in pool whose pages hold their tokens, marked exact when computed and lossy once transcoded (a
-    demotion or a promotion), so a test sees which values went down to a tier."""
+class _Marked(dict):
+    """Page -> tokens; a page written by a computation (test_cache_demotion.serve) is exact again."""
+
+    def __init__(self, lossy: set[int]) -> None:
+        super().__init__()
+        self.lossy = lossy
+
+    def __setitem__(self, page: int, tokens: tuple[int, ...]) -> None:
+        super().__setitem__(page, tokens)
+        self.lossy.discard(page)
+
+
+class LossyPool(Contents):
+    """test_cache_demotion's stand-in pool (pages hold their tokens), whose pages are lossy once transcoded (a
+    demotion or a promotion) until computed again; read_page marks which, so a test sees what went down to a tier."""
 
     def __init__(self, num_pages: int) -> None:
+        super().__init__()
         self.num_pages = num_pages
-        self.content: dict[int, bytes] = {}
+        self.lossy: set[int] = set()
+        self.tokens = _Marked(self.lossy)
 
     def transcode(self, src: list[int], dst: list[int]) -> None:
-        for s, d in zip(src, dst, strict=True):
-            self.content[d] = LOSSY + self.content[s].split(b":", 1)[1]
+        super().transcode(src, dst)
+        self.lossy.update(dst)
 
     def read_page(self, page: int) -> bytes:
-        return self.content[page]
+        return (LOSSY if page in self.lossy else EXACT) + encode(self.tokens[page])
 
     def write_page(self, page: int, data: bytes) -> None:
-        self.content[page] = data
+        self.tokens[page] = tuple(decode(data[len(EXACT) :]))
+        if data.startswith(LOSSY):
+            self.lossy.add(page)
 
 
 def make(num_pages: int = 4, demoted: int = 8, host_pages: int = 64) -> tuple[PrefixCache, LossyPool, HostTier]:
@@ -43,29 +60,6 @@ def make(num_pages: int = 4, demoted: int = 8, host_pages: int = 64) -> tuple[Pr
     link = TierLink(pool, PS, tiers=TierChain([host]))
     cache = PrefixCache(num_pages, PS, demoted_pages=demoted, transcode=pool.transcode, tier=link)
     return cache, pool, host
-
-
-def serve(cache: PrefixCache, pool: LossyPool, owner: str, tokens: list[int]) -> int:
-    """One request computed whole and released: the tokens it hit. Every page it reads holds its own tokens."""
-    lease = cache.acquire(owner, tokens)
-    for i, page in enumerate(lease.pages[: lease.cached_tokens // PS]):
-        assert pool.content[page].split(b":", 1)[1] == encode(tokens[i * PS : (i + 1) * PS]), f"page {page}"
-    if lease.copy_from is not None:
-        src, dst, _ = lease.copy_from
-        pool.content[dst] = pool.content[src]
-        cache.copied(lease)
-    cache.allocate(lease, max(0, -(-len(tokens) // PS) - len(lease.pages)))
-    for i, page in enumerate(lease.pages):
-        if i * PS >= lease.cached_tokens - lease.cached_tokens % PS:
-            pool.content[page] = EXACT + encode(tokens[i * PS : (i + 1) * PS])
-    hit = lease.cached_tokens
-    cache.release(lease, tokens)
-    cache.check(idle=True)
-    return hit
-
-
-def prompt(i: int, pages: int = 3) -> list[int]:
-    return [100 * i + t for t in range(pages * PS)]
 
 
 def held_exactly(host: HostTier) -> None:
@@ -134,4 +128,16 @@ def test_a_page_promoted_back_from_its_demoted_copy_is_not_spilled() -> None:
     cache.evict(cache.num_pages)
     held_exactly(host)
     assert not {k.page_hash for k, _ in host.items()} & set(page_hashes(prompt(0), PS))
+    cache.check(idle=True)
+
+
+def test_a_page_whose_first_slots_were_copied_from_a_promoted_page_is_not_spilled() -> None:
+    cache, pool, host = make()
+    serve(cache, pool, "a", prompt(0))
+    serve(cache, pool, "b", prompt(1))  # demotes prompt 0
+    host.flush()
+    diverging = prompt(0)[: 2 * PS + 1] + [999]  # ends one slot into prompt 0's last page
+    assert serve(cache, pool, "c", diverging) == 2 * PS + 1  # promoted, then that slot copied from a lossy page
+    cache.evict(cache.num_pages)
+    assert page_hashes(diverging, PS)[2] not in {k.page_hash for k, _ in host.items()}
     cache.check(idle=True)
