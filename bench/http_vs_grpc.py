@@ -17,8 +17,9 @@ clients), from /proc and getrusage: on a shared machine the fronts' own costs sh
 wall-clock figures.
 
 The Responses API (issue 28) gets two more measurements. A chat workload (random-word conversations, rendered by
-the chat template on both paths) through gRPC Generate(messages) and through POST /v1/responses streamed with the
-lean client: `responses_ttft_p50_overhead_ms`. And an agent loop on a second worker with the cache on: `--turns`
+the chat template on both paths) through gRPC Generate(messages), through POST /v1/responses and through Anthropic's
+POST /v1/messages, each streamed with the lean client: `responses_ttft_p50_overhead_ms`,
+`messages_ttft_p50_overhead_ms`. And an agent loop on a second worker with the cache on: `--turns`
 turns of a conversation, once chained with previous_response_id (the worker continues from its stored tokens) and
 once resending the whole history each turn (as clients without server-side state do), with the cached share of
 each turn's input and its TTFT (official openai client, streaming).
@@ -37,7 +38,7 @@ import random
 import resource
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -171,22 +172,48 @@ def conversation(rng: random.Random, words: int) -> list[dict[str, str]]:
     ]
 
 
+async def timed_events(
+    client: LeanSSEClient, body: dict, first_delta: str, tokens: Callable[[dict], int | None]
+) -> Timing:
+    """Stream `body` through LeanSSEClient: TTFT at the first event of type `first_delta`, the output tokens from
+    the event that `tokens` reads them from (None for the others)."""
+    t0 = time.perf_counter()
+    first, n = None, 0
+    async for event in client.events(body):
+        if event["type"] == first_delta and first is None:
+            first = time.perf_counter()
+        n = tokens(event) or n
+    end = time.perf_counter()
+    first = first or end
+    return Timing(first - t0, (end - first) / (n - 1) if n > 1 else None, n)
+
+
 async def responses_lean_one(client: LeanSSEClient, model: str, messages: list[dict[str, str]], max_tokens: int) -> Timing:  # fmt: skip
     """POST /v1/responses, streamed, through LeanSSEClient (the instructions and input of the same conversation)."""
     body = {
         "model": model, "instructions": messages[0]["content"], "input": messages[1:], "max_output_tokens": max_tokens,
         "stream": True, "store": False,
     }  # fmt: skip
-    t0 = time.perf_counter()
-    first, n = None, 0
-    async for event in client.events(body):
-        if event["type"] == "response.output_text.delta" and first is None:
-            first = time.perf_counter()
-        if event["type"] in ("response.completed", "response.incomplete"):
-            n = event["response"]["usage"]["output_tokens"]
-    end = time.perf_counter()
-    first = first or end
-    return Timing(first - t0, (end - first) / (n - 1) if n > 1 else None, n)
+
+    def tokens(event: dict) -> int | None:
+        done = event["type"] in ("response.completed", "response.incomplete")
+        return event["response"]["usage"]["output_tokens"] if done else None
+
+    return await timed_events(client, body, "response.output_text.delta", tokens)
+
+
+async def messages_lean_one(client: LeanSSEClient, model: str, messages: list[dict[str, str]], max_tokens: int) -> Timing:  # fmt: skip
+    """POST /v1/messages (Anthropic's Messages API), streamed, through LeanSSEClient: the same conversation's system
+    prompt and user turn."""
+    body = {
+        "model": model, "system": messages[0]["content"], "messages": messages[1:], "max_tokens": max_tokens,
+        "stream": True,
+    }  # fmt: skip
+
+    def tokens(event: dict) -> int | None:
+        return event["usage"]["output_tokens"] if event["type"] == "message_delta" else None
+
+    return await timed_events(client, body, "content_block_delta", tokens)
 
 
 async def agent_loop(base_url: str, model: str, turns: int, output: int, chained: bool) -> list[dict[str, float]]:
@@ -229,8 +256,12 @@ async def agent_loop(base_url: str, model: str, turns: int, output: int, chained
 
 def front_cost(repeats: int = 300) -> dict[str, float]:
     """What each HTTP front itself spends, in this process and without an engine: ms from the body to the first
-    streamed delta (parse, map, first events) and per streamed token (serialize), Responses API vs chat
-    completions, best of 3. Independent of the network and of the engine: steadier than TTFT on a busy machine."""
+    streamed delta (parse, map, first events) and per streamed token (serialize), the Responses and Messages APIs
+    vs chat completions, best of 3. Independent of the network and of the engine: steadier than TTFT on a busy
+    machine."""
+    from radixcache.worker.anthropic import output as anthropic_output
+    from radixcache.worker.anthropic.protocol import MessagesRequest
+    from radixcache.worker.anthropic.requests import parse_messages
     from radixcache.worker.openai.protocol import ChatCompletionRequest
     from radixcache.worker.openai.requests import parse_chat
     from radixcache.worker.openai.responses import ChatResponder
@@ -252,6 +283,16 @@ def front_cost(repeats: int = 300) -> dict[str, float]:
         for event in r.first_events() + [e for out in outputs[:tokens] for e in r.add(out)]:
             sse(event)
 
+    def messages_api(tokens: int) -> None:
+        body = {"model": "m", "system": messages[0]["content"], "messages": messages[1:], "max_tokens": 32, "stream": True}  # fmt: skip
+        parse_messages(MessagesRequest.model_validate(body))
+        r = anthropic_output.MessagesResponder(
+            message_id="msg_x", model="m", parse_tools=False, closes_at_stop=False, stop_sequences=(), prewarm=False,
+            generated_text=str,
+        )  # fmt: skip
+        for event in [e for out in outputs[:tokens] for e in r.add(out)]:
+            anthropic_output.sse(event)
+
     def chat(tokens: int) -> None:
         parse_chat(ChatCompletionRequest.model_validate({"model": "m", "messages": messages, "stream": True}))
         r = ChatResponder(request_id="c", model="m", n=1, token_text=str, parse_tools=False, logprobs=False)
@@ -268,7 +309,7 @@ def front_cost(repeats: int = 300) -> dict[str, float]:
         return min(times)
 
     out = {}
-    for name, f in (("responses", responses), ("chat", chat)):
+    for name, f in (("responses", responses), ("messages", messages_api), ("chat", chat)):
         first, whole = best(f, 1), best(f, 32)
         out[f"{name}_ms_to_first_delta"] = round(first, 3)
         out[f"{name}_ms_per_token"] = round((whole - first) / 31, 4)
@@ -340,9 +381,11 @@ async def bench(grpc_target: str, base_url: str, model: str, worker_pid: int, ar
         if args.openai_client:
             senders["http_openai"] = lambda p: http_one(openai_client, model, p, args.output)
         responses_client = LeanSSEClient(url.hostname or "127.0.0.1", url.port or 80, url.path + "/responses")
+        messages_client = LeanSSEClient(url.hostname or "127.0.0.1", url.port or 80, url.path + "/messages")
         chat_senders = {
             "grpc_chat": lambda m: grpc_one(grpc_client, m, args.output),
             "responses": lambda m: responses_lean_one(responses_client, model, m, args.output),
+            "messages": lambda m: messages_lean_one(messages_client, model, m, args.output),
         }
         workloads = [(senders, lambda: [rng.randrange(8, vocab) for _ in range(args.prompt)])]
         workloads.append((chat_senders, lambda: conversation(rng, args.prompt // 2)))
@@ -359,6 +402,7 @@ async def bench(grpc_target: str, base_url: str, model: str, worker_pid: int, ar
         await openai_client.close()
         lean_client.close()
         responses_client.close()
+        messages_client.close()
     return {front: summary(rounds) for front, rounds in results.items()}
 
 
@@ -417,7 +461,7 @@ def main(argv: list[str] | None = None) -> dict:
     )
     names = {
         "grpc": "gRPC", "http": "HTTP/SSE", "http_openai": "HTTP (openai)", "grpc_chat": "gRPC chat",
-        "responses": "Responses",
+        "responses": "Responses", "messages": "Messages",
     }  # fmt: skip
     for front, s in result.items():
         print(
@@ -439,6 +483,9 @@ def main(argv: list[str] | None = None) -> dict:
     c, r = result["grpc_chat"], result["responses"]
     headline["responses_ttft_p50_overhead_ms"] = round(r["ttft_p50_ms"] - c["ttft_p50_ms"], 2)
     headline["responses_throughput_ratio"] = round(r["tok_s"] / c["tok_s"], 3)
+    m = result["messages"]
+    headline["messages_ttft_p50_overhead_ms"] = round(m["ttft_p50_ms"] - c["ttft_p50_ms"], 2)
+    headline["messages_throughput_ratio"] = round(m["tok_s"] / c["tok_s"], 3)
     for mode, figures in loops.items():
         print(f"agent loop, {mode} (cached share of input / TTFT per turn): " + " ".join(f"{f['cached_share']:.2f}/{f['ttft_ms']:.0f}ms" for f in figures))  # fmt: skip
         later = figures[1:]

@@ -10,13 +10,18 @@
 3. Parity first: top-5 log-probabilities at every position of a few prompts, llama.cpp F32 (f32 KV cache, flash
    attention off) against our fp32 model. A comparison of two different functions would mean nothing, so a mismatch stops it.
 4. Decode at batch 1 (fp32 vs F32, and our --weights int8 vs F16), gsp (shared 1,024-token system prompts, 4
-   clients) and multiturn, servers in ABBA order, each a single-threaded process, each workload on fresh servers.
+   clients) and multiturn, servers in ABBA order, each a single-threaded process, each workload on fresh servers;
+   ours with --speculate 0 there, so these stay figures of plain decoding.
+5. The agentic trace of bench/spec_bench.py (bench/traces/agentic.json; one session after another, greedy, the tool
+   calls under their JSON schema on both sides): ours with --speculate 8 against llama-server with its own n-gram
+   speculation when this build has it (`--spec-type ngram-mod`, else ngram-simple, else none: the JSON says which).
 
 Reported per side: wall ms per output token at batch 1 (streamed, client-side), CPU ms per token of the server
 process (user + system time over the same span: what the work costs, robust to other load on a shared machine),
 output tokens per second and TTFT p90 of gsp and multiturn. The LAST line is one JSON object with the ratios
 ours / theirs: decode_b1_vs_llamacpp_f32, decode_int8_vs_llamacpp_f16 (ms per token: below 1 means faster),
-gsp_throughput_vs_llamacpp, multiturn_throughput_vs_llamacpp (tokens per second: above 1 means faster).
+gsp_throughput_vs_llamacpp, multiturn_throughput_vs_llamacpp, agentic_speculative_vs_llamacpp (tokens per second:
+above 1 means faster), and llamacpp_speculation (the spec type llama-server ran the agentic trace with).
 """
 
 from __future__ import annotations
@@ -136,12 +141,20 @@ class LlamaServer:
     `kv_type` (llama.cpp's default is f16; an F32 model gets f32, as our fp32 model's pool is: with an f16 cache the
     log-probabilities differ by ~7e-4 instead of ~7e-6)."""
 
-    def __init__(self, binary: Path, model: Path, slots: int, ctx_per_slot: int = 2048, kv_type: str = "f16") -> None:
+    def __init__(
+        self,
+        binary: Path,
+        model: Path,
+        slots: int,
+        ctx_per_slot: int = 2048,
+        kv_type: str = "f16",
+        extra: tuple[str, ...] = (),
+    ) -> None:
         self.port = free_port()
         self.args = [
             str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(self.port),
             "-t", "1", "-tb", "1", "-np", str(slots), "-c", str(slots * ctx_per_slot), "-fa", "off",
-            "--no-webui", "--log-disable", "--cache-type-k", kv_type, "--cache-type-v", kv_type,
+            "--no-webui", "--log-disable", "--cache-type-k", kv_type, "--cache-type-v", kv_type, *extra,
         ]  # fmt: skip
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -211,10 +224,41 @@ class LlamaServer:
             conn.close()
         return tokens
 
+    def complete(self, prompt: list[int], max_tokens: int, schema: dict[str, Any] | None) -> list[int]:
+        """A greedy completion of token ids (under a JSON schema if given); its token ids."""
+        body: dict[str, Any] = {"prompt": prompt, "n_predict": max_tokens, "temperature": 0.0, "cache_prompt": True,
+                                "return_tokens": True}  # fmt: skip
+        if schema is not None:
+            body["json_schema"] = schema
+        status, out = self.request("POST", "/completion", body)
+        if status != 200:
+            raise RuntimeError(f"llama-server: HTTP {status}: {str(out)[:300]}")
+        return list(out["tokens"])
+
+
+def llama_speculation(binary: Path) -> tuple[tuple[str, ...], str]:
+    """llama-server's n-gram speculation flags if this build has them (its own defaults otherwise), and their name;
+    ((), "none") for a build without."""
+    text = subprocess.run([str(binary), "--help"], capture_output=True, text=True, check=False)
+    usage = text.stdout + text.stderr
+    if "--spec-type" in usage:
+        for kind in ("ngram-mod", "ngram-simple"):
+            if kind in usage:
+                return ("--spec-type", kind), kind
+    return (), "none"
+
 
 # --- our worker ---------------------------------------------------------------------------------------------------
 def our_worker(ckpt: Path, *extra: str) -> Worker:
     return Worker(ckpt, "--kv-memory", "1GiB", *extra, name="radixcache", threads=1)
+
+
+def our_complete(target: str, prompt: list[int], max_tokens: int, schema: dict[str, Any] | None) -> list[int]:
+    from radixcache.client import Client
+
+    kwargs: dict[str, Any] = {"json_schema": schema} if schema is not None else {}
+    with Client(target) as client:
+        return client.generate_text(token_ids=prompt, max_tokens=max_tokens, temperature=0.0, **kwargs).token_ids
 
 
 def our_stream(target: str, prompt: list[int], max_tokens: int, on_token: Callable[[], None]) -> int:
@@ -339,16 +383,45 @@ def multiturn(stream: Callable[..., int], first: list[Job], rounds: int, user: i
     return run_clients(stream, lambda c: chains[c].pop() if chains[c] else None, len(chains))
 
 
+def agentic(complete: Callable[..., list[int]], ckpt: Path, sessions: int) -> dict[str, float]:
+    """The agentic trace's sessions one after another (batch 1): generated tokens per second over the whole run."""
+    from spec_bench import TRACE, Session
+
+    from radixcache.worker.model.tokenizer import Tokenizer
+
+    trace = json.loads(TRACE.read_text())
+    tokenizer = Tokenizer.from_dir(ckpt)
+    context = json.loads((ckpt / "config.json").read_text())["max_position_embeddings"]
+    total, start = 0, time.perf_counter()
+    for task in trace["tasks"][:sessions]:
+        session = Session(trace, task, tokenizer, context)
+        while (item := session.next_request()) is not None:
+            prompt, params, constraint = item
+            schema = json.loads(constraint.text) if constraint is not None else None
+            output = complete(prompt, params.max_tokens, schema)
+            total += len(output)
+            session.answer(output)
+    return {"tok_s": total / (time.perf_counter() - start), "tokens": total}
+
+
 def run_side(side: str, args: argparse.Namespace, ckpt: Path, ggufs: dict[str, Path], binary: Path, task: str) -> Any:
-    """One measurement of `task` on a fresh server of `side` (ours | ours-int8 | llama-f32 | llama-f16)."""
+    """One measurement of `task` on a fresh server of `side` (ours | ours-int8 | ours-spec | llama-f32 | llama-f16 |
+    llama-spec)."""
     rng = random.Random(7)
     prompt = random_tokens(rng, args.context)
     gsp = gsp_workload(groups=2, prompts=args.gsp_prompts, system=1024, question=32, output=args.gsp_output)
     mt_first = multiturn_first_round(clients=2, system=256, user=32, output=args.gsp_output)
     clients = 4
+    if side == "ours-spec":
+        with our_worker(ckpt, "--speculate", "8") as w:
+            return agentic(lambda p, n, schema: our_complete(w.target, p, n, schema), ckpt, args.agentic_sessions)
+    if side == "llama-spec":
+        spec, _ = llama_speculation(binary)
+        with LlamaServer(binary, ggufs["f32"], slots=1, kv_type="f32", extra=spec) as server:
+            return agentic(server.complete, ckpt, args.agentic_sessions)
     if side.startswith("ours"):
         extra = ("--weights", "int8") if side == "ours-int8" else ()
-        with our_worker(ckpt, *extra) as w:
+        with our_worker(ckpt, "--speculate", "0", *extra) as w:
             assert w.proc is not None
 
             def stream(p: list[int], n: int, on_token: Callable[[], None]) -> int:
@@ -392,6 +465,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--gsp-prompts", type=int, default=4, help="questions per system prompt (2 groups)")
     p.add_argument("--gsp-output", type=int, default=16)
     p.add_argument("--parity-prompts", type=int, default=3)
+    p.add_argument("--agentic-sessions", type=int, default=3, help="sessions of the agentic trace (at most 8)")
     p.add_argument("--out", type=Path, default=RESULTS / "llamacpp_compare.json")
     args = p.parse_args(argv)
 
@@ -413,6 +487,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     dec8 = abba(("ours-int8", "llama-f16"), "decode", args.reps, run)
     gsp = abba(("ours", "llama-f32"), "gsp", args.reps, run)
     mt = abba(("ours", "llama-f32"), "multiturn", args.reps, run)
+    agent = abba(("ours-spec", "llama-spec"), "agentic", args.reps, run)
 
     # (summary key, table label, runs of the comparison, our side, their side, measure)
     spec = [
@@ -425,8 +500,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ("gsp_ttft_p90_vs_llamacpp", "gsp TTFT p90 s", gsp, "ours", "llama-f32", "ttft_p90_s"),
         ("multiturn_throughput_vs_llamacpp", "multiturn output tok/s", mt, "ours", "llama-f32", "tok_s"),
         ("multiturn_ttft_p90_vs_llamacpp", "multiturn TTFT p90 s", mt, "ours", "llama-f32", "ttft_p90_s"),
+        ("agentic_speculative_vs_llamacpp", "agentic output tok/s", agent, "ours-spec", "llama-spec", "tok_s"),
     ]  # fmt: skip
-    summary: dict[str, Any] = {"parity_max_abs_logprob_diff": par["max_abs_logprob_diff"]}
+    summary: dict[str, Any] = {
+        "parity_max_abs_logprob_diff": par["max_abs_logprob_diff"],
+        "llamacpp_speculation": llama_speculation(binary)[1],
+    }
     print(f"\n{'':<24}{'radixcache':>22}{'llama.cpp':>22}{'ours/theirs':>13}")
     for key, label, runs, ours_side, their_side, measure in spec:
         ours, theirs = median_of(runs[ours_side], measure), median_of(runs[their_side], measure)
@@ -434,7 +513,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"{label:<24}{ours_side:>12}{ours:10.3f}{their_side:>14}{theirs:8.3f}{ours / theirs:13.3f}")
     summary = {k: float(f"{v:.4g}") if isinstance(v, float) else v for k, v in summary.items()}  # 6.6e-06 stays
     write_json(args.out, {"parity": par, "decode_f32": dec32, "decode_int8": dec8, "gsp": gsp, "multiturn": mt,
-                          "summary": summary, "args": vars(args) | {"out": str(args.out)}})  # fmt: skip
+                          "agentic": agent, "summary": summary,
+                          "args": vars(args) | {"out": str(args.out)}})  # fmt: skip
     print(json.dumps(summary))
     return summary
 

@@ -49,6 +49,7 @@ _SAMPLING = (
     "n",  # samples of the prompt; their chunks interleave, told apart by Chunk.index
     "presence_penalty",
     "frequency_penalty",
+    "speculate",  # False: no draft tokens for this request (same output; only speed differs)
 )
 # Structured output (at most one): json_schema (a dict or JSON text), json_object=True, regex, ebnf (GBNF or Lark).
 _CONSTRAINTS = ("json_schema", "json_object", "regex", "ebnf")
@@ -74,6 +75,8 @@ class Chunk:
     finish_reason: str | None  # "stop_token" | "stop_string" | "length" | "aborted" on the last chunk
     logprobs: list[TokenLogprob] = field(default_factory=list)
     index: int = 0  # which sample (n > 1)
+    draft_tokens: int = 0  # speculative decoding, this sample so far: draft tokens checked
+    accepted_draft_tokens: int = 0  # and of those, the ones that were the sampled token
 
     @classmethod
     def from_proto(cls, m: pb.GenerateResponse) -> Chunk:
@@ -89,6 +92,8 @@ class Chunk:
                 TokenLogprob(lp.token_id, lp.logprob, [(t.token_id, t.logprob) for t in lp.top]) for lp in m.logprobs
             ],
             index=m.index,
+            draft_tokens=m.draft_tokens,
+            accepted_draft_tokens=m.accepted_draft_tokens,
         )
 
 
@@ -103,6 +108,8 @@ class Completion:
     cached_tokens: int
     completion_tokens: int
     finish_reason: str | None
+    draft_tokens: int = 0
+    accepted_draft_tokens: int = 0
 
     @classmethod
     def join(cls, chunks: Sequence[Chunk]) -> Completion:
@@ -118,6 +125,8 @@ class Completion:
             cached_tokens=last.cached_tokens,
             completion_tokens=last.completion_tokens,
             finish_reason=last.finish_reason,
+            draft_tokens=last.draft_tokens,
+            accepted_draft_tokens=last.accepted_draft_tokens,
         )
 
 
@@ -258,8 +267,9 @@ class Client(_Base):
         **sampling: Any,
     ) -> Iterator[Chunk]:
         """Stream a completion, one Chunk per engine step. Sampling keywords: max_tokens, temperature, top_k, top_p,
-        min_p, seed, stop, stop_token_ids, ignore_eos, logprobs, top_logprobs; and at most one constraint:
-        json_schema (dict or JSON text), json_object=True, regex, ebnf."""
+        min_p, seed, stop, stop_token_ids, ignore_eos, logprobs, top_logprobs, n, presence_penalty,
+        frequency_penalty, speculate; and at most one constraint: json_schema (dict or JSON text), json_object=True,
+        regex, ebnf."""
         req = generate_request(text, token_ids=token_ids, messages=messages, request_id=request_id, **sampling)
         call = self._stub.Generate(req, timeout=timeout, metadata=self._metadata)
         return self._iterate(call)

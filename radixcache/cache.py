@@ -467,6 +467,13 @@ class PrefixCache:
         """(medium, key) of each page a tier below memory holds, as the events told it so far (snapshots)."""
         return self.tier.tier_records() if self.tier is not None else []
 
+    def add_observer(self, observer: EventSink) -> None:
+        """A second listener to the tree's page records (`RadixTree.add_observer`), beside the event sink."""
+        self.tree.add_observer(observer)
+
+    def remove_observer(self, observer: EventSink) -> None:
+        self.tree.remove_observer(observer)
+
     def leases(self) -> list[Lease]:
         return list(self._leases.values())
 

@@ -75,6 +75,30 @@ class EventSink(Protocol):
         pages as far as anyone outside is concerned, under other ids. Nothing is stored or removed."""
 
 
+class FanOut:
+    """Several sinks seen as one: each record goes to every sink, in the order given (a RadixTree reports to its
+    event sink and its observers through one of these, so its hot path keeps a single None check)."""
+
+    def __init__(self, sinks: Sequence[EventSink]) -> None:
+        self.sinks = tuple(sinks)
+
+    def stored(self, namespace: str, after: int | None, pages: list[int], key: bytes) -> None:
+        for sink in self.sinks:
+            sink.stored(namespace, after, pages, key)
+
+    def removed(self, pages: list[int]) -> None:
+        for sink in self.sinks:
+            sink.removed(pages)
+
+    def cleared(self, namespace: str) -> None:
+        for sink in self.sinks:
+            sink.cleared(namespace)
+
+    def relocated(self, old: list[int], new: list[int]) -> None:
+        for sink in self.sinks:
+            sink.relocated(old, new)
+
+
 def namespace_prefix(namespace: str, kv_dtype: str | None = None) -> bytes:
     """The namespace's part of every page hash's input: its UTF-8 length (4 bytes big-endian), then the bytes, then
     the KV precision's identity tag (nothing at full precision)."""

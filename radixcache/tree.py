@@ -17,7 +17,11 @@ the pages it newly stores and `evict`/`flush` return the pages it dropped, and t
 Events: with an event sink (`set_event_sink`, see `radixcache.events.EventSink`), the tree also reports, by page
 id, every run of pages it starts storing (`stored`, with the page it continues and its key), the whole pages it
 drops (`removed`: eviction, flush; a partial tail is never reported, stored or removed) and a namespace a flush left
-empty (`cleared`). Without a sink the only cost is one None check where pages enter or leave.
+empty (`cleared`). Without a sink the only cost is one None check where pages enter or leave. Observers
+(`add_observer`) receive the same records after the event sink: a second hook for the tree's own process (the
+speculation index), so setting or clearing the event sink (the cache-event hub's slot) never touches them. An
+observer also hears a partial tail leave (`removed([tail page])`: evicted, flushed, or replaced, before what
+replaces it is stored), so what it learnt from `stored` (whose key may end in a tail) it can forget exactly.
 
 Protection: a node is protected while its subtree holds a lock (`lock`, counted up to the root) or a pin
 (`pin_ref`). Only unprotected leaves are evictable; `radixcache.lru.LeafLRU` keeps them in LRU order incrementally
@@ -45,6 +49,7 @@ from typing import TYPE_CHECKING
 
 from sortedcontainers import SortedList
 
+from radixcache.events import FanOut
 from radixcache.keys import TOKEN_BYTES
 from radixcache.keys import common_prefix as _common
 from radixcache.lru import ID_BITS, RECENT, LeafLRU
@@ -79,7 +84,9 @@ class RadixTree:
         self.namespace_pinned: dict[str, int] = {}
         self.demoted_pages = 0  # cached pages in demoted nodes
         self.protected_demoted_pages = 0  # of those, in nodes whose subtree is locked or pinned
-        self._sink: EventSink | None = None
+        self._events: EventSink | None = None  # the event sink's slot (set_event_sink)
+        self._observers: tuple[EventSink, ...] = ()
+        self._sink: EventSink | None = None  # what the hot path calls: None, the one sink, or a FanOut of them
 
     # ---- queries -------------------------------------------------------------------------------------------
     @property
@@ -309,6 +316,7 @@ class RadixTree:
                 keep = 0
             self._set_demoted(node, False)
         old = node.pages[keep]
+        self._tail_left(old)
         if self._sink is not None:  # the tail was never reported; what covers it is new
             after = node.pages[keep - 1] if keep else node.parent.pages[-1] if node.parent.pages else None
             self._sink.stored(namespace, after, pages, key)
@@ -553,6 +561,8 @@ class RadixTree:
                 freed += node.pages[keep:]
                 if self._sink is not None:
                     self._sink.removed(node.pages[keep : n - 1] if node.tail else node.pages[keep:])
+                if node.tail:
+                    self._tail_left(node.pages[-1])
                 node.pages, node.key, node.tail = node.pages[:keep], node.key[: keep * bpp], 0
                 self.cached_pages -= need
                 self._count(self.namespace_cached, node.namespace, -need)
@@ -589,6 +599,7 @@ class RadixTree:
             self._sink.removed(node.pages[:-1] if node.tail else node.pages)
         if node.tail:
             self.partial_pages -= 1
+            self._tail_left(node.pages[-1])
         self.cached_pages -= len(node.pages)
         self._count(self.namespace_cached, node.namespace, -len(node.pages))
         if node.demoted:
@@ -690,8 +701,29 @@ class RadixTree:
     # ---- events --------------------------------------------------------------------------------------------
     def set_event_sink(self, sink: EventSink | None) -> None:
         """Report stored/removed/cleared pages to `sink` from now on (None: stop). A sink attached to a tree that
-        already holds pages learns them from `page_records` (a snapshot), not from events."""
-        self._sink = sink
+        already holds pages learns them from `page_records` (a snapshot), not from events. Observers are kept."""
+        self._events = sink
+        self._rewire()
+
+    def add_observer(self, observer: EventSink) -> None:
+        """Report the same records to `observer` too, after the event sink, until `remove_observer`. Like the event
+        sink it learns what the tree already holds from `page_records`. Adding one twice adds it once."""
+        if observer not in self._observers:
+            self._observers += (observer,)
+            self._rewire()
+
+    def remove_observer(self, observer: EventSink) -> None:
+        self._observers = tuple(o for o in self._observers if o is not observer)
+        self._rewire()
+
+    def _tail_left(self, page: int) -> None:
+        """A partial tail page leaves the tree: only observers hear it (events never name tails)."""
+        for observer in self._observers:
+            observer.removed([page])
+
+    def _rewire(self) -> None:
+        sinks = ((self._events,) if self._events is not None else ()) + self._observers
+        self._sink = None if not sinks else sinks[0] if len(sinks) == 1 else FanOut(sinks)
 
     def page_records(self) -> Iterator[PageRecord]:
         """(namespace, the page continued or None, pages, key) for every node, parents before children: what a

@@ -597,6 +597,36 @@ def time_host(fn: Callable[[], Any], iters: int = 50) -> float:
     return (time.perf_counter() - start) / iters
 
 
+def check_speculation(report: Report, device: str, candidate: str = "flashinfer", max_tokens: int = 32) -> None:
+    """Speculative decoding on `candidate`: verification chunks (1 + k tokens over a cached prefix) in the same
+    batch as plain decodes; the default model's greedy tokens with --speculate 8 equal those with it off."""
+    from radixcache.worker.engine import Engine, EngineConfig
+    from radixcache.worker.model.loader import load_checkpoint
+
+    path = ROOT / "worker" / "default_model"
+    questions = ["What is a radix tree?", "Why share a prefix?", "What is a page?"]
+    tokens: dict[int, list[list[int]]] = {}
+    accepted = 0
+    for speculate in (8, 0):
+        loaded = load_checkpoint(path, device=device)
+        prompts = [loaded.tokenizer.encode(q) for q in questions]
+        engine = Engine(loaded, EngineConfig(page_size=16, kv_pages=1024, backend=candidate, speculate=speculate))
+        engine.start()
+        try:
+            first = greedy_tokens(engine, prompts, max_tokens)
+            # retried beside a new request: drafts from the cache, verified next to a plain decode
+            again = greedy_tokens(engine, prompts + [prompts[0] + first[0][:3]], max_tokens)
+            tokens[speculate] = first + again
+            accepted = max(accepted, engine.stats().accepted_draft_tokens)
+        finally:
+            engine.shutdown(drain=False)
+    same = tokens[8] == tokens[0]
+    ok = same and accepted > 0
+    report.line(f"{candidate}: greedy tokens with speculation {'==' if same else '!='} without; {accepted} draft "
+                f"tokens accepted  {'ok' if ok else 'FAIL'}")  # fmt: skip
+    report.record("speculation", ok, identical=same, accepted=accepted)
+
+
 # --- timings ---------------------------------------------------------------------------------------------------------
 def time_cuda(fn: Callable[[], Any], iters: int = 20) -> float:
     """Median seconds per call of fn over `iters` calls (after 3 warm-ups)."""
@@ -724,6 +754,7 @@ def main(argv: list[str] | None = None) -> int:
                 lambda: check_kernels(report, configs[:1], "cuda", flashinfer_backend, context=args.context or 8192,
                                       deadline=deadline))  # fmt: skip
         section(report, "engine: default model, flashinfer vs torch, greedy", lambda: check_engine(report, "cuda"))
+        section(report, "engine: speculation on vs off, flashinfer, greedy", lambda: check_speculation(report, "cuda"))
         section(report, "kernels vs torch (float32), the rest of the matrix",
                 lambda: check_kernels(report, configs[1:], "cuda", flashinfer_backend, context=args.context or 8192,
                                       deadline=deadline, compile_note=False))  # fmt: skip

@@ -26,6 +26,7 @@ from radixcache.client import AsyncClient, Client
 # What a request does: run to the end, be cancelled by its client, run under a short deadline, be Abort()ed.
 ACTIONS = ("run", "run", "run", "cancel", "deadline", "abort")
 ADMIN_STATUSES = {"OK", "RESOURCE_EXHAUSTED"}  # a pin over its budget, or on pages promised to a request
+FINAL_TO_STATUS_S = 0.25  # the longest a call may stay open after its final message, on a busy machine
 
 
 @dataclass
@@ -100,7 +101,8 @@ async def _stream(
     timeout = rng.uniform(0.05, 1.0) if action == "deadline" else 120.0
     stop_after = rng.randrange(1, 6)  # messages before a cancel or an Abort
     finals, tokens, messages, status = 0, [], 0, "OK"
-    last_reason = None
+    last_reason, final_at = None, None
+    started = time.monotonic()
     stream = client.generate(token_ids=prompt, request_id=rid, timeout=timeout, **sampling)
     try:
         async for chunk in stream:
@@ -108,7 +110,7 @@ async def _stream(
             tokens += chunk.token_ids
             if chunk.finish_reason is not None:
                 finals += 1
-                last_reason = chunk.finish_reason
+                last_reason, final_at = chunk.finish_reason, time.monotonic() - started
             elif finals:
                 report.broken.append(f"{tenant}/{rid}: a message after the final one")
             if action == "cancel" and messages >= stop_after and not finals:
@@ -126,8 +128,11 @@ async def _stream(
         return
     if status == "DEADLINE_EXCEEDED" and action == "deadline":
         report.cancelled += 1
-        if finals:
-            report.broken.append(f"{tenant}/{rid}: DEADLINE_EXCEEDED after a final message")
+        # The final message and the call's status are two frames: a deadline may fall between them (a race on a
+        # busy machine, seen once in ~700 such calls). A call still open FINAL_TO_STATUS_S after its final message
+        # is a server that did not end it.
+        if finals and timeout - final_at > FINAL_TO_STATUS_S:
+            report.broken.append(f"{tenant}/{rid}: DEADLINE_EXCEEDED {timeout - final_at:.3f} s after a final message")
         return
     if status != "OK" or finals != 1:
         report.broken.append(f"{tenant}/{rid} ({action}): status {status}, {finals} final messages")

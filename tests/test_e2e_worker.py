@@ -55,6 +55,13 @@ def wait_idle(worker, timeout: float = 10.0) -> dict:
     return s
 
 
+def metrics_url(worker) -> str:
+    """The /metrics address the worker printed (read from its output once)."""
+    if not hasattr(worker, "metrics_url"):
+        worker.metrics_url = worker.lines.get(timeout=5).split()[-1]
+    return worker.metrics_url
+
+
 def ids(n: int, salt: int) -> list[int]:
     return [3 + (i * 7 + salt * 13) % 180 for i in range(n)]
 
@@ -204,8 +211,7 @@ def test_pin_survives_pressure(worker, alice):
 
 def test_metrics(worker, alice):
     alice.generate_text(token_ids=ids(50, 8), max_tokens=8, ignore_eos=True)
-    url = worker.lines.get(timeout=5).split()[-1]
-    body = urllib.request.urlopen(url, timeout=10).read().decode()
+    body = urllib.request.urlopen(metrics_url(worker), timeout=10).read().decode()
     for name in (
         "radixcache_time_to_first_token_seconds_count",
         "radixcache_time_per_output_token_seconds_count",
@@ -218,6 +224,23 @@ def test_metrics(worker, alice):
     ):
         assert name in body, name
     assert "radixcache_time_to_first_token_seconds_count 0.0" not in body
+
+
+def test_a_retried_request_is_drafted_from_the_cache_and_counted_everywhere(worker, alice):
+    """`serve` speculates by default: a retry's answer comes from drafts the tree holds, unchanged; the counts are
+    in the last message, GetCacheStats and /metrics; a request that opts out gets no draft."""
+    assert alice.model_info()["speculate"] == 8
+    prompt = ids(40, 21)
+    first = alice.generate_text(token_ids=prompt, max_tokens=24, ignore_eos=True)
+    again = alice.generate_text(token_ids=prompt, max_tokens=24, ignore_eos=True)
+    out = alice.generate_text(token_ids=prompt, max_tokens=24, ignore_eos=True, speculate=False)
+    assert again.token_ids == first.token_ids == out.token_ids
+    assert again.accepted_draft_tokens > 0 and out.draft_tokens == 0
+    stats = wait_idle(worker)
+    assert stats["accepted_draft_tokens"] >= again.accepted_draft_tokens and stats["draft_steps"] > 0
+    body = urllib.request.urlopen(metrics_url(worker), timeout=10).read().decode()
+    assert "radixcache_spec_accepted_tokens_total" in body and "radixcache_spec_request_acceptance_count" in body
+    assert "radixcache_spec_request_acceptance_count 0.0" not in body
 
 
 def test_no_cache_worker_with_the_default_model():

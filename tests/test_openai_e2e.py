@@ -146,6 +146,26 @@ def test_second_turn_reports_what_the_first_computed_as_cached(worker, client):
     assert other.usage.prompt_tokens_details.cached_tokens == 0
 
 
+def test_a_retried_chat_is_drafted_from_the_cache_and_speculate_false_opts_out(worker, client):
+    """The worker speculates by default: a retried request's answer is drafted from the cache (OpenAI's Predicted
+    Outputs counts: usage.completion_tokens_details), the same text; the vendor field speculate=false opts out."""
+    messages = chat("Describe a radix tree in one line.")
+    first = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=24)
+    again = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=24)
+    out = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=24, extra_body={"speculate": False})
+    assert again.choices[0].message.content == first.choices[0].message.content == out.choices[0].message.content
+    details = again.usage.completion_tokens_details
+    assert details.accepted_prediction_tokens > 0 and again.usage.completion_tokens == first.usage.completion_tokens
+    none = out.usage.completion_tokens_details
+    assert none.accepted_prediction_tokens == 0 and none.rejected_prediction_tokens == 0
+    bad = httpx.post(
+        worker.base_url + "/chat/completions",
+        json={"model": MODEL, "messages": messages, "speculate": "often"},
+        headers={"Authorization": "Bearer key-alice"},
+    )
+    assert bad.status_code == 400 and "speculate" in bad.text
+
+
 def test_n_samples_share_one_prompt_computation_and_are_reproducible(worker, client):
     messages = chat("Pick a random word.")
     kwargs = {"model": MODEL, "messages": messages, "max_tokens": 8, "temperature": 1.0, "seed": 11}

@@ -424,3 +424,41 @@ def test_a_preempted_request_can_be_ended_while_it_waits():
     while sched.has_work():
         advance(sched)
     sched.cache.check(idle=True)  # no lease left behind, no page held
+
+
+def test_a_draft_takes_only_the_budget_left_and_pages_no_running_sequence_needs():
+    """Drafts (speculation) after every running chunk: from the budget left, into the slots their pages still have
+    and the pages beyond one reserve page per running sequence, so a draft never makes anyone be preempted."""
+    cache = PrefixCache(4, PAGE)
+    pool = KVPool(KVShape(1, 1, 2), page_size=PAGE, num_pages=4)
+    asked: list[int] = []
+
+    def propose(seq: Sequence, limit: int) -> list[int]:
+        asked.append(limit)
+        return [9] * limit  # a draft as long as allowed (this test's model never agrees with it)
+
+    sched = Scheduler(cache, pool, max_step_tokens=6, max_running=8, propose=propose)
+    a, b = make_seq("a", [1, 2, 3], max_tokens=5), make_seq("b", [4, 5, 6], max_tokens=5)  # 2 pages each at most
+    drafts = []
+    for seq in (a, b):
+        sched.add(seq)
+    while sched.has_work():
+        chunks = advance(sched)
+        drafts.append({c.seq.name: len(c.draft) for c in chunks})
+    assert sched.preemptions == 0
+    assert drafts[1] == {"a": 0, "b": 0}  # both at a page's last slot, the 2 free pages are the reserve: no draft
+    assert drafts[2] == {"a": 3, "b": 1}  # a new page each: a drafts into its free slots, b gets the budget left
+    assert drafts[3] == {"a": 2, "b": 2} and drafts[4] == {"a": 1, "b": 1}
+    assert asked[:4] == [4, 4, 4, 1]  # the budget after the two decodes (6 - 2), less what a's draft took
+
+
+def test_a_draft_may_take_spare_pages_when_there_are_some():
+    cache = PrefixCache(16, PAGE)
+    pool = KVPool(KVShape(1, 1, 2), page_size=PAGE, num_pages=16)
+    sched = Scheduler(cache, pool, max_step_tokens=16, max_running=8, propose=lambda seq, limit: [9] * min(limit, 8))
+    seq = make_seq("a", [1, 2, 3], max_tokens=12)
+    sched.add(seq)
+    advance(sched)  # the prompt, then its first token
+    (chunk,) = advance(sched)
+    assert len(chunk.draft) == 8 and len(seq.lease.pages) == 3  # 1 + 8 tokens from position 3: pages 0..2
+    assert sched.preemptions == 0

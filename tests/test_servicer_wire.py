@@ -52,7 +52,7 @@ class ScriptedEngine(FakeEngine):
     - pin pins the whole pages of the longest cached prefix (as the real engine does: partly cached prompts pin
       partly) and records (namespace, tokens, ttl) of every call; over_budget[prompt text]: pin raises
       PinBudgetError;
-    - stats report `hits` = (queried, hit) tokens.
+    - stats report `hits` = (queried, hit) tokens and `drafts` = (draft, accepted draft tokens, draft steps).
     """
 
     def __init__(self, **kwargs) -> None:
@@ -63,6 +63,7 @@ class ScriptedEngine(FakeEngine):
         self.pin_calls: list[tuple[str, int, float | None]] = []
         self.over_budget: dict[str, str] = {}
         self.hits = (0, 0)
+        self.drafts = (0, 0, 0)
 
     def _text(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids)
@@ -96,6 +97,7 @@ class ScriptedEngine(FakeEngine):
     def stats(self, namespace=None):
         s = super().stats(namespace)
         s.cache.queried_tokens, s.cache.hit_tokens = self.hits
+        s.draft_tokens, s.accepted_draft_tokens, s.draft_steps = self.drafts
         return s
 
 
@@ -163,7 +165,7 @@ def test_every_response_field_reaches_the_client(worker):
     a, b, c = (ord(x) + OFFSET for x in "abc")
     lp = [TokenLogprob(a, -0.25, [(a, -0.25), (b, -1.5)]), TokenLogprob(b, -2.0, [(b, -2.0), (c, -3.5)])]
     worker.engine.replies["six"] = [
-        out([a, b], 2, logprobs=lp),
+        out([a, b], 2, logprobs=lp, draft_tokens=3, accepted_draft_tokens=1),
         out([c], 1, index=1, reason=FinishReason.STOP_TOKEN, logprobs=[TokenLogprob(c, -0.5, [(c, -0.5)])]),
         out([c], 3, reason=FinishReason.STOP_STRING, logprobs=[TokenLogprob(c, -0.75, [(c, -0.75)])]),
         out([], 0, index=2, reason=FinishReason.ABORTED),
@@ -182,6 +184,8 @@ def test_every_response_field_reaches_the_client(worker):
             completion_tokens=o.completion_tokens,
             finish_reason=reason,
             index=o.index,
+            draft_tokens=o.draft_tokens,
+            accepted_draft_tokens=o.accepted_draft_tokens,
             logprobs=[
                 pb.TokenLogprob(
                     token_id=x.token_id, logprob=x.logprob, top=[pb.TopLogprob(token_id=t, logprob=p) for t, p in x.top]
@@ -200,6 +204,14 @@ def test_every_response_field_reaches_the_client(worker):
     assert got == [message(o, r) for o, r in zip(worker.engine.replies["six"], reasons, strict=True)]
     assert got[0].logprobs[0].top[1].token_id == b and got[0].logprobs[0].top[1].logprob == -1.5  # spelled out
     assert [m.index for m in got] == [0, 1, 0, 2, 3] and list(got[0].token_ids) == [a, b]
+    assert (got[0].draft_tokens, got[0].accepted_draft_tokens) == (3, 1)  # speculation's counts, spelled out
+
+
+def test_a_request_opts_out_of_speculation_on_the_wire(worker):
+    stub = stub_of(worker)
+    list(stub.Generate(pb.GenerateRequest(text="hi", max_tokens=2), timeout=10))
+    list(stub.Generate(pb.GenerateRequest(text="hi", max_tokens=2, speculate=False), timeout=10))
+    assert [r.sampling.speculate for r in worker.engine.submitted] == [True, False]
 
 
 @pytest.mark.parametrize(
@@ -352,8 +364,10 @@ def test_pin_refusals_carry_their_status_and_reason():
 # ---- stats ----------------------------------------------------------------------------------------------------------
 def test_cache_stats_hit_rate_is_the_fraction_of_queried_tokens(worker):
     worker.engine.hits = (8, 2)
+    worker.engine.drafts = (10, 7, 3)
     stats = stub_of(worker).GetCacheStats(pb.GetCacheStatsRequest(), timeout=10)
     assert stats.hit_rate == 0.25 and (stats.queried_tokens, stats.hit_tokens, stats.pages_total) == (8, 2, 256)
+    assert (stats.draft_tokens, stats.accepted_draft_tokens, stats.draft_steps) == (10, 7, 3)
 
 
 # ---- authentication, loading and shutdown: every RPC ----------------------------------------------------------------

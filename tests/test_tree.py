@@ -526,3 +526,38 @@ def test_a_partial_key_ending_inside_a_deeper_edge_is_covered_without_a_split() 
     assert snapshot(tree) == before
     with pytest.raises(ValueError, match="page_size must be >= 1, got 0"):
         RadixTree(0)
+
+
+def test_observers_hear_what_the_event_sink_hears_and_keep_hearing_it_without_one() -> None:
+    tree, events, observer = RadixTree(2), RecordingSink(), RecordingSink()
+    tree.set_event_sink(events)
+    tree.add_observer(observer)
+    tree.add_observer(observer)  # once is enough
+    tree.insert(seq(1, 2, 3, 4), [0, 1])
+    assert events.events == observer.events == [("stored", "", None, [0, 1], seq(1, 2, 3, 4))]
+    tree.set_event_sink(None)  # the hub's slot emptied: the observer is not touched
+    tree.insert(seq(1, 2, 5, 6), [0, 2], "t")
+    assert len(events.events) == 1 and observer.events[-1] == ("stored", "t", None, [0, 2], seq(1, 2, 5, 6))
+    tree.flush("t")
+    assert observer.events[-2:] == [("removed", [0, 2]), ("cleared", "t")]
+    tree.set_event_sink(events)
+    tree.remove_observer(observer)
+    heard = len(observer.events)
+    assert tree.evict(1) == [1]
+    assert events.events[-1] == ("removed", [1]) and len(observer.events) == heard
+
+
+def test_an_observer_hears_every_partial_tail_leave_and_the_event_sink_never_does() -> None:
+    tree, events, observer = RadixTree(4), RecordingSink(), RecordingSink()
+    tree.set_event_sink(events)
+    tree.add_observer(observer)
+    tree.insert(seq(1, 2, 3, 4, 5), [0, 1], partial=True)  # [1 2 3 4] and a tail [5]
+    tree.insert(seq(1, 2, 3, 4, 5, 6), [0, 2], partial=True)  # a longer tail replaces it
+    assert observer.events[1:] == [("removed", [1]), ("stored", "", 0, [2], seq(5, 6))]
+    assert events.events[1:] == [("stored", "", 0, [2], seq(5, 6))]
+    assert sorted(tree.evict(1)) == [2]  # the leaf's tail page is the one evicted
+    assert observer.events[-1] == ("removed", [2]) and events.events[-1] == ("removed", [])
+    tree.insert(seq(7, 7), [3], "t", partial=True)
+    tree.flush("t")
+    assert observer.events[-2:] == [("removed", [3]), ("cleared", "t")]
+    assert ("removed", [3]) not in events.events

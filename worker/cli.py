@@ -17,7 +17,7 @@ from typing import Any
 
 from radixcache.kv_dtypes import KV_DTYPES
 from radixcache.memory import parse_size
-from radixcache.worker.engine_config import DEMOTE_DTYPES
+from radixcache.worker.engine_config import DEFAULT_SPECULATE, DEMOTE_DTYPES, MAX_SPECULATE
 
 log = logging.getLogger("radixcache.serve")
 
@@ -121,6 +121,15 @@ def parser() -> argparse.ArgumentParser:
         metavar="SIZE",
         help="keep evicted pages in host memory first (pinned on CUDA), e.g. 8GiB; what it pushes out goes to "
         "--kv-disk when given. Off by default",
+    )
+    e.add_argument(
+        "--speculate",
+        type=parse_speculate,
+        default=DEFAULT_SPECULATE,
+        metavar="N",
+        help=f"speculative decoding: up to N draft tokens per sequence per step, drafted from the cache and the "
+        f"request itself, verified in the same forward pass; same outputs, fewer steps on repetitive work "
+        f"(default {DEFAULT_SPECULATE}; 0: off)",
     )
     s = p.add_argument_group("server")
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
@@ -242,6 +251,17 @@ def check_tier_flags(args: argparse.Namespace) -> str | None:
     return None
 
 
+def parse_speculate(text: str) -> int:
+    """Draft tokens per step: an integer in [0, MAX_SPECULATE]."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of draft tokens, got {text!r}") from None
+    if not 0 <= n <= MAX_SPECULATE:
+        raise argparse.ArgumentTypeError(f"must be in [0, {MAX_SPECULATE}] draft tokens (0: off), got {n}")
+    return n
+
+
 def char_tokenizer() -> Any:
     """A one-token-per-character tokenizer with a small chat template, for --random-model.
 
@@ -314,6 +334,7 @@ def build_engine(args: argparse.Namespace) -> tuple[Any, Any]:
         cache_enabled=not args.no_cache,
         backend=args.backend,
         max_pinned=args.max_pinned,
+        speculate=args.speculate,
         kv_dtype=args.kv_dtype,
         kv_demote=args.kv_demote,
         kv_demote_share=args.kv_demote_share,

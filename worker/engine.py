@@ -8,6 +8,14 @@ Who does what in one step: the Scheduler picks the chunks (and which pages they 
 computes and samples them, the engine publishes completed pages, emits outputs and ends what finished (a finished
 request releases its lease, storing everything it computed). A request's n samples: worker/samples.py.
 
+Speculation (EngineConfig.speculate > 0): the Drafter (worker/speculation) proposes draft tokens while the scheduler
+plans the step, and they are computed in the same forward pass, one logits row each. `_verify` then samples the
+sequence's next token from its first row exactly as without a draft (same penalties, grammar mask, logprobs and
+generator), and keeps going to the next row only while the token sampled equals the draft token there: every token
+emitted is one the request's own sampler drew, so the output is the same with speculation on or off. Only sampled
+tokens whose K/V the step computed count as computed, so only they are ever published; the K/V written for rejected
+draft tokens sits past num_computed and is overwritten by the next step.
+
 In process (tests, benchmarks), without the thread:
 
     engine = Engine(load_checkpoint(path), EngineConfig(page_size=16, kv_pages=1024))
@@ -46,6 +54,7 @@ from radixcache.worker.request import Constraint, ErrorKind, FinishReason, Reque
 from radixcache.worker.samples import RequestSamples
 from radixcache.worker.scheduler import Chunk, Scheduler
 from radixcache.worker.sequence import SeqStatus, Sequence
+from radixcache.worker.speculation import DEFAULT_INDEX_TOKENS, CachedTokenIndex, Drafter
 from radixcache.worker.step import ModelStep
 from radixcache.worker.structured import ConstraintFailed
 from radixcache.worker.tenant_counts import TenantCounts
@@ -98,12 +107,21 @@ class Engine:
         # The tiers below the pool (worker/engine_tiers.py): None without --kv-disk / --kv-host-memory.
         self.tiers = None if link is None else EngineTiers(link, self.config, self._inbox.put, self._pin)
         self._loaded = loaded  # the fingerprint of the disk tier reads its weights' source
+        self.drafter: Drafter | None = None
+        if self.config.speculate > 0:
+            index = None
+            if self.config.cache_enabled:
+                pool_tokens = self.pool.num_pages * self.page_size
+                index = CachedTokenIndex(self.page_size, max_tokens=min(pool_tokens, DEFAULT_INDEX_TOKENS))
+                self.cache.add_observer(index)
+            self.drafter = Drafter(index)
         self.scheduler = Scheduler(
             self.cache,
             self.pool,
             max_step_tokens=self.config.max_step_tokens,
             max_running=self.config.max_running,
             aging_steps=self.config.aging_steps,
+            propose=self._propose if self.drafter is not None else None,
         )
         self._live_ids: set[str] = set()
         self._requests: dict[str, RequestSamples] = {}  # request id -> its samples (engine thread only)
@@ -112,6 +130,7 @@ class Engine:
         self._accepting = True
         self._stop_at: float | None = None  # set by shutdown: abort what is left after this moment
         self._steps = self._finished = self._generated = 0
+        self._drafted = self._accepted = self._draft_steps = 0
 
     # --- facts the server needs -------------------------------------------------------------------------------
     @property
@@ -430,6 +449,9 @@ class Engine:
                 finished_requests=self._finished,
                 host_hit_tokens=sched.tier_hit_tokens.get(MEDIUM_HOST, 0),
                 disk_hit_tokens=sched.tier_hit_tokens.get(MEDIUM_DISK, 0),
+                draft_tokens=self._drafted,
+                accepted_draft_tokens=self._accepted,
+                draft_steps=self._draft_steps,
             )
         else:
             counts = sched.tenants.get(namespace) or TenantCounts()
@@ -488,23 +510,72 @@ class Engine:
     def _advance(self, chunks: list[Chunk], logits: torch.Tensor) -> None:
         finite = torch.isfinite(logits).all(dim=-1).tolist()  # one pass for the batch, not one per row
         allowed = self.runner.constrained_logits(chunks, logits)
-        for row, chunk in enumerate(chunks):
+        for i, (chunk, row) in enumerate(zip(chunks, self.runner.first_rows(chunks), strict=True)):
             seq = chunk.seq
             try:
-                samples = chunk.samples
+                samples = chunk.samples  # before num_computed moves past the chunk
                 seq.num_computed += chunk.num_new
-                self.scheduler.published(seq)
                 if samples:
-                    if not finite[row]:
-                        raise FloatingPointError("non-finite logits")
-                    self._sample(seq, logits[row], allowed.get(row))
-                    group = self._requests.get(seq.request_id)
-                    if group is not None and seq is group.first and group.has_waiting_forks:
-                        # the forks' matchers are at the start too: the same mask holds for them
-                        self._fork(seq, group.take_forks(), logits[row], allowed.get(row))
+                    if chunk.draft:
+                        self._verify(seq, chunk.draft, logits[row : row + chunk.num_rows], finite[row:], allowed.get(i))
+                    else:
+                        if not finite[row]:
+                            raise FloatingPointError("non-finite logits")
+                        self._sample(seq, logits[row], allowed.get(i))
+                self.scheduler.published(seq)
+                group = self._requests.get(seq.request_id)
+                if samples and group is not None and seq is group.first and group.has_waiting_forks:
+                    # the forks' matchers are at the start too: the same mask holds for them
+                    self._fork(seq, group.take_forks(), logits[row], allowed.get(i))
                 self._end_or_emit(seq)
             except Exception as exc:
                 self._sampling_failed(seq, exc)
+
+    def _verify(
+        self, seq: Sequence, draft: list[int], rows: torch.Tensor, finite: list[bool], allowed: torch.Tensor | None
+    ) -> None:
+        """Sample seq's next tokens from the rows of its last token and its draft tokens, in order, as if each were
+        a step of its own; stop after the first sampled token that differs from the draft (or ends the request).
+        Each accepted draft token's K/V was computed by this step: it counts as computed, the rest do not."""
+        accepted = 0
+        for i in range(len(draft) + 1):
+            if not finite[i]:
+                raise FloatingPointError("non-finite logits")
+            self._sample(seq, rows[i], allowed if i == 0 else self.runner.constrained_row(seq, rows[i]))
+            if i == len(draft) or seq.tokens[-1] != draft[i]:
+                break
+            accepted += 1
+            if seq.finish_reason is not None:  # its K/V is computed, but a last token never counts as computed
+                break
+            seq.num_computed += 1
+        seq.draft_tokens += len(draft)
+        seq.accepted_draft_tokens += accepted
+        self._drafted += len(draft)
+        self._accepted += accepted
+        self._draft_steps += 1
+        tenant = self.scheduler.tenants[seq.request.namespace]
+        tenant.draft_tokens += len(draft)
+        tenant.accepted_draft_tokens += accepted
+        tenant.draft_steps += 1
+        assert self.drafter is not None
+        self.drafter.verified(seq, len(draft), accepted)
+
+    def _propose(self, seq: Sequence, limit: int) -> list[int]:
+        """The scheduler's Proposer: seq's draft, at most `limit` tokens, no more than max_tokens and the context
+        leave room for, none for a request that opted out, and only what its grammar would accept."""
+        params = seq.request.sampling
+        room = min(
+            self.config.speculate,
+            limit,
+            params.max_tokens - seq.num_generated - 1,  # the token after an accepted draft is sampled too
+            self.context_length - len(seq.tokens),
+        )
+        if room < 1 or not params.speculate or self.drafter is None:
+            return []
+        draft = self.drafter.propose(seq, room)
+        if draft and seq.matcher is not None:
+            draft = draft[: seq.matcher.accepts_prefix(draft)]
+        return draft
 
     def _end_or_emit(self, seq: Sequence) -> None:
         if seq.finish_reason is not None:

@@ -49,6 +49,9 @@ class EngineStats:
     cached_tokens: int  # of those, served from the cache
     generated_tokens: int
     inflight_shared_tokens: int  # cached tokens that a still-running request had just computed
+    draft_tokens: int = 0  # speculation: draft tokens verified
+    accepted_draft_tokens: int = 0  # of those, the ones the sampler drew too (emitted without a step of their own)
+    draft_steps: int = 0  # sequence-steps that verified a draft
     cache: CacheStats = field(repr=False, default=None)  # type: ignore[assignment]
     # Of the cache's hit tokens (every admission), those loaded back from host memory / the disk (the rest: device)
     host_hit_tokens: int = 0
@@ -59,6 +62,11 @@ class EngineStats:
     @property
     def hit_rate(self) -> float:
         return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted draft tokens / draft tokens verified (0 when nothing was drafted)."""
+        return self.accepted_draft_tokens / self.draft_tokens if self.draft_tokens else 0.0
 
 
 @dataclass(frozen=True)
@@ -92,6 +100,7 @@ class ModelFacts:
     cache_enabled: bool = True
     eos_token_ids: tuple[int, ...] = ()
     max_pinned_pages: int = 0
+    speculate: int = 0  # draft tokens per sequence per step at most; 0: no speculative decoding
     layer_kinds: tuple[str, ...] = ()  # per layer "global" | "sliding"
     sliding_window: int = 0  # tokens a sliding layer attends to; 0: none slides
     kv_dtype: str = ""

@@ -1,4 +1,5 @@
-"""EngineConfig: every knob of one engine (pool size, paging, batching, cache on/off, backend), validated once."""
+"""EngineConfig: every knob of one engine (pool size, paging, batching, cache on/off, backend, speculation),
+validated once."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from radixcache.kv_dtypes import KV_DTYPES
 DEFAULT_KV_MEMORY = 512 * 2**20
 DEFAULT_KV_DISK = 16 * 2**30
 DISK_WRITE_POLICIES = ("through", "evict")
+DEFAULT_SPECULATE = 8  # measured: BENCHMARKS.md, "Speculative decoding"
+MAX_SPECULATE = 64
 DEMOTE_DTYPES = ("int4", "int8")  # what cold pages may be demoted to (smaller than the pages' own precision)
 
 
@@ -32,6 +35,7 @@ class EngineConfig:
     # "through": every computed page is queued for the disk at once (a crash loses only the queue); "evict": pages
     # are written when evicted (and at shutdown), so a crash loses what memory held
     kv_disk_write: str = "through"
+    speculate: int = DEFAULT_SPECULATE  # draft tokens per sequence per step at most (worker/speculation); 0: off
     kv_dtype: str = "auto"  # KV page precision (radixcache.kv_codec): auto = the model's dtype
     kv_demote: str | None = None  # demote cold leaves to this precision instead of evicting them (None: off)
     kv_demote_share: float = 0.5  # with kv_demote: the share of the KV memory that holds demoted pages
@@ -57,6 +61,8 @@ class EngineConfig:
             )
         if self.kv_host_bytes is not None and self.kv_host_bytes < 1:
             raise ValueError(f"kv_host_bytes must be >= 1, got {self.kv_host_bytes}")
+        if not 0 <= self.speculate <= MAX_SPECULATE:
+            raise ValueError(f"speculate must be in [0, {MAX_SPECULATE}] draft tokens (0: off), got {self.speculate}")
         if self.kv_dtype not in ("auto", *KV_DTYPES):
             raise ValueError(f"kv_dtype must be one of auto, {', '.join(KV_DTYPES)}; got {self.kv_dtype!r}")
         if self.kv_demote is not None and self.kv_demote not in DEMOTE_DTYPES:

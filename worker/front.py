@@ -89,11 +89,14 @@ ERROR_KINDS = {
 
 class Refusal(Exception):
     """A call the core refused. `subject` says which part of the request the message is about when the front
-    names it in its own words: "prompt" (the input), "constraint" (the structured-output request), or None."""
+    names it in its own words: "prompt" (the input), "constraint" (the structured-output request), or None.
+    `cause`: the validation error behind it, where there is one (a ContextOverflow's exact figures)."""
 
-    def __init__(self, kind: RefusalKind, message: str, *, subject: str | None = None) -> None:
+    def __init__(
+        self, kind: RefusalKind, message: str, *, subject: str | None = None, cause: InvalidArgument | None = None
+    ) -> None:
         super().__init__(message)
-        self.kind, self.message, self.subject = kind, message, subject
+        self.kind, self.message, self.subject, self.cause = kind, message, subject, cause
 
     @classmethod
     def of_failure(cls, error_kind: ErrorKind | None, message: str) -> Refusal:
@@ -104,7 +107,7 @@ class Refusal(Exception):
 
 def _invalid(e: InvalidArgument) -> Refusal:
     kind = RefusalKind.CONTEXT_OVERFLOW if isinstance(e, ContextOverflow) else RefusalKind.INVALID_ARGUMENT
-    return Refusal(kind, str(e))
+    return Refusal(kind, str(e), cause=e)
 
 
 class FrontCore:
@@ -265,11 +268,18 @@ class FrontCore:
         return bool(self.ready().abort(engine_request_id(tenant, request_id)))
 
     # -- the other calls -------------------------------------------------------------------------------------
-    async def tokenize(self, prompt: PromptInput, *, fit: bool = False) -> tuple[list[int], str]:
-        """The prompt's token ids and rendered text, tokenized off the loop. fit: it must leave room to generate."""
+    async def tokenize(
+        self, prompt: PromptInput, *, fit: bool = False, tenant: str | None = None
+    ) -> tuple[list[int], str]:
+        """The prompt's token ids and rendered text, tokenized off the loop. fit: it must leave room to generate.
+        tenant: a chat history is tokenized with that tenant's remembered replies, as `admit` tokenizes it (the ids
+        are the ones admit would submit)."""
         engine = self.ready()
         try:
-            return await tokenize_off_loop(prompt, engine.tokenizer, self.limits, fit=fit)
+            check_prompt_input(prompt, engine.tokenizer, self.limits)
+            remembered = tenant is not None and prompt.kind == "messages"
+            replies = self.memory.lookup(tenant, prompt.messages) if remembered else {}  # type: ignore[arg-type]
+            return await tokenize_off_loop(prompt, engine.tokenizer, self.limits, fit=fit, replies=replies)
         except InvalidArgument as e:
             raise _invalid(e) from None
 

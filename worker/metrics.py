@@ -72,6 +72,9 @@ def flatten_stats(stats: Any) -> dict[str, float]:
         "host_hit_tokens": host_hit,
         "disk_hit_tokens": disk_hit,
         "device_hit_tokens": max(0.0, hit - host_hit - disk_hit),
+        "draft_tokens": e("draft_tokens"),
+        "accepted_draft_tokens": e("accepted_draft_tokens"),
+        "draft_steps": e("draft_steps"),
         "kv_bytes_per_token": e("kv_bytes_per_token"),
         "pages_demoted": c("pages_demoted"),
         "demoted_pages": c("demoted_pages"),
@@ -111,6 +114,17 @@ class _EngineCollector(Collector):
         yield GaugeMetricFamily("radixcache_requests_waiting", "requests waiting for admission", value=s["waiting"])
         yield GaugeMetricFamily(
             "radixcache_cache_live_leases", "running sequences' cache leases", value=s["live_leases"]
+        )
+        yield CounterMetricFamily(
+            "radixcache_spec_draft_tokens", "speculative draft tokens checked", value=s["draft_tokens"]
+        )
+        yield CounterMetricFamily(
+            "radixcache_spec_accepted_tokens",
+            "draft tokens that were the sampled token (acceptance rate: accepted / draft)",
+            value=s["accepted_draft_tokens"],
+        )
+        yield CounterMetricFamily(
+            "radixcache_spec_draft_steps", "sequence-steps that checked a draft", value=s["draft_steps"]
         )
         yield GaugeMetricFamily(
             "radixcache_kv_bytes_per_token", "KV page bytes per token, scales included", value=s["kv_bytes_per_token"]
@@ -169,6 +183,12 @@ class WorkerMetrics:
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
             registry=r,
         )
+        self.acceptance = Histogram(
+            "radixcache_spec_request_acceptance",
+            "per finished sample that was given drafts: accepted draft tokens / draft tokens",
+            buckets=(0.1, 0.25, 0.5, 0.75, 0.9, 1.0),
+            registry=r,
+        )
         self.tpot = Histogram(
             "radixcache_time_per_output_token_seconds",
             "mean time between generated tokens, per request",
@@ -191,6 +211,8 @@ class WorkerMetrics:
             self.completion_tokens.inc(out.completion_tokens)
             if out.time_per_output_token is not None:
                 self.tpot.observe(out.time_per_output_token)
+            if out.draft_tokens:
+                self.acceptance.observe(out.accepted_draft_tokens / out.draft_tokens)
 
     def serve_http(self, port: int, host: str = "127.0.0.1") -> int:
         """Serve /metrics on host:port (0 = a free port) from a daemon thread; returns the port."""

@@ -9,7 +9,7 @@ from radixcache.worker.validation import PromptInput, SamplingValues
 
 SAMPLING_FIELDS = (
     "max_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "ignore_eos", "logprobs", "top_logprobs", "n",
-    "presence_penalty", "frequency_penalty",
+    "presence_penalty", "frequency_penalty", "speculate",
 )  # fmt: skip
 
 

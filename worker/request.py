@@ -62,6 +62,7 @@ class SamplingParams:
     n: int = 1  # completions of the prompt; sample i is seeded with seed + i
     presence_penalty: float = 0.0  # subtracted once from the logit of every token already generated
     frequency_penalty: float = 0.0  # subtracted from it once per time it was generated
+    speculate: bool = True  # False: no draft tokens for this request (same output either way; only speed differs)
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -165,6 +166,8 @@ class RequestOutput:
     time_to_first_token: float | None = None  # seconds, on the first output that carries a token
     time_per_output_token: float | None = None  # seconds, on the last output
     index: int = 0  # which sample, in [0, sampling.n)
+    draft_tokens: int = 0  # speculation: draft tokens verified for this sample so far
+    accepted_draft_tokens: int = 0  # of those, the ones that were the sampled token (emitted without a step each)
 
     @property
     def finished(self) -> bool:

@@ -10,6 +10,11 @@ Policy, in order, each step:
    those pages to be published instead of computing them twice.
 When pages run out mid-step, the most recently admitted running sequence is preempted by recompute: its computed
 pages are published to the tree first, so its re-admission mostly hits.
+4. Drafts (speculative decoding, with a `propose` callback): a running sequence whose chunk ends at its last token
+   and that has generated a token already may carry draft tokens after it, verified in the same forward pass. They
+   come after every running sequence's own chunk and before admissions, from the budget left, and only into pages
+   that need no preemption: the slots its pages still have, plus pages beyond what running prefills were promised
+   and the reserve of one page per running sequence. A draft never preempts or fails anyone.
 
 With tiers below memory (the cache's `tier`, radixcache.tiering): before a waiting request is admitted, the tiers
 are looked at past what memory holds of its prompt (for the first MAX_TIER_LOADS waiting ones in admission order);
@@ -26,7 +31,8 @@ returns the lease: no path leaks a page.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from radixcache.cache import CacheFullError, Lease, PrefixCache
 from radixcache.pool import KVPool
@@ -46,13 +52,30 @@ MAX_TIER_PROBES = 3
 
 @dataclass
 class Chunk:
+    """num_new of seq's tokens from seq.num_computed on, then the draft tokens (not in seq.tokens) to verify."""
+
     seq: Sequence
     num_new: int
+    draft: list[int] = field(default_factory=list)
 
     @property
     def samples(self) -> bool:
         """The chunk reaches the end of the sequence's tokens, so its last row yields the next token."""
         return self.seq.num_computed + self.num_new == len(self.seq.tokens)
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens computed this step (what the step's budget counts)."""
+        return self.num_new + len(self.draft)
+
+    @property
+    def num_rows(self) -> int:
+        """Rows of logits the chunk yields: its last token's, then one per draft token."""
+        return 1 + len(self.draft)
+
+
+# (sequence, most tokens) -> draft tokens to verify after the sequence's last token
+Proposer = Callable[[Sequence, int], list[int]]
 
 
 class Scheduler:
@@ -64,8 +87,10 @@ class Scheduler:
         max_step_tokens: int,
         max_running: int,
         aging_steps: int = 64,
+        propose: Proposer | None = None,
     ) -> None:
         self.cache = cache
+        self.propose = propose
         self.pool = pool
         self.page_size = pool.page_size
         self.max_step_tokens = max_step_tokens
@@ -164,12 +189,46 @@ class Scheduler:
                 chunks[seq] = Chunk(seq, want)
                 budget -= want
         budget = self.max_step_tokens - sum(c.num_new for c in chunks.values())
+        if self.propose is not None:
+            budget -= self._add_drafts(chunks, budget)
         self._admit(budget, chunks, failed)
         for seq in self.waiting:
             seq.waited_steps += 1
         self.last_step_tokens = sum(c.num_new for c in chunks.values())
         # Decodes first, then prefills: the order rows appear in the batch does not change any result.
-        return sorted(chunks.values(), key=lambda c: (c.num_new > 1, c.seq.admit_order)), failed
+        return sorted(chunks.values(), key=lambda c: (c.num_tokens > 1, c.seq.admit_order)), failed
+
+    def _add_drafts(self, chunks: dict[Sequence, Chunk], budget: int) -> int:
+        """Give the chunks that end at their sequence's last token a draft, oldest sequence first, within `budget`
+        tokens and the pages nobody else needs. Returns the tokens drafted."""
+        assert self.propose is not None
+        spare = self.cache.available_pages() - self._promised_prefill_pages() - len(self.running)
+        drafted = 0
+        for chunk in list(chunks.values()):
+            seq = chunk.seq
+            if budget - drafted < 1 or not chunk.samples or seq.num_generated == 0 or seq.lease is None:
+                continue
+            draft = self.propose(seq, budget - drafted)
+            if not draft:
+                continue
+            end = seq.num_computed + chunk.num_new
+            held = len(seq.lease.pages)
+            draft = draft[: held * self.page_size - end + max(0, spare) * self.page_size]
+            need = self._pages_for(end + len(draft)) - held
+            if need > 0:
+                try:
+                    self.cache.allocate(seq.lease, need)
+                except CacheFullError:  # spare counted evictable pages that are not (cannot happen; stay safe)
+                    draft = draft[: held * self.page_size - end]
+                    need = 0
+                spare -= need
+            chunk.draft = draft
+            drafted += len(draft)
+        return drafted
+
+    def _promised_prefill_pages(self) -> int:
+        """Pages that running prefills will still ask for: promised to them, not available to newcomers or drafts."""
+        return sum(max(0, self._pages_for(len(s.tokens)) - len(s.lease.pages)) for s in self.running if s.lease)
 
     def _reserve(
         self, seq: Sequence, upto: int, chunks: dict[Sequence, Chunk], failed: list[tuple[Sequence, str]]
@@ -269,8 +328,7 @@ class Scheduler:
         return True
 
     def _admit(self, budget: int, chunks: dict[Sequence, Chunk], failed: list[tuple[Sequence, str]]) -> None:
-        # Pages that running prefills will still ask for: promised to them, not available to newcomers.
-        promised = sum(max(0, self._pages_for(len(s.tokens)) - len(s.lease.pages)) for s in self.running if s.lease)
+        promised = self._promised_prefill_pages()
         ordered = self._ordered_waiting()
         self._prefetch(ordered)
         for seq, cached in ordered:

@@ -74,6 +74,10 @@ class Sequence:
     load_job: Any = None
     tier_probes: int = 0
     tier_tokens: dict[str, int] = field(default_factory=dict)
+    # Speculation: the drafter's state (worker/speculation), and draft tokens verified / accepted so far
+    draft_state: Any = None
+    draft_tokens: int = 0
+    accepted_draft_tokens: int = 0
 
     def __post_init__(self) -> None:
         self.tokens = list(self.request.prompt_ids)
@@ -177,6 +181,8 @@ class Sequence:
             error=self.error,
             error_kind=self.error_kind,
             index=self.index,
+            draft_tokens=self.draft_tokens,
+            accepted_draft_tokens=self.accepted_draft_tokens,
         )
         if self.pending_ids and self.first_token_at is not None and self.num_generated == len(self.pending_ids):
             out.time_to_first_token = self.first_token_at - self.arrival

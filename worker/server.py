@@ -315,6 +315,7 @@ def describe(
         cache_enabled=bool(getattr(config, "cache_enabled", cache_enabled)),
         eos_token_ids=tuple(sorted(int(t) for t in eos)),
         max_pinned_pages=int(getattr(engine, "max_pinned_pages", 0) or 0),
+        speculate=int(getattr(config, "speculate", 0) or 0),
         layer_kinds=kinds,
         sliding_window=int(getattr(cfg, "sliding_window", None) or 0) if "sliding" in kinds else 0,
         kv_dtype=str(getattr(engine, "kv_dtype", "") or ""),

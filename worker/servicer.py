@@ -59,6 +59,8 @@ def to_response(request_id: str, out: RequestOutput) -> pb.GenerateResponse:
         completion_tokens=out.completion_tokens,
         finish_reason=FINISH_REASONS.get(out.finish_reason, pb.FINISH_REASON_UNSPECIFIED),  # type: ignore[arg-type]
         index=out.index,
+        draft_tokens=out.draft_tokens,
+        accepted_draft_tokens=out.accepted_draft_tokens,
     )
     for lp in out.logprobs:
         resp.logprobs.add(

@@ -84,25 +84,47 @@ class ModelStep:
         self.context_length = mc.max_position_embeddings
 
     def forward(self, chunks: list[Chunk]) -> torch.Tensor:
-        """float32 logits on the CPU, one row per chunk: the next-token distribution after its last new token."""
+        """float32 logits on the CPU, chunk.num_rows rows per chunk in chunk order (see `first_rows`): the
+        next-token distribution after its last new token, then after each of its draft tokens."""
         ids: list[int] = []
         slices = []
+        rows: list[int] = []
         for c in chunks:
             start = c.seq.num_computed
             ids.extend(c.seq.tokens[start : start + c.num_new])
-            slices.append(SequenceSlice(c.seq.lease.pages, start, c.num_new))
+            ids.extend(c.draft)
+            rows.extend(range(len(ids) - c.num_rows, len(ids)))
+            slices.append(SequenceSlice(c.seq.lease.pages, start, c.num_tokens))
         layout = BatchLayout.build(slices, self.page_size, self.device)
         input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
-        return self.model(input_ids, layout, self.pool, self.backend).float().cpu()
+        wanted = torch.tensor(rows, device=self.device) if len(rows) > len(chunks) else None  # None: a row each
+        return self.model(input_ids, layout, self.pool, self.backend, rows=wanted).float().cpu()
+
+    @staticmethod
+    def first_rows(chunks: list[Chunk]) -> list[int]:
+        """Each chunk's first row in `forward`'s logits."""
+        out, row = [], 0
+        for c in chunks:
+            out.append(row)
+            row += c.num_rows
+        return out
 
     def constrained_logits(self, chunks: list[Chunk], logits: torch.Tensor) -> dict[int, torch.Tensor]:
-        """Row -> that row's logits with the tokens its grammar forbids at -inf, for the constrained rows that
-        sample this step (all masks of the batch in one call)."""
-        rows = [r for r, c in enumerate(chunks) if c.seq.matcher is not None and c.samples]
-        if not rows:
+        """Chunk index -> its first row's logits with the tokens its grammar forbids at -inf, for the constrained
+        chunks that sample this step (all masks of the batch in one call). Draft rows need the grammar state after
+        the accepted tokens: `constrained_row`."""
+        firsts = self.first_rows(chunks)
+        wanted = [i for i, c in enumerate(chunks) if c.seq.matcher is not None and c.samples]
+        if not wanted:
             return {}
-        masked = self.grammars.mask_logits(logits, rows, [chunks[r].seq.matcher for r in rows])
-        return dict(zip(rows, masked, strict=True))
+        masked = self.grammars.mask_logits(logits, [firsts[i] for i in wanted], [chunks[i].seq.matcher for i in wanted])
+        return dict(zip(wanted, masked, strict=True))
+
+    def constrained_row(self, seq: Sequence, row: torch.Tensor) -> torch.Tensor | None:
+        """One row of logits masked by seq's grammar in its current state; None when seq is unconstrained."""
+        if seq.matcher is None:
+            return None
+        return self.grammars.mask_logits(row[None], [0], [seq.matcher])[0]
 
     def sample(self, seq: Sequence, logits: torch.Tensor, allowed: torch.Tensor | None = None) -> None:
         """Append seq's next token, sampled from `allowed` (the constrained logits) when given; logprobs stay those

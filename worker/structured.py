@@ -109,6 +109,11 @@ class GrammarMatcher:
             raise ConstraintFailed(f"the constraint failed at token {token_id}: {short_error(self._m.get_error())}")
         self.consumed += 1
 
+    def accepts_prefix(self, tokens: list[int]) -> int:
+        """How many of `tokens`, in order, the grammar allows from its current state (which stays as it is): a draft
+        is cut there, so a constrained request never verifies a token its grammar refuses."""
+        return int(self._m.validate_tokens(tokens))
+
     @property
     def done(self) -> bool:
         """The grammar is complete and allows nothing more (e.g. the top-level JSON object is closed)."""

@@ -49,11 +49,15 @@ class ContextOverflow(InvalidArgument):
     """The prompt, or the prompt plus max_tokens, does not fit the model's context (fronts that have a code for it,
     as OpenAI's context_length_exceeded, tell it apart). The message ends with OpenAI's own sentence ("This model's
     maximum context length is N tokens."), which LangChain, LiteLLM and pydantic-ai look for before they trim or
-    summarise a conversation."""
+    summarise a conversation. prompt_tokens / max_tokens: the exact figures, where known (fronts that quote them in
+    their own words, as Anthropic's "prompt is too long: N tokens > M maximum")."""
 
-    def __init__(self, message: str, context_length: int) -> None:
+    def __init__(
+        self, message: str, context_length: int, *, prompt_tokens: int | None = None, max_tokens: int | None = None
+    ) -> None:
         super().__init__(f"{message}. This model's maximum context length is {context_length} tokens.")
         self.context_length = context_length
+        self.prompt_tokens, self.max_tokens = prompt_tokens, max_tokens
 
 
 class TokenizerLike(Protocol):
@@ -131,6 +135,7 @@ class SamplingValues:
     n: int | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
+    speculate: bool | None = None  # False: no draft tokens for this request
 
 
 def check_request_id(request_id: str) -> None:
@@ -392,6 +397,7 @@ def check_prompt_length(num_tokens: int, context_length: int) -> None:
             f"the prompt has {num_tokens} tokens; the context allows at most {context_length - 1} "
             f"(context length {context_length}, leaving room for one generated token)",
             context_length,
+            prompt_tokens=num_tokens,
         )
 
 
@@ -403,6 +409,8 @@ def check_room(prompt_tokens: int, max_tokens: int, context_length: int) -> None
             f"max_tokens must be in [1, {room}]: the prompt has {prompt_tokens} tokens and the context "
             f"length is {context_length}; got {max_tokens}",
             context_length,
+            prompt_tokens=prompt_tokens,
+            max_tokens=max_tokens,
         )
 
 
@@ -458,7 +466,7 @@ def sampling_params(values: SamplingValues, *, prompt_tokens: int | None, limits
     }
     for name in (
         "temperature", "top_k", "top_p", "min_p", "seed", "ignore_eos", "logprobs", "top_logprobs", "n",
-        "presence_penalty", "frequency_penalty",
+        "presence_penalty", "frequency_penalty", "speculate",
     ):  # fmt: skip
         value = getattr(values, name)
         if value is not None:

@@ -52,7 +52,7 @@ class ChatMessages(_message.Message):
     def __init__(self, messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "text", "token_ids", "messages", "max_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "stop", "stop_token_ids", "ignore_eos", "logprobs", "top_logprobs", "n", "presence_penalty", "frequency_penalty", "json_schema", "json_object", "regex", "ebnf")
+    __slots__ = ("request_id", "text", "token_ids", "messages", "max_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "stop", "stop_token_ids", "ignore_eos", "logprobs", "top_logprobs", "n", "presence_penalty", "frequency_penalty", "speculate", "json_schema", "json_object", "regex", "ebnf")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -71,6 +71,7 @@ class GenerateRequest(_message.Message):
     N_FIELD_NUMBER: _ClassVar[int]
     PRESENCE_PENALTY_FIELD_NUMBER: _ClassVar[int]
     FREQUENCY_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    SPECULATE_FIELD_NUMBER: _ClassVar[int]
     JSON_SCHEMA_FIELD_NUMBER: _ClassVar[int]
     JSON_OBJECT_FIELD_NUMBER: _ClassVar[int]
     REGEX_FIELD_NUMBER: _ClassVar[int]
@@ -93,11 +94,12 @@ class GenerateRequest(_message.Message):
     n: int
     presence_penalty: float
     frequency_penalty: float
+    speculate: bool
     json_schema: str
     json_object: bool
     regex: str
     ebnf: str
-    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., messages: _Optional[_Union[ChatMessages, _Mapping]] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., min_p: _Optional[float] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., n: _Optional[int] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., json_schema: _Optional[str] = ..., json_object: _Optional[bool] = ..., regex: _Optional[str] = ..., ebnf: _Optional[str] = ...) -> None: ...
+    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., messages: _Optional[_Union[ChatMessages, _Mapping]] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., min_p: _Optional[float] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., n: _Optional[int] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., speculate: _Optional[bool] = ..., json_schema: _Optional[str] = ..., json_object: _Optional[bool] = ..., regex: _Optional[str] = ..., ebnf: _Optional[str] = ...) -> None: ...
 
 class TokenLogprob(_message.Message):
     __slots__ = ("token_id", "logprob", "top")
@@ -118,7 +120,7 @@ class TopLogprob(_message.Message):
     def __init__(self, token_id: _Optional[int] = ..., logprob: _Optional[float] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
-    __slots__ = ("request_id", "token_ids", "text", "prompt_tokens", "cached_tokens", "completion_tokens", "finish_reason", "logprobs", "index")
+    __slots__ = ("request_id", "token_ids", "text", "prompt_tokens", "cached_tokens", "completion_tokens", "finish_reason", "logprobs", "index", "draft_tokens", "accepted_draft_tokens")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
@@ -128,6 +130,8 @@ class GenerateResponse(_message.Message):
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     text: str
@@ -137,7 +141,9 @@ class GenerateResponse(_message.Message):
     finish_reason: FinishReason
     logprobs: _containers.RepeatedCompositeFieldContainer[TokenLogprob]
     index: int
-    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ..., index: _Optional[int] = ...) -> None: ...
+    draft_tokens: int
+    accepted_draft_tokens: int
+    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ..., index: _Optional[int] = ..., draft_tokens: _Optional[int] = ..., accepted_draft_tokens: _Optional[int] = ...) -> None: ...
 
 class TokenizeRequest(_message.Message):
     __slots__ = ("text", "messages")
@@ -160,7 +166,7 @@ class GetModelInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("model_name", "model_path", "architecture", "vocab_size", "context_length", "page_size", "kv_pages", "kv_bytes", "backend", "dtype", "device", "cache_enabled", "eos_token_ids", "max_pinned_pages", "layer_kinds", "sliding_window", "kv_dtype", "kv_bytes_per_token", "kv_demote", "kv_demoted_pages")
+    __slots__ = ("model_name", "model_path", "architecture", "vocab_size", "context_length", "page_size", "kv_pages", "kv_bytes", "backend", "dtype", "device", "cache_enabled", "eos_token_ids", "max_pinned_pages", "speculate", "layer_kinds", "sliding_window", "kv_dtype", "kv_bytes_per_token", "kv_demote", "kv_demoted_pages")
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_PATH_FIELD_NUMBER: _ClassVar[int]
     ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
@@ -175,6 +181,7 @@ class ModelInfo(_message.Message):
     CACHE_ENABLED_FIELD_NUMBER: _ClassVar[int]
     EOS_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     MAX_PINNED_PAGES_FIELD_NUMBER: _ClassVar[int]
+    SPECULATE_FIELD_NUMBER: _ClassVar[int]
     LAYER_KINDS_FIELD_NUMBER: _ClassVar[int]
     SLIDING_WINDOW_FIELD_NUMBER: _ClassVar[int]
     KV_DTYPE_FIELD_NUMBER: _ClassVar[int]
@@ -195,20 +202,21 @@ class ModelInfo(_message.Message):
     cache_enabled: bool
     eos_token_ids: _containers.RepeatedScalarFieldContainer[int]
     max_pinned_pages: int
+    speculate: int
     layer_kinds: _containers.RepeatedScalarFieldContainer[str]
     sliding_window: int
     kv_dtype: str
     kv_bytes_per_token: int
     kv_demote: str
     kv_demoted_pages: int
-    def __init__(self, model_name: _Optional[str] = ..., model_path: _Optional[str] = ..., architecture: _Optional[str] = ..., vocab_size: _Optional[int] = ..., context_length: _Optional[int] = ..., page_size: _Optional[int] = ..., kv_pages: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., backend: _Optional[str] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., cache_enabled: _Optional[bool] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., max_pinned_pages: _Optional[int] = ..., layer_kinds: _Optional[_Iterable[str]] = ..., sliding_window: _Optional[int] = ..., kv_dtype: _Optional[str] = ..., kv_bytes_per_token: _Optional[int] = ..., kv_demote: _Optional[str] = ..., kv_demoted_pages: _Optional[int] = ...) -> None: ...
+    def __init__(self, model_name: _Optional[str] = ..., model_path: _Optional[str] = ..., architecture: _Optional[str] = ..., vocab_size: _Optional[int] = ..., context_length: _Optional[int] = ..., page_size: _Optional[int] = ..., kv_pages: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., backend: _Optional[str] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., cache_enabled: _Optional[bool] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., max_pinned_pages: _Optional[int] = ..., speculate: _Optional[int] = ..., layer_kinds: _Optional[_Iterable[str]] = ..., sliding_window: _Optional[int] = ..., kv_dtype: _Optional[str] = ..., kv_bytes_per_token: _Optional[int] = ..., kv_demote: _Optional[str] = ..., kv_demoted_pages: _Optional[int] = ...) -> None: ...
 
 class GetCacheStatsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class CacheStats(_message.Message):
-    __slots__ = ("pages_total", "pages_free", "pages_cached", "pages_evictable", "pages_pinned", "pages_in_use", "queried_tokens", "hit_tokens", "hit_rate", "evicted_pages", "preemptions", "running", "waiting", "live_leases", "steps", "max_pinned_pages", "kv_dtype", "kv_bytes_per_token", "pages_demoted", "demoted_pages", "promoted_pages", "disk_pages", "disk_bytes", "disk_capacity_bytes", "host_pages", "spilled_pages", "spill_dropped_pages", "disk_corrupt_pages", "disk_hit_tokens", "host_hit_tokens", "disk_ready", "replicas")
+    __slots__ = ("pages_total", "pages_free", "pages_cached", "pages_evictable", "pages_pinned", "pages_in_use", "queried_tokens", "hit_tokens", "hit_rate", "evicted_pages", "preemptions", "running", "waiting", "live_leases", "steps", "max_pinned_pages", "kv_dtype", "kv_bytes_per_token", "pages_demoted", "demoted_pages", "promoted_pages", "disk_pages", "disk_bytes", "disk_capacity_bytes", "host_pages", "spilled_pages", "spill_dropped_pages", "disk_corrupt_pages", "disk_hit_tokens", "host_hit_tokens", "disk_ready", "draft_tokens", "accepted_draft_tokens", "draft_steps", "replicas")
     PAGES_TOTAL_FIELD_NUMBER: _ClassVar[int]
     PAGES_FREE_FIELD_NUMBER: _ClassVar[int]
     PAGES_CACHED_FIELD_NUMBER: _ClassVar[int]
@@ -240,6 +248,9 @@ class CacheStats(_message.Message):
     DISK_HIT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     HOST_HIT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     DISK_READY_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_STEPS_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     pages_total: int
     pages_free: int
@@ -272,8 +283,11 @@ class CacheStats(_message.Message):
     disk_hit_tokens: int
     host_hit_tokens: int
     disk_ready: bool
+    draft_tokens: int
+    accepted_draft_tokens: int
+    draft_steps: int
     replicas: _containers.RepeatedCompositeFieldContainer[ReplicaCacheStats]
-    def __init__(self, pages_total: _Optional[int] = ..., pages_free: _Optional[int] = ..., pages_cached: _Optional[int] = ..., pages_evictable: _Optional[int] = ..., pages_pinned: _Optional[int] = ..., pages_in_use: _Optional[int] = ..., queried_tokens: _Optional[int] = ..., hit_tokens: _Optional[int] = ..., hit_rate: _Optional[float] = ..., evicted_pages: _Optional[int] = ..., preemptions: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., live_leases: _Optional[int] = ..., steps: _Optional[int] = ..., max_pinned_pages: _Optional[int] = ..., kv_dtype: _Optional[str] = ..., kv_bytes_per_token: _Optional[int] = ..., pages_demoted: _Optional[int] = ..., demoted_pages: _Optional[int] = ..., promoted_pages: _Optional[int] = ..., disk_pages: _Optional[int] = ..., disk_bytes: _Optional[int] = ..., disk_capacity_bytes: _Optional[int] = ..., host_pages: _Optional[int] = ..., spilled_pages: _Optional[int] = ..., spill_dropped_pages: _Optional[int] = ..., disk_corrupt_pages: _Optional[int] = ..., disk_hit_tokens: _Optional[int] = ..., host_hit_tokens: _Optional[int] = ..., disk_ready: _Optional[bool] = ..., replicas: _Optional[_Iterable[_Union[ReplicaCacheStats, _Mapping]]] = ...) -> None: ...
+    def __init__(self, pages_total: _Optional[int] = ..., pages_free: _Optional[int] = ..., pages_cached: _Optional[int] = ..., pages_evictable: _Optional[int] = ..., pages_pinned: _Optional[int] = ..., pages_in_use: _Optional[int] = ..., queried_tokens: _Optional[int] = ..., hit_tokens: _Optional[int] = ..., hit_rate: _Optional[float] = ..., evicted_pages: _Optional[int] = ..., preemptions: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., live_leases: _Optional[int] = ..., steps: _Optional[int] = ..., max_pinned_pages: _Optional[int] = ..., kv_dtype: _Optional[str] = ..., kv_bytes_per_token: _Optional[int] = ..., pages_demoted: _Optional[int] = ..., demoted_pages: _Optional[int] = ..., promoted_pages: _Optional[int] = ..., disk_pages: _Optional[int] = ..., disk_bytes: _Optional[int] = ..., disk_capacity_bytes: _Optional[int] = ..., host_pages: _Optional[int] = ..., spilled_pages: _Optional[int] = ..., spill_dropped_pages: _Optional[int] = ..., disk_corrupt_pages: _Optional[int] = ..., disk_hit_tokens: _Optional[int] = ..., host_hit_tokens: _Optional[int] = ..., disk_ready: _Optional[bool] = ..., draft_tokens: _Optional[int] = ..., accepted_draft_tokens: _Optional[int] = ..., draft_steps: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaCacheStats, _Mapping]]] = ...) -> None: ...
 
 class ReplicaCacheStats(_message.Message):
     __slots__ = ("replica_id", "stats")

@@ -220,7 +220,8 @@ class CausalLM(nn.Module):
         layout's write positions and attends over each sequence's prefix + new tokens (its window, for a sliding
         layer); the backend must have been created with `attention_options(config)` (ValueError otherwise);
       - returns float32 logits [B, vocab] for the rows at layout.logits_indices (each sequence's last new
-        token), or [T, vocab] for every token with all_logits=True.
+        token), [len(rows), vocab] for the given `rows` of the step's tokens (speculation verifies several
+        positions of a sequence at once), or [T, vocab] for every token with all_logits=True.
     """
 
     def __init__(self, config: ModelConfig) -> None:
@@ -271,6 +272,7 @@ class CausalLM(nn.Module):
         kv_pool: KVPool,
         backend: AttentionBackend,
         all_logits: bool = False,
+        rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
         if input_ids.shape[0] != layout.num_tokens:
             raise ValueError(f"{input_ids.shape[0]} input ids for a layout of {layout.num_tokens} tokens")
@@ -287,7 +289,9 @@ class CausalLM(nn.Module):
         for i, layer in enumerate(self.model.layers):
             cos, sin = rotations[layer.rotation]
             x = layer.forward(x, cos, sin, layout, kv_pool.kv_layer(i), backend)
-        if not all_logits and (layout.logits_indices.shape[0] != x.shape[0]):
+        if rows is not None and not all_logits:
+            x = x[rows]
+        elif not all_logits and (layout.logits_indices.shape[0] != x.shape[0]):
             x = x[layout.logits_indices]  # a pure decode step needs every row already
         return soft_cap(self.lm_head.forward(self.model.norm.forward(x)).float(), self.config.final_logit_softcap)
 

@@ -1,5 +1,6 @@
 """The OpenAI-compatible HTTP front (FastAPI): /v1/models, /v1/chat/completions, /v1/completions, /v1/responses
-(responses_api.py), /health.
+(responses_api.py), /health; and on the same app, port and tokens, Anthropic's /v1/messages
+(worker/anthropic/messages_api.py), whose errors the handlers here write in Anthropic's shape.
 
 It serves the same engine as the gRPC servicer, through the same front core (worker/front.py: the bearer-token
 tenant = cache namespace, validation, tokenizing off the event loop, constraint compiling, submit); this module is
@@ -15,10 +16,11 @@ JSON, 503 while loading or draining, 500 for a failure inside one request.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import logging
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -27,6 +29,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from radixcache.worker.anthropic.errors import anthropic_path, error_body
 from radixcache.worker.decode_guard import RateLimitedWarning
 from radixcache.worker.engine_stream import EngineStream, StreamClosed
 from radixcache.worker.front import FrontCore, Refusal, RefusalKind
@@ -277,10 +280,12 @@ class OpenAIFront:
         return api_error(Refusal.of_failure(out.error_kind, f"the request failed: {out.error}"))
 
     async def _whole(
-        self, request: Request, stream: EngineStream, responder: Any, done: Callable[[], None] | None = None
-    ) -> Response:
+        self, request: Request, stream: EngineStream, responder: Any,
+        done: Callable[[], Awaitable[None] | None] | None = None,
+    ) -> Response:  # fmt: skip
         """Non-streaming: nothing is sent until the end, so a watcher notices the client leaving and closes the
-        stream (aborting the request) at once."""
+        stream (aborting the request) at once. done: called (and awaited, if a coroutine function) once the
+        request finished, before the response is built."""
 
         async def watch() -> None:
             await _until_disconnected(request)
@@ -297,8 +302,8 @@ class OpenAIFront:
         finally:
             watcher.cancel()
             stream.close()
-        if done is not None:
-            done()
+        if done is not None and inspect.isawaitable(finished := done()):
+            await finished
         return JSONResponse(responder.response().model_dump())
 
     def _sse(
@@ -347,26 +352,34 @@ def create_app(
     """The FastAPI app of the OpenAI front over the front core (see the module docstring). allowed_hosts: the Host
     names it answers (host_check.allowed_hosts; None: any, as behind the cluster's proxy). store: the Responses
     API's stored responses (a default-sized one if None)."""
-    from radixcache.worker.openai.responses_api import ResponsesEndpoint  # it imports this module's helpers
+    # These import this module's helpers: imported when the app is built.
+    from radixcache.worker.anthropic.messages_api import MessagesEndpoint
+    from radixcache.worker.openai.responses_api import ResponsesEndpoint
 
     api = OpenAIFront(core, max_body_bytes=max_body_bytes)
     responses = ResponsesEndpoint(api, store if store is not None else ResponseStore())
+    messages = MessagesEndpoint(api)
     app = FastAPI(title="radixcache", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(HostCheck, allowed=allowed_hosts)
 
+    def error(request: Request, e: APIError) -> JSONResponse:
+        """An error in the shape of the API the path belongs to (Anthropic's for /v1/messages, else OpenAI's)."""
+        body = error_body(e.status, e.message) if anthropic_path(request.url.path) else e.body()
+        return JSONResponse(body, status_code=e.status)
+
     @app.exception_handler(APIError)
     async def api_error(request: Request, e: APIError) -> JSONResponse:
-        return JSONResponse(e.body(), status_code=e.status)
+        return error(request, e)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
         message = f"no route {request.method} {request.url.path}" if e.status_code in (404, 405) else str(e.detail)
-        return JSONResponse(APIError(e.status_code, message).body(), status_code=e.status_code)
+        return error(request, APIError(e.status_code, message))
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, e: Exception) -> JSONResponse:
         log.exception("request %s %s failed", request.method, request.url.path)
-        return JSONResponse(APIError(500, "internal error while serving this request").body(), status_code=500)
+        return error(request, APIError(500, "internal error while serving this request"))
 
     app.add_api_route("/health", api.health, methods=["GET"])
     app.add_api_route("/v1/models", api.models, methods=["GET"])
@@ -376,4 +389,6 @@ def create_app(
     app.add_api_route("/v1/responses", responses.create, methods=["POST"])
     app.add_api_route("/v1/responses/{response_id}", responses.retrieve, methods=["GET"])
     app.add_api_route("/v1/responses/{response_id}", responses.delete, methods=["DELETE"])
+    app.add_api_route("/v1/messages", messages.create, methods=["POST"])
+    app.add_api_route("/v1/messages/count_tokens", messages.count_tokens, methods=["POST"])
     return app

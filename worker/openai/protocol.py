@@ -72,6 +72,8 @@ class _SamplingFields(_Request):
     min_p: float | None = None
     ignore_eos: bool | None = None
     stop_token_ids: list[int] | None = None
+    # radixcache's own: false keeps this request out of speculative decoding (same output; only speed differs).
+    speculate: bool | None = None
     # Recognised so that a value changing the output gets a 400 naming it (requests.py), not silence.
     logit_bias: dict[str, float] | None = None
     response_format: dict[str, Any] | None = None
@@ -102,11 +104,20 @@ class PromptTokensDetails(BaseModel):
     cached_tokens: int
 
 
+class CompletionTokensDetails(BaseModel):
+    """OpenAI's names (Predicted Outputs) for speculative decoding's draft tokens: those that were the token sampled,
+    and those that were not. Neither changes completion_tokens, which counts only the tokens generated."""
+
+    accepted_prediction_tokens: int = 0
+    rejected_prediction_tokens: int = 0
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails
+    completion_tokens_details: CompletionTokensDetails = Field(default_factory=CompletionTokensDetails)
 
 
 class TopLogprobOut(BaseModel):

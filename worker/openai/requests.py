@@ -186,6 +186,7 @@ def _sampling(body: ChatCompletionRequest | CompletionRequest, **overrides: Any)
         "n": body.n,
         "presence_penalty": body.presence_penalty,
         "frequency_penalty": body.frequency_penalty,
+        "speculate": body.speculate,
     }
     values.update(overrides)
     return SamplingValues(**values)

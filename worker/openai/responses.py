@@ -21,6 +21,7 @@ from radixcache.worker.openai.protocol import (
     Completion,
     CompletionChoice,
     CompletionLogprobs,
+    CompletionTokensDetails,
     FunctionCallOut,
     PromptTokensDetails,
     TokenLogprobOut,
@@ -52,15 +53,27 @@ class _Sample:
     calls: list[ToolCall] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
     completion_tokens: int = 0
+    draft_tokens: int = 0
+    accepted_draft_tokens: int = 0
     finish: str | None = None
 
 
-def usage(prompt_tokens: int, cached_tokens: int, completion_tokens: int) -> Usage:
+def usage(
+    prompt_tokens: int,
+    cached_tokens: int,
+    completion_tokens: int,
+    draft_tokens: int = 0,
+    accepted_draft_tokens: int = 0,
+) -> Usage:
     return Usage(
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
         total_tokens=prompt_tokens + completion_tokens,
         prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens),
+        completion_tokens_details=CompletionTokensDetails(
+            accepted_prediction_tokens=accepted_draft_tokens,
+            rejected_prediction_tokens=draft_tokens - accepted_draft_tokens,
+        ),
     )
 
 
@@ -82,6 +95,7 @@ class _Responder:
         sample = self.samples[out.index]
         self.prompt_tokens, self.cached_tokens = out.prompt_tokens, out.cached_tokens
         sample.completion_tokens = out.completion_tokens
+        sample.draft_tokens, sample.accepted_draft_tokens = out.draft_tokens, out.accepted_draft_tokens
         sample.logprobs += out.logprobs
         text, calls = out.text, []
         if sample.parser is not None:
@@ -103,7 +117,13 @@ class _Responder:
         return sample, text, calls
 
     def usage(self) -> Usage:
-        return usage(self.prompt_tokens, self.cached_tokens, sum(s.completion_tokens for s in self.samples))
+        return usage(
+            self.prompt_tokens,
+            self.cached_tokens,
+            sum(s.completion_tokens for s in self.samples),
+            sum(s.draft_tokens for s in self.samples),
+            sum(s.accepted_draft_tokens for s in self.samples),
+        )
 
     def _top(self, top: list[tuple[int, float]]) -> list[TopLogprobOut]:
         out = []

@@ -8,10 +8,8 @@
     then response.completed (response.incomplete when cut by max_output_tokens; response.failed on a failure).
 
 One responder per request (one sample: the Responses API has no n). Both views are built from the same state, so
-the deltas concatenate to the final text. The text is the generated text exactly (a conversation sent back then
-renders to the very tokens the worker generated), but for the whitespace around tool-call blocks, which is not
-content: whitespace is held back until visible text follows it, dropped before a call, and after a call dropped
-until visible text comes.
+the deltas concatenate to the final text. The text and the calls are worker/reply_parts.py's: the generated text
+exactly, but for the whitespace around tool-call blocks.
 """
 
 from __future__ import annotations
@@ -32,8 +30,9 @@ from radixcache.worker.openai.responses_protocol import (
     ResponseObject,
     ResponseUsage,
 )
+from radixcache.worker.reply_parts import ReplyParts, Text
 from radixcache.worker.request import FinishReason, RequestOutput
-from radixcache.worker.tool_calls import ToolCall, ToolCallParser
+from radixcache.worker.tool_calls import ToolCall
 
 Event = dict[str, Any]
 
@@ -49,11 +48,8 @@ class ResponsesResponder:
 
     def __init__(self, *, response_id: str, model: str, echo: dict[str, Any], parse_tools: bool, closes_at_stop: bool) -> None:  # fmt: skip
         self.object = ResponseObject(id=response_id, model=model, status="in_progress", **echo)
-        self.parser = ToolCallParser() if parse_tools else None
-        self.closes_at_stop = closes_at_stop
+        self.parts = ReplyParts(parse_tools=parse_tools, closes_at_stop=closes_at_stop)
         self._message: OutputMessage | None = None  # the text item being written
-        self._held = ""  # whitespace at the end of the text so far
-        self._after_call = False  # a call was the last thing written: whitespace now is not content
         self._sequence = 0
         self.finish: FinishReason | None = None
 
@@ -79,21 +75,12 @@ class ResponsesResponder:
 
     def add(self, out: RequestOutput) -> list[Event]:
         """Record one output; the events it makes certain."""
-        text, calls, partial = out.text, [], []
-        if self.parser is not None:
-            parsed = self.parser.push(out.text)
-            text, calls = parsed.text, list(parsed.calls)
-            if out.finish_reason is not None:
-                rest = self.parser.finish(
-                    truncated=out.finish_reason is FinishReason.LENGTH,
-                    closed=self.closes_at_stop and out.finish_reason is FinishReason.STOP_STRING,
-                )
-                text, calls = text + rest.text, calls + rest.calls
-                partial = rest.calls if out.finish_reason is FinishReason.LENGTH else []
-        events = self._text(text)
-        for call in calls:
-            events += self._close_text() + self._call(call, truncated=call in partial)
-            self._after_call = True
+        events = []
+        for part in self.parts.add(out):
+            if isinstance(part, Text):
+                events += self._text(part.delta)
+            else:
+                events += self._close_text() + self._call(part.call, truncated=part.partial)
         if out.finish_reason is not None:
             self.finish = out.finish_reason
             self.object.usage = ResponseUsage(
@@ -105,23 +92,13 @@ class ResponsesResponder:
                 total_tokens=out.prompt_tokens + out.completion_tokens,
             )
             cut = out.finish_reason is FinishReason.LENGTH
-            if not self._after_call:
-                events += self._text("", flush=True)
             events += self._close_text(incomplete=cut)
             self.object.status = "incomplete" if cut else "completed"
             self.object.incomplete_details = IncompleteDetails(reason="max_output_tokens") if cut else None
             self.object.completed_at = float(int(time.time()))
         return events
 
-    def _text(self, delta: str, *, flush: bool = False) -> list[Event]:
-        text = self._held + delta
-        if self._after_call:
-            text = text.lstrip()
-        visible = text if flush else text.rstrip()
-        self._held = text[len(visible) :]
-        if not visible:
-            return []
-        self._after_call = False
+    def _text(self, visible: str) -> list[Event]:
         events = []
         if self._message is None:
             self._message = OutputMessage(id="msg_" + uuid.uuid4().hex, status="in_progress", content=[])
@@ -146,7 +123,7 @@ class ResponsesResponder:
         return next(i for i, x in enumerate(self.object.output) if x is item)
 
     def _close_text(self, *, incomplete: bool = False) -> list[Event]:
-        message, self._message, self._held = self._message, None, ""
+        message, self._message = self._message, None
         if message is None:
             return []
         message.status = "incomplete" if incomplete else "completed"
