@@ -104,6 +104,7 @@ def build_app(options: ClusterOptions) -> Any:
             requests_weight=w.requests,
             kv_weight=w.kv,
             evict_weight=w.evict,
+            tier_weight=w.tier,
         )
     scaling: dict[str, Any] = (
         {"autoscaling_config": dict(options.autoscaling)} if options.autoscaling else {"num_replicas": options.replicas}
@@ -161,6 +162,7 @@ APP_ARGS = {
     "requests_weight": "routing: cost of one running request, in tokens",
     "kv_weight": "routing: weight of the busy share of a KV pool",
     "evict_weight": "routing: cost of one cached token pushed out",
+    "tier_weight": "routing: cost of one token loaded from a replica's host-memory or disk tier, in uncached tokens",
 }
 
 
@@ -197,6 +199,7 @@ def options_from_args(args: dict[str, Any]) -> ClusterOptions:
             float(args.get("requests_weight", w.requests)),
             float(args.get("kv_weight", w.kv)),
             float(args.get("evict_weight", w.evict)),
+            float(args.get("tier_weight", w.tier)),
         ),
         auth_tokens=tokens,
         admin_tokens=frozenset(admins),

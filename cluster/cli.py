@@ -60,6 +60,9 @@ def parser() -> argparse.ArgumentParser:
                    help=f"weight of the busy share of a replica's KV pool (default {w.kv})")  # fmt: skip
     r.add_argument("--evict-weight", type=float, default=w.evict,
                    help=f"cost of a cached token a request would push out (default {w.evict})")  # fmt: skip
+    r.add_argument("--tier-weight", type=float, default=w.tier,
+                   help=f"cost of a token a replica loads from its host-memory or disk tier, in uncached tokens "
+                        f"(default {w.tier})")  # fmt: skip
     return p
 
 
@@ -81,7 +84,9 @@ def main(argv: list[str]) -> int:
             replica_cpus=args.replica_cpus,
             replica_gpus=args.replica_gpus,
             thresholds=RoutingThresholds(args.balance_abs, args.balance_rel, args.min_match_pages),
-            weights=LoadWeights(args.queued_weight, args.requests_weight, args.kv_weight, args.evict_weight),
+            weights=LoadWeights(
+                args.queued_weight, args.requests_weight, args.kv_weight, args.evict_weight, args.tier_weight
+            ),
             auth_tokens=tokens,
             admin_tokens=frozenset(admins),
             grace_period_s=args.grace_period,

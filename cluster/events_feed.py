@@ -24,17 +24,22 @@ from typing import Any
 from radixcache.cluster.hub import REPORT_DRAIN, REPORT_OK
 from radixcache.cluster.load import REPORT_PERIOD_S
 from radixcache.events import CacheEvent, NamespaceCleared, PagesRemoved, PagesStored
+from radixcache.tier import MEDIUM_DEVICE
 
 log = logging.getLogger("radixcache.cluster")
 
 
 def hub_events(events: list[CacheEvent]) -> list[tuple[Any, ...]]:
+    """The hub's tuples (cluster.hub.Event). A page in a tier below the device (medium "CPU" / "DISK") carries its
+    medium as a 4th element: the router scores it below a device page (cluster.index, cluster.policy)."""
     out: list[tuple[Any, ...]] = []
     for e in events:
+        medium = getattr(e, "medium", MEDIUM_DEVICE)
+        tail = () if medium == MEDIUM_DEVICE else (medium,)
         if isinstance(e, PagesStored):
-            out.append(("stored", e.namespace, e.page_hashes))
+            out.append(("stored", e.namespace, e.page_hashes, *tail))
         elif isinstance(e, PagesRemoved):
-            out.append(("removed", e.namespace, e.page_hashes))
+            out.append(("removed", e.namespace, e.page_hashes, *tail))
         elif isinstance(e, NamespaceCleared):
             out.append(("cleared", e.namespace))
     return out

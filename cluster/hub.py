@@ -28,7 +28,8 @@ from typing import Any, NamedTuple
 from radixcache.cluster.index import PrefixIndex
 
 # One event: ("stored", namespace, [hash, ...]) | ("removed", namespace, [hash, ...]) | ("cleared", namespace)
-# | ("reset",) (the replica's state starts over: a fresh snapshot follows as "stored" events).
+# | ("reset",) (the replica's state starts over: a fresh snapshot follows as "stored" events). A stored / removed
+# page of a tier below the device adds its medium: ("stored", namespace, [hash, ...], "DISK") (cluster.index).
 Event = tuple[Any, ...]
 
 

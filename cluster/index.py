@@ -7,6 +7,14 @@ its own hash chain once and walking it per replica. Two sources feed the view (D
   apart with the same new prefix must stick together before any event says the prefix is cached. In-flight entries
   expire after `inflight_ttl_s`, and a stored event for the same hash supersedes them.
 Only whole pages count: partial tails are not in the event stream.
+
+Where a page lives: a "stored" / "removed" event may name a medium below the device (its 4th element: "CPU" for a
+replica's host-memory tier, "DISK" for its disk tier; none, or "GPU", for the pool the model reads). Those pages are
+kept apart, per medium: `match_split` counts the leading pages in the device (or in flight), then how many of the
+pages right after them a tier below holds (the replica would load those instead of computing them), which the
+policy scores below device pages and above nothing. Replicas sharing one disk-tier folder each report the files
+they find there, so a page one wrote counts for the others once their store sees it. Everything else (`match`,
+`holds`, `held_pages`, what the pool would evict) is about the device alone.
 """
 
 from __future__ import annotations
@@ -16,7 +24,14 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from radixcache.tier import MEDIUM_DEVICE as DEVICE
+
 Replica = Hashable
+
+
+def event_medium(event: tuple[Any, ...]) -> str:
+    """The medium a "stored" / "removed" hub event names (the device when it names none)."""
+    return event[3] if len(event) > 3 and event[3] else DEVICE
 
 
 @dataclass
@@ -24,6 +39,7 @@ class _ReplicaView:
     cached: dict[str, set[int]] = field(default_factory=dict)  # namespace -> page hashes its events say it holds
     inflight: dict[tuple[str, int], float] = field(default_factory=dict)  # (namespace, hash) -> expiry time
     routed: int = 0  # prompts routed here (expired in-flight entries are swept every 256)
+    below: dict[str, dict[str, set[int]]] = field(default_factory=dict)  # medium -> namespace -> page hashes
 
 
 class PrefixIndex:
@@ -35,22 +51,29 @@ class PrefixIndex:
         self._replicas: dict[Replica, _ReplicaView] = {}
 
     # -- events ----------------------------------------------------------------------------------------------------
-    def stored(self, replica: Replica, namespace: str, page_hashes: Sequence[int]) -> None:
+    def stored(self, replica: Replica, namespace: str, page_hashes: Sequence[int], medium: str = DEVICE) -> None:
         view = self._view(replica)
+        if medium != DEVICE:
+            view.below.setdefault(medium, {}).setdefault(namespace, set()).update(page_hashes)
+            return
         view.cached.setdefault(namespace, set()).update(page_hashes)
         for h in page_hashes:
             view.inflight.pop((namespace, h), None)
 
-    def removed(self, replica: Replica, namespace: str, page_hashes: Sequence[int]) -> None:
-        cached = self._view(replica).cached.get(namespace)
+    def removed(self, replica: Replica, namespace: str, page_hashes: Sequence[int], medium: str = DEVICE) -> None:
+        view = self._view(replica)
+        held = view.cached if medium == DEVICE else view.below.get(medium, {})
+        cached = held.get(namespace)
         if cached is not None:
             cached.difference_update(page_hashes)
 
     def cleared(self, replica: Replica, namespace: str | None = None) -> None:
-        """A namespace flushed, or (None) everything: a reset before a fresh snapshot."""
+        """A namespace flushed from the device (its tiers' pages are removed by their own events), or (None)
+        everything, every medium: a reset before a fresh snapshot."""
         view = self._view(replica)
         if namespace is None:
             view.cached.clear()
+            view.below.clear()
         else:
             view.cached.pop(namespace, None)
 
@@ -59,9 +82,9 @@ class PrefixIndex:
         for event in events:
             kind = event[0]
             if kind == "stored":
-                self.stored(replica, event[1], event[2])
+                self.stored(replica, event[1], event[2], event_medium(event))
             elif kind == "removed":
-                self.removed(replica, event[1], event[2])
+                self.removed(replica, event[1], event[2], event_medium(event))
             elif kind == "cleared":
                 self.cleared(replica, event[1])
             elif kind == "reset":
@@ -70,11 +93,15 @@ class PrefixIndex:
                 raise ValueError(f"unknown cache event {kind!r}")
 
     def snapshot(self) -> list[tuple[Replica, list[tuple[Any, ...]]]]:
-        """Every replica's cached pages as hub events: ("reset",) then one "stored" per namespace."""
-        return [
-            (replica, [("reset",)] + [("stored", ns, sorted(h)) for ns, h in view.cached.items() if h])
-            for replica, view in self._replicas.items()
-        ]
+        """Every replica's cached pages as hub events: ("reset",) then one "stored" per namespace (and medium)."""
+        out = []
+        for replica, view in self._replicas.items():
+            events: list[tuple[Any, ...]] = [("reset",)]
+            events += [("stored", ns, sorted(h)) for ns, h in view.cached.items() if h]
+            for medium, held in view.below.items():
+                events += [("stored", ns, sorted(h), medium) for ns, h in held.items() if h]
+            out.append((replica, events))
+        return out
 
     def forget(self, replica: Replica) -> None:
         """The replica is gone (died or scaled down): nothing routes by its cache any more."""
@@ -95,10 +122,30 @@ class PrefixIndex:
                 view.inflight[(namespace, h)] = expiry
 
     def match(self, replica: Replica, namespace: str, page_hashes: Sequence[int]) -> int:
-        """How many leading pages of the chain `replica` holds (or will hold, in flight)."""
+        """How many leading pages of the chain `replica` holds in the device (or will hold, in flight)."""
         view = self._replicas.get(replica)
         if view is None:
             return 0
+        return self._device_run(view, namespace, page_hashes)
+
+    def match_split(self, replica: Replica, namespace: str, page_hashes: Sequence[int]) -> tuple[int, int]:
+        """(leading pages of the chain in the device or in flight, the pages right after those that a tier below
+        holds, up to the first that none does): what `replica` would hit, and what it would load."""
+        view = self._replicas.get(replica)
+        if view is None:
+            return 0, 0
+        device = self._device_run(view, namespace, page_hashes)
+        if not view.below or device == len(page_hashes):
+            return device, 0
+        tiers = [held[namespace] for held in view.below.values() if held.get(namespace)]
+        below = 0
+        for h in page_hashes[device:]:
+            if not any(h in held for held in tiers):
+                break
+            below += 1
+        return device, below
+
+    def _device_run(self, view: _ReplicaView, namespace: str, page_hashes: Sequence[int]) -> int:
         cached = view.cached.get(namespace, ())
         now = self.clock()
         n = 0
@@ -130,10 +177,13 @@ class PrefixIndex:
         view = self._replicas.get(replica)
         return sum(map(len, view.cached.values())) + len(view.inflight) if view else 0
 
-    def cached_hashes(self, replica: Replica, namespace: str) -> set[int]:
-        """What the events say `replica` holds in `namespace` (a copy; for tests and stats)."""
+    def cached_hashes(self, replica: Replica, namespace: str, medium: str = DEVICE) -> set[int]:
+        """What the events say `replica` holds in `namespace` on `medium` (a copy; for tests and stats)."""
         view = self._replicas.get(replica)
-        return set(view.cached.get(namespace, ())) if view else set()
+        if view is None:
+            return set()
+        held = view.cached if medium == DEVICE else view.below.get(medium, {})
+        return set(held.get(namespace, ()))
 
     def replicas(self) -> list[Replica]:
         return list(self._replicas)

@@ -4,9 +4,13 @@ Each candidate gets a cost, in tokens of prefill work, estimating what stands be
 token there:
 
     cost = uncached                                the prompt tokens it would compute: all, less its cached prefix
+                                                   (in the device, then in a tier below it)
+         + weights.tier     x loaded               the tokens of the pages right after the device's that a tier
+                                                   below holds (host memory, disk): loaded, not computed
          + weights.queued   x queued_tokens        prefill tokens already queued there
          + weights.requests x requests             requests running or waiting there (each slows every step)
-         + weights.kv       x uncached x kv_busy   kv_busy: the share of its KV pool held by running requests or
+         + weights.kv       x new x kv_busy        new = uncached + loaded, the tokens needing fresh pages;
+                                                   kv_busy: the share of its KV pool held by running requests or
                                                    pins; the fuller, the likelier the new pages wait for room
          + weights.evict    x evicted x uses       cached tokens its new pages would push out of a full pool (its
                                                    pages less what it caches and was sent, when known), each
@@ -18,7 +22,8 @@ and the cheapest wins (`cheapest` lists those within TIE_TOKENS of it). `Policy.
 ones in turn, so prompts that share nothing alternate over an idle fleet instead of drifting by chance; `choose`
 picks one at random. With the default weights a cached prefix keeps its requests until the
 queue there is longer than recomputing it elsewhere: 1,024 cached tokens outweigh 1,024 queued ones, or 256 running
-requests (the imbalance rule below steps in long before).
+requests (the imbalance rule below steps in long before). A prefix on a replica's disk tier scores below the same
+prefix in another's device and above nothing: with the default tier weight, 1,024 tokens to load cost ~51.
 
 A request with a cache key (OpenAI's prompt_cache_key, Request.cache_key) goes to its key's home replica unless
 the fleet is imbalanced: `key_home` picks it by rendezvous hashing of (tenant, key, replica) over the candidates,
@@ -27,7 +32,7 @@ or held. The client asked for the key's requests to stay together: its conversat
 
 Two rules of SGLang's cache-aware router come first. When the request counts are imbalanced (the busiest and the
 idlest differ by more than `balance_abs` AND the busiest has more than `balance_rel` times the idlest's), the cache
-is ignored and load alone decides (the eviction term too: it weighs cached pages). A match shorter than `min_match_pages` pages counts as none.
+is ignored and load alone decides (the eviction term too: it weighs cached pages). A match shorter than `min_match_pages` pages (device and tier together) counts as none.
 """
 
 from __future__ import annotations
@@ -67,9 +72,14 @@ class LoadWeights:
     requests: float = 4.0  # tokens per request running or waiting there (its decode row in each step of the prefill)
     kv: float = 1.0  # x uncached tokens x busy share of the KV pool
     evict: float = 1.0  # per cached token pushed out (a token to recompute, should it be asked for again)
+    # Per token of a matched page held below the device (host memory, disk): loading it costs this share of
+    # computing it. bench/tier_bench.py (BENCHMARKS.md, "Disk tier"): a 1,024-token prefix re-hit from the disk
+    # came 19.3x sooner than its cold prefill (disk_rehit_ttft_speedup), so 1 / 19.3 ~ 0.05. Host memory loads
+    # faster still; the disk's figure is used for both (an upper bound).
+    tier: float = 0.05
 
     def __post_init__(self) -> None:
-        for name in ("queued", "requests", "kv", "evict"):
+        for name in ("queued", "requests", "kv", "evict", "tier"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"load weight {name} must be >= 0, got {getattr(self, name)}")
 
@@ -78,11 +88,12 @@ class LoadWeights:
 class Candidate:
     replica: Hashable
     requests: int  # running or waiting there
-    matched_pages: int  # leading pages of the prompt it holds (or will: in flight)
+    matched_pages: int  # leading pages of the prompt it holds in the device (or will: in flight)
     queued_tokens: int = 0  # prefill tokens queued there
     kv_busy: float = 0.0  # share of its KV pool held by running requests or pins, in [0, 1]
     free_tokens: int | None = None  # room in its pool before anything cached is evicted (None: not known yet)
     victim_uses: tuple[int, ...] = ()  # request counts of the pages it would evict next, in eviction order
+    tier_pages: int = 0  # the prompt's pages right after matched_pages that a tier below the device holds
 
 
 def imbalanced(requests: Sequence[int], t: RoutingThresholds) -> bool:
@@ -90,11 +101,16 @@ def imbalanced(requests: Sequence[int], t: RoutingThresholds) -> bool:
     return hi - lo > t.balance_abs and hi > t.balance_rel * lo
 
 
-def cost(c: Candidate, prompt_tokens: int, cached_tokens: int, w: LoadWeights, page_size: int = 1) -> float:
-    """Estimated tokens of prefill work before this request's first token on `c` (see the module docstring)."""
-    uncached = max(0, prompt_tokens - cached_tokens)
-    load = uncached * (1.0 + w.kv * c.kv_busy) + w.queued * c.queued_tokens + w.requests * c.requests
-    return load + w.evict * eviction_tokens(c, uncached, page_size)
+def cost(
+    c: Candidate, prompt_tokens: int, cached_tokens: int, w: LoadWeights, page_size: int = 1, loaded_tokens: int = 0
+) -> float:
+    """Estimated tokens of prefill work before this request's first token on `c` (see the module docstring):
+    `cached_tokens` hit in the device, the next `loaded_tokens` loaded from a tier below it."""
+    uncached = max(0, prompt_tokens - cached_tokens - loaded_tokens)
+    new = uncached + loaded_tokens
+    load = uncached + w.tier * loaded_tokens + w.kv * new * c.kv_busy
+    load += w.queued * c.queued_tokens + w.requests * c.requests
+    return load + w.evict * eviction_tokens(c, new, page_size)
 
 
 def eviction_tokens(c: Candidate, uncached: int, page_size: int) -> int:
@@ -120,14 +136,16 @@ def cheapest(
     t, w = t or RoutingThresholds(), w or LoadWeights()
     use_cache = not imbalanced([c.requests for c in candidates], t)
 
-    def cached(c: Candidate) -> int:
-        if not use_cache or c.matched_pages < t.min_match_pages:
-            return 0
-        return min(c.matched_pages * page_size, prompt_tokens - 1)  # one token is always computed
+    def hits(c: Candidate) -> tuple[int, int]:
+        """(tokens hit in the device, tokens then loaded from a tier): one token is always computed."""
+        if not use_cache or c.matched_pages + c.tier_pages < t.min_match_pages:
+            return 0, 0
+        device = min(c.matched_pages * page_size, prompt_tokens - 1)
+        return device, min(c.tier_pages * page_size, prompt_tokens - 1 - device)
 
     if not use_cache:  # load alone decides: what a new prefix would evict is a cache consideration too
         w = dataclasses.replace(w, evict=0.0)
-    costs = [cost(c, prompt_tokens, cached(c), w, page_size) for c in candidates]
+    costs = [cost(c, prompt_tokens, device, w, page_size, loaded) for c in candidates for device, loaded in [hits(c)]]
     best = min(costs)
     return [c for c, x in zip(candidates, costs, strict=True) if x <= best + TIE_TOKENS]
 

@@ -20,6 +20,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
+from radixcache.cluster.index import DEVICE, event_medium
+
 AGE_EVERY = 1000  # routed prompts between two halvings of every count
 
 Page = tuple[str, int]  # (namespace, page hash)
@@ -48,6 +50,8 @@ class ReuseTracker:
         order = self._order.setdefault(replica, OrderedDict())
         for event in events:
             kind = event[0]
+            if kind in ("stored", "removed") and event_medium(event) != DEVICE:
+                continue  # a tier's pages: the pool evicts device pages only
             if kind == "stored":
                 for h in event[2]:
                     order.setdefault((event[1], h), None)

@@ -4,8 +4,9 @@ soonest: the one holding the longest prefix of its prompt, unless load elsewhere
 Ray Serve calls `choose_replicas` for every request sent through a handle to the EngineReplica deployment. For a
 Generate (a `Request` as first argument) it hashes the prompt's whole pages with the same chained page hash the
 replicas' cache events carry, asks its PrefixIndex how many leading pages each candidate holds in the request's
-namespace, asks its LoadView for each candidate's load in tokens, and lets `policy.choose` weigh the two. Other
-calls go to the replica with the fewest requests.
+namespace (in the device, then in a tier below it: host memory or disk, scored lower), asks its LoadView for each
+candidate's load in tokens, and lets `policy.choose` weigh the two. Other calls go to the replica with the fewest
+requests.
 
 The index and the load view (a FleetView) are fed by a background task long-polling the cluster's EventHub; it
 runs on the router's own event loop, so a routing decision is local work only (no remote call). Hub restarts: see
@@ -47,6 +48,7 @@ class CacheAwareRouter(RequestRouter):
         requests_weight: float | None = None,
         kv_weight: float | None = None,
         evict_weight: float | None = None,
+        tier_weight: float | None = None,
     ) -> None:
         defaults = LoadWeights()
         self.page_size = page_size
@@ -57,6 +59,7 @@ class CacheAwareRouter(RequestRouter):
             defaults.requests if requests_weight is None else requests_weight,
             defaults.kv if kv_weight is None else kv_weight,
             defaults.evict if evict_weight is None else evict_weight,
+            defaults.tier if tier_weight is None else tier_weight,
         )
         self.view = FleetView(inflight_ttl_s=inflight_ttl_s)
         self.index, self.loads, self.reuse = self.view.index, self.view.loads, self.view.reuse
@@ -96,8 +99,8 @@ class CacheAwareRouter(RequestRouter):
         uncached = 0
         if isinstance(request, Request):
             hashes = self._hashes(request)
-            cached = self.index.match(key, request.namespace, hashes) * self.page_size
-            uncached = max(0, len(request.prompt_ids) - cached)
+            device, below = self.index.match_split(key, request.namespace, hashes)
+            uncached = max(0, len(request.prompt_ids) - (device + below) * self.page_size)  # loads are not prefill
             self.index.routed(key, request.namespace, hashes)
             self.reuse.routed(key, request.namespace, hashes)
         sent = self.loads.routed(key, uncached)
@@ -130,10 +133,12 @@ class CacheAwareRouter(RequestRouter):
         victims: list[int] = []
         if free is not None and free < prompt:  # the prompt might not fit without evicting: what would go
             victims = self.reuse.victim_uses(key, -(-(prompt - free) // self.page_size), self.index.holds)
+        device, below = self.index.match_split(key, namespace, hashes)
         return Candidate(
             key,
             requests=self.loads.requests(key),
-            matched_pages=self.index.match(key, namespace, hashes),
+            matched_pages=device,
+            tier_pages=below,
             queued_tokens=self.loads.queued_tokens(key),
             kv_busy=self.loads.kv_busy(key),
             free_tokens=free,

@@ -27,7 +27,9 @@ free), and only demoted leaves are evicted, to make room for newer demotions. No
 lookup whose match runs through demoted nodes first brings them back (`transcode` into fresh pages, which may
 demote other cold leaves); what cannot be brought back is not served (the match stops before it). So a hit on a
 demoted prefix reads the values its demotion kept (the answer may differ from a recompute: that is what the flag
-trades), no lease ever holds a demoted page, and a publish that meets a demoted page keeps its own copy.
+trades), no lease ever holds a demoted page, and a publish that meets a demoted page keeps its own copy. With a tier
+below memory (radixcache.tiering), a demotion first hands the node's full-precision pages down; demoted pages, and
+pages promoted back from them, never go down (the tiers hold exact pages only).
 """
 
 from __future__ import annotations
@@ -41,13 +43,16 @@ from typing import TYPE_CHECKING
 from radixcache.keys import TOKEN_BYTES, encode
 from radixcache.node import Match, Node
 from radixcache.pages import PageAllocator
+from radixcache.tier import MEDIUM_DISK, MEDIUM_HOST
 from radixcache.tree import RadixTree
 from radixcache.tree_check import check_tree
 
 if TYPE_CHECKING:
     from radixcache.events import EventSink
+    from radixcache.tier import CacheTier, PageKey
 
 Tokens = Sequence[int]
+TIER_DISK_FIGURES = ("queued_pages", "dropped_pages", "corrupt_pages", "write_errors")
 
 
 class CacheFullError(RuntimeError):
@@ -101,6 +106,26 @@ class CacheStats:
     namespaces: int
     pages_partial: int = 0  # cached pages holding a partial tail (the last, unfinished page of a released sequence)
     max_pinned_pages: int = 0  # the pin budget: pins never hold more pages than this
+    # The tiers below memory (radixcache.tiering; all 0 without one). spilled: evicted pages handed to a tier;
+    # spill_dropped: evicted pages a tier's full write queue refused; loaded: pages brought back into the pool.
+    spilled_pages: int = 0
+    spill_dropped_pages: int = 0
+    host_loaded_pages: int = 0
+    disk_loaded_pages: int = 0
+    # Each tier's own figures (radixcache.tier.TierStats), by medium: host memory, then the disk store.
+    host_pages: int = 0
+    host_bytes: int = 0
+    host_capacity_bytes: int = 0
+    host_evicted_pages: int = 0
+    disk_pages: int = 0
+    disk_bytes: int = 0
+    disk_capacity_bytes: int = 0
+    disk_queued_pages: int = 0
+    disk_dropped_pages: int = 0
+    disk_evicted_pages: int = 0
+    disk_corrupt_pages: int = 0
+    disk_write_errors: int = 0
+    disk_ready: int = 0  # 1 once the disk store is open and its index rebuilt (a fleet sums its replicas)
     pages_demoted: int = 0  # cached pages held demoted now (not counted in pages_total / pages_free / pages_cached)
     demoted_pages: int = 0  # pages demoted instead of evicted, since start
     promoted_pages: int = 0  # demoted pages brought back by a hit, since start
@@ -125,6 +150,7 @@ class PrefixCache:
         clock: Callable[[], float] = time.monotonic,
         enabled: bool = True,
         max_pinned_pages: int | None = None,
+        tier: CacheTier | None = None,
         demoted_pages: int = 0,
         transcode: Callable[[list[int], list[int]], None] | None = None,
     ) -> None:
@@ -143,6 +169,10 @@ class PrefixCache:
         self._lease_ids = itertools.count(1)
         self._queried = self._hit = self._copied = self._extended = self._published = 0
         self._evicted = self._flushed = 0
+        # The tiers below memory: evicted pages spill there, lookups continue there (radixcache.tiering).
+        self.tier = tier
+        if tier is not None:
+            tier.attach(self)
         self._lookups: dict[str, list[int]] = {}  # namespace -> [queried, hit, copied] tokens
         self._evicted_from: dict[str, int] = {}  # namespace -> its pages evicted
 
@@ -192,6 +222,8 @@ class PrefixCache:
             else:
                 self.allocator.incref([m.partial_page])
                 lease._src, lease.copy_from = m.partial_page, (m.partial_page, dst, m.partial_tokens)
+                if self.tier is not None:
+                    self.tier.copying(m.partial_page, dst)
                 lease.pages.append(dst)
                 cached += m.partial_tokens
         elif node is not None:
@@ -340,6 +372,9 @@ class PrefixCache:
         """Drop every pin and every cached page no lease reads, in `namespace` or (None) in all of them; returns
         pages freed. Live leases stay correct: the paths they lock stay cached until they release."""
         freed = self.tree.flush(namespace)
+        if self.tier is not None:  # flushed means gone: never spilled, and gone from the tiers too
+            self.tier.discard()
+            self.tier.flush(namespace)
         self._drop_tree_refs(freed)
         self._flushed += len(freed)
         return len(freed)
@@ -347,6 +382,8 @@ class PrefixCache:
     def evict(self, num_pages: int) -> int:
         """Evict up to `num_pages` pages from LRU unlocked, unpinned (full-precision) leaves; returns pages freed."""
         freed = self.tree.evict(num_pages, self._evicted_from)
+        if self.tier is not None:
+            self.tier.spill(freed)  # before the pages are free: their data is still in the pool
         self._drop_tree_refs(freed)
         self._evicted += len(freed)
         return len(freed)
@@ -394,13 +431,41 @@ class PrefixCache:
             queried_tokens=queried,
             hit_tokens=hit,
             copied_tokens=copied,
-            **{"extended_pages": 0, "published_pages": 0, "flushed_pages": 0, "evictable_leaves": 0} | own,
+            **{"extended_pages": 0, "published_pages": 0, "flushed_pages": 0, "evictable_leaves": 0}
+            | own
+            | (self._tier_stats() if namespace is None else {}),  # the tiers' figures are the whole worker's
         )
+
+    def _tier_stats(self) -> dict:
+        if self.tier is None:
+            return {}
+        counts = self.tier.counts
+        out = {
+            "spilled_pages": counts.spilled_pages,
+            "spill_dropped_pages": counts.spill_dropped_pages,
+            "host_loaded_pages": counts.loaded_pages.get(MEDIUM_HOST, 0),
+            "disk_loaded_pages": counts.loaded_pages.get(MEDIUM_DISK, 0),
+        }
+        for t in self.tier.tiers.stats():
+            prefix = {MEDIUM_HOST: "host_", MEDIUM_DISK: "disk_"}[t.medium]
+            out |= {prefix + name: getattr(t, name) for name in ("pages", "bytes", "capacity_bytes", "evicted_pages")}
+            if t.medium == MEDIUM_DISK:
+                out |= {f"disk_{name}": getattr(t, name) for name in TIER_DISK_FIGURES}
+                out["disk_ready"] = int(t.ready)
+        return out
 
     def set_event_sink(self, sink: EventSink | None) -> None:
         """Report the pages the tree stores and drops to `sink` (see radixcache.event_log), or stop (None). Call it
-        on the cache's thread; with a tree that already holds pages, follow it with a snapshot."""
-        self.tree.set_event_sink(sink)
+        on the cache's thread; with a tree that already holds pages, follow it with a snapshot. With a tier, the
+        tier link stays the tree's sink and forwards (adding what the tiers hold, to sinks that take it)."""
+        if self.tier is not None:
+            self.tier.sink = sink
+        else:
+            self.tree.set_event_sink(sink)
+
+    def tier_records(self) -> list[tuple[str, PageKey]]:
+        """(medium, key) of each page a tier below memory holds, as the events told it so far (snapshots)."""
+        return self.tier.tier_records() if self.tier is not None else []
 
     def add_observer(self, observer: EventSink) -> None:
         """A second listener to the tree's page records (`RadixTree.add_observer`), beside the event sink."""
@@ -465,6 +530,8 @@ class PrefixCache:
         if idle and self._leases:
             owners = sorted({lease.owner for lease in self._leases.values()})
             raise AssertionError(f"{len(self._leases)} leases leaked while idle, owned by {owners}")
+        if self.tier is not None:
+            self.tier.check()
 
     # ---- internals -------------------------------------------------------------------------------------------
     def _live(self, lease: Lease) -> None:
@@ -538,6 +605,8 @@ class PrefixCache:
             short = n - free - (self._demote(n - free) if self.demoted is not None else 0)
             if short > 0:  # (with demotion: the full-precision nodes' demoted subtrees go with them)
                 freed = self.tree.evict(short, self._evicted_from)
+                if self.tier is not None:
+                    self.tier.spill(freed)  # before the pages are free: their data is still in the pool
                 self._drop_tree_refs(freed)
                 self._evicted += len(freed)
         return self.allocator.alloc(n)
@@ -579,6 +648,8 @@ class PrefixCache:
         free = self.demoted.num_free
         if k > free:
             freed = self.tree.evict(k - free, demoted=True)
+            if self.tier is not None:
+                self.tier.spill(freed)  # (demoted pages never go down: the tier took their full precision)
             self.demoted.decref(freed)
             self._evicted += len(freed)
 

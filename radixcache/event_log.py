@@ -10,6 +10,10 @@ Snapshots: `snapshot(tree.page_records(), token)` (on the cache's thread) puts t
 `drain` returns a `Snapshot` exactly between the events before it and those after: a consumer that starts from it
 and applies what follows is exact. The map is rebuilt from each snapshot.
 
+Tiers (radixcache.tiering): `tier_stored(medium, key)` / `tier_removed(medium, namespace, hash)` record what a tier
+below the device started or stopped holding (already named by hash), drained as PagesStored / PagesRemoved with that
+medium; a snapshot's `tier` part lists what the tiers hold at that point.
+
 Bounded: beyond `max_pending` undrained records the log drops them all and records `LOST` instead; drain then returns
 `LOST` and ignores records until the next snapshot (every consumer must start over from that snapshot).
 """
@@ -31,6 +35,7 @@ from radixcache.events import (
     namespace_prefix,
 )
 from radixcache.keys import TOKEN_BYTES, decode
+from radixcache.tier import PageKey
 
 log = logging.getLogger("radixcache.events")
 
@@ -44,7 +49,7 @@ class Snapshot:
 
 
 LOST = "lost"  # drained when records were dropped: consumers must wait for the next Snapshot
-_STORED, _REMOVED, _CLEARED, _SNAPSHOT, _RELOCATED = 0, 1, 2, 3, 4
+_STORED, _REMOVED, _CLEARED, _SNAPSHOT, _RELOCATED, _TIER_STORED, _TIER_REMOVED = 0, 1, 2, 3, 4, 5, 6
 
 
 class EventLog:
@@ -107,10 +112,19 @@ class EventLog:
     def relocated(self, old: list[int], new: list[int]) -> None:
         self._push((_RELOCATED, old, new))
 
-    def snapshot(self, records: Iterable[PageRecord], token: object = None) -> None:
-        """Record the tree's current pages, `RadixTree.page_records()` (call it on the cache's thread, between tree
-        operations, so that the records and the stream agree)."""
-        self._push((_SNAPSHOT, token, list(records)))
+    def snapshot(
+        self, records: Iterable[PageRecord], token: object = None, tier: Iterable[tuple[str, PageKey]] = ()
+    ) -> None:
+        """Record the tree's current pages, `RadixTree.page_records()`, and what the tiers hold,
+        `PrefixCache.tier_records()` (call it on the cache's thread, between tree operations, so that the records and
+        the stream agree)."""
+        self._push((_SNAPSHOT, token, list(records), list(tier)))
+
+    def tier_stored(self, medium: str, key: PageKey) -> None:
+        self._push((_TIER_STORED, medium, key))
+
+    def tier_removed(self, medium: str, namespace: str, page_hash: int) -> None:
+        self._push((_TIER_REMOVED, medium, namespace, page_hash))
 
     @property
     def pending(self) -> int:
@@ -125,7 +139,7 @@ class EventLog:
             record = records.popleft()
             kind = record[0]
             if kind == _SNAPSHOT:
-                out.append(self._load(record[1], record[2]))
+                out.append(self._load(record[1], record[2], record[3]))
             elif kind == LOST:
                 self._lose(out)
             elif self._synced:
@@ -174,6 +188,10 @@ class EventLog:
             moved = [(new, pages.pop(old)) for old, new in zip(record[1], record[2], strict=True) if old in pages]
             pages.update(moved)
             return None
+        if kind == _TIER_STORED:
+            return _tier_stored(record[1], record[2])
+        if kind == _TIER_REMOVED:
+            return PagesRemoved(record[2], [record[3]], record[1])
         return NamespaceCleared(record[1])
 
     def _stored(
@@ -190,8 +208,13 @@ class EventLog:
             pages[page] = (namespace, h)
         return PagesStored(namespace, parent, hashes, decode(key))
 
-    def _load(self, token: object, records: list) -> Snapshot:
+    def _load(self, token: object, records: list, tier: list[tuple[str, PageKey]]) -> Snapshot:
         self._pages = pages = {}
         events = [e for r in records if (e := self._stored(pages, *r)) is not None]
+        events += [_tier_stored(medium, key) for medium, key in tier]
         self._synced = True
         return Snapshot(token, events)
+
+
+def _tier_stored(medium: str, key: PageKey) -> PagesStored:
+    return PagesStored(key.namespace, key.parent_hash or None, [key.page_hash], decode(key.tokens), medium)

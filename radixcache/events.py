@@ -30,6 +30,11 @@ Events (each for one namespace):
 - `PagesRemoved(namespace, page_hashes)`: pages the cache no longer holds (eviction, flush).
 - `NamespaceCleared(namespace)`: after a flush, the namespace holds no page at all (its pages' removals come first).
 
+Where a page lives: `medium` on PagesStored / PagesRemoved, as vLLM's KV events name it: "GPU" (the default) for the
+pool the model reads, whatever its device; "CPU" and "DISK" for the tiers below it (radixcache.tier). A page may be
+held by several media at once (loaded back from disk, its file stays); each medium's pages replay on their own. A
+tier's page arrives as a PagesStored of one page whose parent may live elsewhere (or nowhere).
+
 Replaying a snapshot (one PagesStored per tree node, parents first) and then the events in order gives exactly the
 cache's pages: `PageIndex` does that, `records_page_index` computes the same from a tree's page records directly (what the tests
 compare). The recording sink that turns the tree's page ids into these events is `radixcache.event_log.EventLog`.
@@ -44,6 +49,7 @@ from typing import Protocol
 
 from radixcache.keys import TOKEN_BYTES, encode
 from radixcache.kv_dtypes import identity_tag
+from radixcache.tier import MEDIUM_DEVICE
 
 NO_PARENT = 0  # the parent of a namespace's first page in the hash input (never a page hash itself)
 
@@ -135,12 +141,14 @@ class PagesStored:
     parent_hash: int | None
     page_hashes: list[int]
     token_ids: list[int]
+    medium: str = MEDIUM_DEVICE
 
 
 @dataclass(frozen=True)
 class PagesRemoved:
     namespace: str
     page_hashes: list[int]
+    medium: str = MEDIUM_DEVICE
 
 
 @dataclass(frozen=True)
@@ -156,47 +164,58 @@ class ReplayError(ValueError):
 
 
 class PageIndex:
-    """What a subscriber knows of a worker's cache: per namespace, {page hash: parent hash or None}.
+    """What a subscriber knows of a worker's cache: per namespace, {page hash: parent hash or None}, for the device
+    (`pages`) and for each tier below it (`tiers[medium]`).
 
     `apply` replays events in order; `load` starts over from a snapshot. With `strict`, an event that contradicts the
-    state (storing a page already held, removing one not held) raises ReplayError: the stream is then not exact.
+    state (storing a page already held, removing one not held) raises ReplayError: the stream is then not exact. A
+    tier's page need not have its parent in the same tier.
     """
 
     def __init__(self, *, strict: bool = True) -> None:
         self.strict = strict
         self.pages: dict[str, dict[int, int | None]] = {}
+        self.tiers: dict[str, dict[str, dict[int, int | None]]] = {}
 
     def load(self, snapshot: Iterable[PagesStored]) -> None:
-        self.pages = {}
+        self.pages, self.tiers = {}, {}
         for event in snapshot:
             self.apply(event)
 
     def apply(self, event: CacheEvent) -> None:
-        if isinstance(event, PagesStored):
-            held = self.pages.setdefault(event.namespace, {})
-            parent = event.parent_hash
-            if self.strict and parent is not None and parent not in held:
-                raise ReplayError(f"{event.namespace!r}: stored under parent {parent:#x}, which is not held")
-            for h in event.page_hashes:
-                if self.strict and h in held:
-                    raise ReplayError(f"{event.namespace!r}: page {h:#x} stored twice")
-                held[h] = parent
-                parent = h
-        elif isinstance(event, PagesRemoved):
-            held = self.pages.get(event.namespace, {})
-            for h in event.page_hashes:
-                if held.pop(h, 0) == 0 and self.strict:  # a parent is None or a nonzero hash, never 0
-                    raise ReplayError(f"{event.namespace!r}: removed page {h:#x}, which is not held")
-        elif isinstance(event, NamespaceCleared):
+        if isinstance(event, NamespaceCleared):
             held = self.pages.pop(event.namespace, {})
             if self.strict and held:
                 raise ReplayError(f"{event.namespace!r}: cleared, yet {len(held)} pages were never removed")
-        else:
+            return
+        if not isinstance(event, PagesStored | PagesRemoved):
             raise TypeError(f"not a cache event: {event!r}")
+        device = event.medium == MEDIUM_DEVICE
+        media = self.pages if device else self.tiers.setdefault(event.medium, {})
+        where = "" if device else f" on {event.medium}"
+        if isinstance(event, PagesStored):
+            held = media.setdefault(event.namespace, {})
+            parent = event.parent_hash
+            if self.strict and device and parent is not None and parent not in held:
+                raise ReplayError(f"{event.namespace!r}: stored under parent {parent:#x}, which is not held")
+            for h in event.page_hashes:
+                if self.strict and h in held:
+                    raise ReplayError(f"{event.namespace!r}: page {h:#x} stored twice{where}")
+                held[h] = parent
+                parent = h
+        else:
+            held = media.get(event.namespace, {})
+            for h in event.page_hashes:
+                if held.pop(h, 0) == 0 and self.strict:  # a parent is None or a nonzero hash, never 0
+                    raise ReplayError(f"{event.namespace!r}: removed page {h:#x}, which is not held{where}")
 
     def as_dict(self) -> dict[str, dict[int, int | None]]:
-        """Per namespace holding at least one page: {page hash: parent hash or None}."""
+        """Per namespace holding at least one page on the device: {page hash: parent hash or None}."""
         return {ns: dict(held) for ns, held in self.pages.items() if held}
+
+    def tier_dict(self, medium: str) -> dict[str, dict[int, int | None]]:
+        """The same for one tier below the device ("CPU", "DISK")."""
+        return {ns: dict(held) for ns, held in self.tiers.get(medium, {}).items() if held}
 
 
 def records_page_index(

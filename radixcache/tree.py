@@ -736,6 +736,17 @@ class RadixTree:
                 yield namespace, parent.pages[-1] if parent.pages else None, node.pages, node.key
                 stack.extend(node.children.values())
 
+    def pins(self) -> Iterator[tuple[str, bytes, float]]:
+        """(namespace, key from the root through the node, pin_until on the clock; math.inf: no TTL) of every
+        pinned node: pinning each key again until then rebuilds the pins."""
+        roots = {id(root): ns for ns, root in self._roots.items()}
+        for node in list(self._pinned.values()):
+            parts, top = [], node
+            while top.parent is not None:
+                parts.append(top.key)
+                top = top.parent
+            yield roots[id(top)], b"".join(reversed(parts)), node.pin_until  # type: ignore[misc]
+
     # ---- introspection -------------------------------------------------------------------------------------
     def items(self) -> Iterator[tuple[str, bytes, int]]:
         """(namespace, key of the path up to the end of the page, page) for every cached page."""

@@ -26,6 +26,9 @@ Sections (each row says ok / FAIL; exit status 1 if any check fails, 0 otherwise
    pages in the model's dtype and in fp8_e4m3.
 5. timings: decode attention time and the KV bandwidth it reaches, next to the device's copy bandwidth (bf16 and
    fp8 pages).
+6. tiers below the pool: the default model served with a host-memory tier (pinned on CUDA) over a disk tier; a
+   prompt pushed out of a small pool comes back from them with the same greedy tokens; a page's copy out of the pool
+   (read_page) and into it (write_page) timed. Runs on the CPU too (host memory unpinned there).
 Sections 3 and 5 stop starting new work after --budget seconds, so the whole run stays under ~8 minutes.
 
 Without CUDA, section 2 runs on the CPU and section 3 runs as a dry run with the torch backend as the candidate on
@@ -539,6 +542,61 @@ def check_engine(
     report.record("engine", all(same), identical=sum(same), requests=len(same), detail=detail, kv_dtype=kv_dtype)
 
 
+def check_tiers(report: Report, device: str) -> None:
+    """Section 6: see the module docstring."""
+    import tempfile
+
+    from radixcache.worker.engine import Engine, EngineConfig
+    from radixcache.worker.model.loader import load_checkpoint
+
+    loaded = load_checkpoint(ROOT / "worker" / "default_model", device=device)
+    text = "A radix tree keeps every prompt's pages; the tiers below keep what it lets go. " * 8
+    prompt = loaded.tokenizer.encode(text)
+    fillers = [loaded.tokenizer.encode(f"{i} " + text[::-1]) for i in range(2)]
+    page_bytes = None
+    with tempfile.TemporaryDirectory() as folder:
+        probe = Engine(loaded, EngineConfig(page_size=16, kv_pages=4))
+        page_bytes = probe.pool.read_page(0).nbytes
+        config = EngineConfig(page_size=16, kv_pages=48, kv_host_bytes=4 * page_bytes, kv_disk_dir=folder)
+        engine = Engine(loaded, config)
+        engine.start()
+        try:
+            if not engine.wait_tier_ready(120):
+                raise RuntimeError(f"the disk tier did not open: {engine.tiers.error}")
+            first = greedy_tokens(engine, [prompt], 16)
+            greedy_tokens(engine, fillers, 1)  # pushes the prompt's pages out of the 48-page pool
+            again = greedy_tokens(engine, [prompt], 16)
+            stats = engine.stats()
+            host = engine.cache.tier.tiers.by_medium("CPU")
+            pinned = [payload.kv.is_pinned() for _, payload in host.items()] if device == "cuda" else []
+        finally:
+            engine.shutdown(drain=False)
+    pool = probe.pool
+    data = pool.read_page(1)
+    out_s = time_host(lambda: pool.read_page(1))
+    in_s = time_host(lambda: pool.write_page(2, data))
+    ok = first == again and stats.host_hit_tokens > 0 and stats.disk_hit_tokens > 0 and all(pinned)
+    report.line(f"tiers on {device}: greedy tokens identical {first == again}; {stats.host_hit_tokens} prompt tokens "
+                f"from host memory, {stats.disk_hit_tokens} from disk; host pages pinned {sum(pinned)}/{len(pinned)}; "
+                f"page of {page_bytes} B out {out_s * 1e6:.0f} us, in {in_s * 1e6:.0f} us  {'ok' if ok else 'FAIL'}")  # fmt: skip
+    report.record("tiers", ok, device=device, identical=first == again, host_hit_tokens=stats.host_hit_tokens,
+                  disk_hit_tokens=stats.disk_hit_tokens, pinned=sum(pinned), page_bytes=page_bytes,
+                  read_page_us=out_s * 1e6, write_page_us=in_s * 1e6)  # fmt: skip
+
+
+def time_host(fn: Callable[[], Any], iters: int = 50) -> float:
+    """Seconds per call, wall clock (synchronised on CUDA)."""
+    fn()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return (time.perf_counter() - start) / iters
+
+
 def check_speculation(report: Report, device: str, candidate: str = "flashinfer", max_tokens: int = 32) -> None:
     """Speculative decoding on `candidate`: verification chunks (1 + k tokens over a cached prefix) in the same
     batch as plain decodes; the default model's greedy tokens with --speculate 8 equal those with it off."""
@@ -677,6 +735,7 @@ def main(argv: list[str] | None = None) -> int:
                 context=args.context or 256,
                 deadline=deadline,
             )
+            section(report, "tiers below the pool (CPU)", lambda: check_tiers(report, "cpu"))
             report.line("")
             report.line("no CUDA device: flashinfer checks, the engine check and timings skipped")
             return 1 if report.failures else 0
@@ -705,6 +764,7 @@ def main(argv: list[str] | None = None) -> int:
         section(report, "engine: default model with fp8_e4m3 pages, flashinfer vs torch, greedy",
                 lambda: check_engine(report, "cuda", kv_dtype="fp8_e4m3"))  # fmt: skip
         section(report, "decode timings", lambda: timing_table(report, deadline + 90))
+        section(report, "tiers below the pool (CUDA: pinned host memory, disk)", lambda: check_tiers(report, "cuda"))
         return 1 if report.failures else 0
     finally:
         report.line("")

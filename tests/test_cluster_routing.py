@@ -18,6 +18,7 @@ from radixcache.cluster.policy import (
     LoadWeights,
     Policy,
     RoutingThresholds,
+    cheapest,
     choose,
     cost,
     imbalanced,
@@ -152,6 +153,86 @@ def test_a_new_prefix_displaces_the_least_asked_for_cache():
     assert cost(roomy, prompt, 0, w, PAGE) == prompt + PAGE * 18
     unnamed = Candidate("x", 0, 0, free_tokens=0, victim_uses=(5,))  # pages the mirror cannot name count once
     assert cost(unnamed, prompt, 0, w, PAGE) == prompt + PAGE * (5 + 3)
+
+
+def test_the_index_keeps_each_pages_medium_and_counts_tier_pages_after_the_device_run():
+    index = PrefixIndex()
+    index.apply("a", [("stored", "", [1, 2]), ("stored", "", [3, 4], "DISK"), ("stored", "", [5], "CPU")])
+    assert index.match_split("a", "", [1, 2, 3, 4, 5, 6]) == (2, 3)  # device 1-2, then loaded: 3-4 disk, 5 host
+    assert index.match("a", "", [1, 2, 3, 4]) == 2 and index.held_pages("a") == 2  # the device alone
+    assert index.cached_hashes("a", "", "DISK") == {3, 4} and not index.holds("a", "", 3)
+    index.apply("b", [("stored", "", [1, 2], "DISK")])  # only on disk (a restarted replica, a sibling's files)
+    assert index.match_split("b", "", [1, 2, 3]) == (0, 2) and index.match_split("b", "x", [1, 2]) == (0, 0)
+    index.apply("a", [("removed", "", [4], "DISK")])
+    assert index.match_split("a", "", [1, 2, 3, 4, 5]) == (2, 1)  # stops at the first page no tier holds
+    index.apply("a", [("stored", "", [4, 5])])  # loaded back into the device
+    assert index.match_split("a", "", [1, 2, 3, 4, 5]) == (2, 1)  # (3 is on disk only: the device run stops at it)
+    copy = PrefixIndex()
+    for replica, events in index.snapshot():
+        copy.apply(replica, events)
+    assert copy.match_split("a", "", [1, 2, 3, 4, 5]) == (2, 1) and copy.match_split("b", "", [1, 2]) == (0, 2)
+    index.cleared("b", "")  # a flush of the device: the tier's pages go by their own removals
+    assert index.match_split("b", "", [1, 2]) == (0, 2)
+    index.apply("b", [("reset",)])
+    assert index.match_split("b", "", [1, 2]) == (0, 0)
+
+
+def test_a_prefix_on_device_beats_one_on_disk_which_beats_nothing_at_equal_load():
+    w = LoadWeights()
+    prompt = 64 * PAGE  # 1,024 tokens
+    device = Candidate("device", 0, matched_pages=64)
+    disk = Candidate("disk", 0, matched_pages=0, tier_pages=64)
+    nothing = Candidate("nothing", 0, 0)
+    assert [c.replica for c in cheapest([nothing, disk, device], prompt, PAGE, w=w)] == ["device"]
+    assert [c.replica for c in cheapest([nothing, disk], prompt, PAGE, w=w)] == ["disk"]
+    # the disk's 1,023 tokens cost 1/19.3 of a recompute each (tier_bench's disk_rehit_ttft_speedup)
+    assert cost(disk, prompt, 0, w, PAGE, prompt - 1) == pytest.approx(1 + w.tier * (prompt - 1))
+    assert 40 < cost(disk, prompt, 0, w, PAGE, prompt - 1) < 60
+    # a prefix half in the device and half on disk beats the same half in the device with nothing after it
+    half = Candidate("half", 0, 32)
+    assert choose([half, Candidate("half+disk", 0, 32, tier_pages=32)], prompt, PAGE, w=w).replica == "half+disk"
+    # below a device page, above nothing: a queue of 200 tokens outweighs the loads, one of 1,100 a recompute
+    assert choose([Candidate("device", 0, 64, queued_tokens=200), disk], prompt, PAGE, w=w).replica == "disk"
+    busy_disk = Candidate("disk", 0, 0, tier_pages=64, queued_tokens=900)
+    assert choose([busy_disk, nothing], prompt, PAGE, w=w).replica == "disk"
+    assert choose([Candidate("disk", 0, 0, tier_pages=64, queued_tokens=1100), nothing], prompt, PAGE, w=w).replica == (
+        "nothing"
+    )
+    # imbalanced load ignores the tiers as it ignores the device's cache; min_match_pages counts both
+    t = RoutingThresholds(balance_abs=4, balance_rel=2.0, min_match_pages=3)
+    assert choose([Candidate("disk", 9, 0, tier_pages=64), Candidate("idle", 0, 0)], prompt, PAGE, t).replica == "idle"
+    two = Candidate("short", 0, 1, tier_pages=1)
+    assert [c.replica for c in cheapest([two, nothing], prompt, PAGE, t)] == ["short", "nothing"]
+    assert [c.replica for c in cheapest([Candidate("three", 0, 1, tier_pages=2), nothing], prompt, PAGE, t)] == [
+        "three"
+    ]
+    with pytest.raises(ValueError, match="tier"):
+        LoadWeights(tier=-0.5)
+
+
+def test_tier_pages_reach_the_hub_with_their_medium_and_never_count_as_evictable():
+    from radixcache.cluster.events_feed import hub_events
+    from radixcache.events import NamespaceCleared, PagesRemoved, PagesStored
+
+    events = [
+        PagesStored("", None, [1], list(range(PAGE))),
+        PagesStored("", 1, [2], list(range(PAGE)), "DISK"),
+        PagesRemoved("", [1]),
+        PagesRemoved("", [2], "DISK"),
+        NamespaceCleared(""),
+    ]
+    assert hub_events(events) == [
+        ("stored", "", [1]),
+        ("stored", "", [2], "DISK"),
+        ("removed", "", [1]),
+        ("removed", "", [2], "DISK"),
+        ("cleared", ""),
+    ]
+    reuse = ReuseTracker()
+    reuse.apply("a", [("stored", "", [1]), ("stored", "", [2, 3], "DISK")])
+    assert reuse.victim_uses("a", 10, lambda *_: True) == [0]  # the pool would evict page 1, never a disk page
+    reuse.apply("a", [("removed", "", [1], "DISK")])  # a tier dropping its copy leaves the device's page listed
+    assert reuse.victim_uses("a", 10, lambda *_: True) == [0]
 
 
 def test_reuse_tracker_mirrors_each_replicas_lru_order_and_counts_uses():

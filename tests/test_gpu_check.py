@@ -39,9 +39,10 @@ def test_without_cuda_runs_the_cpu_parts_writes_files_and_exits_0(gpu_check, tmp
     assert "no CUDA device" in text and "0 failed checks" in text
     assert "device cpu     auto -> torch      explicit flashinfer: it needs a CUDA device" in text
     records = json.loads((tmp_path / "gpu_check.json").read_text())
-    assert [r["section"] for r in records] == ["fallbacks"] * 3 + ["kernels"] * 2  # the fp8 pages' dry run too
-    assert all(r["ok"] for r in records) and records[-1]["steps"] == len(gpu_check.lifecycle(48))
-    assert [r["config"]["kv_dtype"] for r in records[-2:]] == [None, "fp8_e4m3"]
+    assert [r["section"] for r in records] == ["fallbacks"] * 3 + ["kernels"] * 2 + ["tiers"]  # fp8's dry run too
+    assert all(r["ok"] for r in records) and records[-2]["steps"] == len(gpu_check.lifecycle(48))
+    assert [r["config"]["kv_dtype"] for r in records[-3:-1]] == [None, "fp8_e4m3"]
+    assert records[-1]["host_hit_tokens"] > 0 and records[-1]["disk_hit_tokens"] > 0 and records[-1]["identical"]
     assert (tmp_path / "gpu_check.log").exists()
 
 

@@ -54,6 +54,12 @@ class Publisher(Protocol):
     def close(self) -> None: ...
 
 
+def _tier_records(cache: Any) -> list:
+    """What the cache's tiers below memory hold (pages on the host or on disk), for a snapshot."""
+    records = getattr(cache, "tier_records", None)
+    return records() if records is not None else []
+
+
 class _Subscription:
     __slots__ = ("queue", "token", "active")
 
@@ -119,7 +125,7 @@ class CacheEventHub:
 
         def attach() -> None:
             cache.set_event_sink(event_log)
-            event_log.snapshot(cache.tree.page_records(), self._publisher_token)
+            event_log.snapshot(cache.tree.page_records(), self._publisher_token, _tier_records(cache))
 
         await self._on_engine(attach)
 
@@ -181,8 +187,8 @@ class CacheEventHub:
 
     async def _take_snapshot(self, token: object) -> None:
         """Put a snapshot for `token` into the record stream, on the engine thread (between two of its steps)."""
-        tree = self.engine.cache.tree
-        await self._on_engine(lambda: self._log.snapshot(tree.page_records(), token))
+        cache = self.engine.cache
+        await self._on_engine(lambda: self._log.snapshot(cache.tree.page_records(), token, _tier_records(cache)))
 
     def _request(self, token: object) -> None:
         loop = self._loop

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -92,6 +93,34 @@ def parser() -> argparse.ArgumentParser:
         type=parse_share,
         default=0.5,
         help="share of the KV pool PinPrefix may hold, 0..1 or N%% (default 50%%): pins never starve running requests",
+    )
+    t = p.add_argument_group("tiers below the KV pool (evicted pages are kept there, not recomputed)")
+    t.add_argument(
+        "--kv-disk",
+        metavar="DIR",
+        help="keep evicted pages in files under DIR/<model fingerprint> and load them back instead of recomputing; "
+        "a restarted worker (or another one of the same model) serves them too. Off by default",
+    )
+    t.add_argument(
+        "--kv-disk-size",
+        type=parse_size,
+        metavar="SIZE",
+        help="bound of the --kv-disk store, e.g. 64GiB (default 16GiB); least recently used pages go first",
+    )
+    t.add_argument(
+        "--kv-disk-write",
+        choices=("through", "evict"),
+        default="through",
+        help="through (default): every computed page is queued for the disk at once, so a crash loses only what "
+        "was still queued; evict: pages are written when evicted and at shutdown (less writing; a crash loses "
+        "what memory held)",
+    )
+    t.add_argument(
+        "--kv-host-memory",
+        type=parse_size,
+        metavar="SIZE",
+        help="keep evicted pages in host memory first (pinned on CUDA), e.g. 8GiB; what it pushes out goes to "
+        "--kv-disk when given. Off by default",
     )
     e.add_argument(
         "--speculate",
@@ -205,6 +234,23 @@ def parse_share(text: str) -> float:
     return share
 
 
+def check_tier_flags(args: argparse.Namespace) -> str | None:
+    """Why the tier flags cannot work (naming the flag), or None."""
+    if args.kv_disk_size is not None and args.kv_disk is None:
+        return "--kv-disk-size needs --kv-disk DIR"
+    if args.no_cache and (args.kv_disk is not None or args.kv_host_memory is not None):
+        return "--kv-disk and --kv-host-memory keep cached pages: they need the cache (drop --no-cache)"
+    if args.kv_disk is not None:
+        folder = Path(args.kv_disk)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            return f"--kv-disk {args.kv_disk}: {e.strerror or e}"
+        if not os.access(folder, os.W_OK | os.X_OK):
+            return f"--kv-disk {args.kv_disk}: the folder is not writable"
+    return None
+
+
 def parse_speculate(text: str) -> int:
     """Draft tokens per step: an integer in [0, MAX_SPECULATE]."""
     try:
@@ -292,6 +338,10 @@ def build_engine(args: argparse.Namespace) -> tuple[Any, Any]:
         kv_dtype=args.kv_dtype,
         kv_demote=args.kv_demote,
         kv_demote_share=args.kv_demote_share,
+        kv_disk_dir=args.kv_disk,
+        kv_host_bytes=args.kv_host_memory,
+        kv_disk_write=args.kv_disk_write,
+        **({"kv_disk_bytes": args.kv_disk_size} if args.kv_disk_size is not None else {}),
     )
     engine = Engine(loaded, config)
     engine.start()  # warm-up forward, then the engine thread
@@ -317,6 +367,9 @@ def main(argv: list[str]) -> int:
         return 2
     if bool(args.tls_cert) != bool(args.tls_key):
         print("radixcache serve: TLS needs both --tls-cert and --tls-key", file=sys.stderr)
+        return 2
+    if (why := check_tier_flags(args)) is not None:  # before loading the model, not after
+        print(f"radixcache serve: {why}", file=sys.stderr)
         return 2
     curve = None
     if bool(args.kv_events_curve_secret) != bool(args.kv_events_curve_clients):

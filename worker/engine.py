@@ -38,6 +38,8 @@ from typing import Any
 import torch
 
 from radixcache.cache import PrefixCache
+from radixcache.tier import MEDIUM_DISK, MEDIUM_HOST
+from radixcache.tiering import IDLE_WRITE_BUDGET_S
 from radixcache.worker.engine_api import (
     DuplicateRequestError,
     EngineLoad,
@@ -46,6 +48,7 @@ from radixcache.worker.engine_api import (
     RequestTooLargeError,
 )
 from radixcache.worker.engine_config import EngineConfig
+from radixcache.worker.engine_tiers import EngineTiers, build_tier_link
 from radixcache.worker.model.tokenizer import IncrementalDetokenizer
 from radixcache.worker.request import Constraint, ErrorKind, FinishReason, Request, RequestOutput
 from radixcache.worker.samples import RequestSamples
@@ -60,6 +63,10 @@ from radixcache.worker.validation import check_engine_request
 __all__ = ["DuplicateRequestError", "Engine", "EngineConfig", "EngineStats", "RequestTooLargeError"]
 
 log = logging.getLogger("radixcache.engine")
+
+
+def _wake() -> None:
+    """Put in the inbox to wake an idle engine thread (a load from a tier has arrived)."""
 
 
 class NoText:
@@ -86,14 +93,20 @@ class Engine:
         self.runner = ModelStep(loaded, self.config, self._eos_ids)
         self.device = self.runner.device
         self.pool = self.runner.pool
+        self._inbox: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        link = build_tier_link(self.pool, self.config, notify=lambda: self._inbox.put(_wake))
         self.cache = PrefixCache(
             self.pool.num_pages,
             self.config.page_size,
             enabled=self.config.cache_enabled,
             max_pinned_pages=int(self.config.max_pinned * self.pool.num_pages),
+            tier=link,
             demoted_pages=self.pool.demoted_pages,
             transcode=self.pool.transcode,
         )
+        # The tiers below the pool (worker/engine_tiers.py): None without --kv-disk / --kv-host-memory.
+        self.tiers = None if link is None else EngineTiers(link, self.config, self._inbox.put, self._pin)
+        self._loaded = loaded  # the fingerprint of the disk tier reads its weights' source
         self.drafter: Drafter | None = None
         if self.config.speculate > 0:
             index = None
@@ -110,7 +123,6 @@ class Engine:
             aging_steps=self.config.aging_steps,
             propose=self._propose if self.drafter is not None else None,
         )
-        self._inbox: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._live_ids: set[str] = set()
         self._requests: dict[str, RequestSamples] = {}  # request id -> its samples (engine thread only)
         self._ids_lock = threading.Lock()
@@ -173,8 +185,29 @@ class Engine:
             raise RuntimeError("engine already started")
         with torch.inference_mode():
             self.runner.warm_up(self.cache)
+        self.start_tiers()
         self._thread = threading.Thread(target=self._loop, name="radixcache-engine", daemon=True)
         self._thread.start()
+
+    def start_tiers(self) -> None:
+        """Open the disk tier in the background (start() does it; call it yourself when driving step())."""
+        if self.tiers is not None:
+            self.tiers.open_disk(self._loaded, self.pool, device=self.device, backend=self.backend.name)
+
+    def wait_tier_ready(self, timeout: float = 60.0) -> bool:
+        """Wait until every tier is open and the disk's index rebuilt (True), or timeout (False). Works with and
+        without the engine thread."""
+        if self.tiers is None:
+            return True
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._thread is None:
+                self._drain_inbox(block=False)
+                self.cache.tier.pump()  # type: ignore[union-attr]
+            if self.tiers.ready:
+                return True
+            time.sleep(0.01)
+        return self.tiers.ready
 
     def step(self) -> bool:
         """Without the thread (tests, in-process benchmarks): take queued calls, run one step. False when idle."""
@@ -184,6 +217,8 @@ class Engine:
             self._drain_inbox(block=False)
             if not self.scheduler.has_work():
                 return False
+            if not self.scheduler.can_step() and self.cache.tier is not None:
+                self.cache.tier.wait(0.05)  # every waiting request waits for its pages from a tier
             self._step_guarded()
         return True
 
@@ -199,11 +234,14 @@ class Engine:
         deadline = time.monotonic() + (timeout if timeout is not None else 1e9) if drain else time.monotonic()
         with self._ids_lock:  # every accepted request's _add is queued before this stop mark
             self._accepting = False
-            if self._thread is None:
-                return
-            self._inbox.put(lambda: setattr(self, "_stop_at", deadline))
-        self._thread.join()
-        self._thread = None
+            thread = self._thread
+            if thread is not None:
+                self._inbox.put(lambda: setattr(self, "_stop_at", deadline))
+        if thread is not None:
+            thread.join()
+            self._thread = None
+        if self.tiers is not None:  # the warm restart: what memory holds goes to the disk, within the grace period
+            self.tiers.close(None if timeout is None and drain else deadline)
 
     # --- calls from other threads ---------------------------------------------------------------------------
     def submit(self, request: Request, on_output: Callable[[RequestOutput], None]) -> None:
@@ -286,9 +324,10 @@ class Engine:
     def pin(self, token_ids: list[int], namespace: str = "", ttl_s: float | None = None) -> int:
         """Pin the cached whole pages of token_ids. Raises radixcache.cache.PinBudgetError (nothing pinned) past the
         pin budget, or when it would take pages a live request was promised: pins never starve running requests."""
-        return self.call(
-            lambda: self.cache.pin(token_ids, namespace, ttl=ttl_s, keep_unpinned=self.scheduler.promised_pages())
-        )
+        return self.call(lambda: self._pin(token_ids, namespace, ttl_s))
+
+    def _pin(self, token_ids: list[int], namespace: str, ttl_s: float | None) -> int:
+        return self.cache.pin(token_ids, namespace, ttl=ttl_s, keep_unpinned=self.scheduler.promised_pages())
 
     def unpin(self, token_ids: list[int], namespace: str = "") -> int:
         return self.call(lambda: self.cache.unpin(token_ids, namespace))
@@ -354,14 +393,16 @@ class Engine:
         try:
             with torch.inference_mode():
                 while True:
-                    self._drain_inbox(block=not self.scheduler.has_work())
+                    self._drain_inbox(block=not self.scheduler.can_step())
+                    if self.cache.tier is not None:  # the tiers' news (writes landed, loads arrived) while idle too
+                        self.cache.tier.pump(0.0 if self.scheduler.can_step() else IDLE_WRITE_BUDGET_S)
                     if self._stop_at is not None and (
                         not self.scheduler.has_work() or time.monotonic() >= self._stop_at
                     ):
                         for seq in self._live_sequences():
                             self._end(seq, FinishReason.ABORTED)
                         return
-                    if self.scheduler.has_work():
+                    if self.scheduler.can_step():
                         self._step_guarded()
         finally:
             # However the loop ends, nobody is left waiting: refuse new work, end what is queued, answer calls.
@@ -406,6 +447,8 @@ class Engine:
                 preemptions=sched.preemptions,
                 generated_tokens=self._generated,
                 finished_requests=self._finished,
+                host_hit_tokens=sched.tier_hit_tokens.get(MEDIUM_HOST, 0),
+                disk_hit_tokens=sched.tier_hit_tokens.get(MEDIUM_DISK, 0),
                 draft_tokens=self._drafted,
                 accepted_draft_tokens=self._accepted,
                 draft_steps=self._draft_steps,

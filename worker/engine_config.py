@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from radixcache.kv_dtypes import KV_DTYPES
 
 DEFAULT_KV_MEMORY = 512 * 2**20
+DEFAULT_KV_DISK = 16 * 2**30
+DISK_WRITE_POLICIES = ("through", "evict")
 DEFAULT_SPECULATE = 8  # measured: BENCHMARKS.md, "Speculative decoding"
 MAX_SPECULATE = 64
 DEMOTE_DTYPES = ("int4", "int8")  # what cold pages may be demoted to (smaller than the pages' own precision)
@@ -24,6 +26,15 @@ class EngineConfig:
     backend: str = "auto"
     aging_steps: int = 64  # a request waiting this many steps is admitted before any later arrival
     max_pinned: float = 0.5  # share of the KV pool that pins may hold (PinPrefix beyond it: RESOURCE_EXHAUSTED)
+    # The tiers below the pool (radixcache.tiering): evicted pages go to host memory (kv_host_bytes), then to the
+    # disk store under kv_disk_dir/<fingerprint> (within kv_disk_bytes), and lookups continue there. None: off.
+    kv_disk_dir: str | None = None
+    kv_disk_bytes: int = DEFAULT_KV_DISK
+    kv_disk_queue_pages: int = 256  # pages waiting to be written at most; past it eviction drops pages (counted)
+    kv_host_bytes: int | None = None
+    # "through": every computed page is queued for the disk at once (a crash loses only the queue); "evict": pages
+    # are written when evicted (and at shutdown), so a crash loses what memory held
+    kv_disk_write: str = "through"
     speculate: int = DEFAULT_SPECULATE  # draft tokens per sequence per step at most (worker/speculation); 0: off
     kv_dtype: str = "auto"  # KV page precision (radixcache.kv_codec): auto = the model's dtype
     kv_demote: str | None = None  # demote cold leaves to this precision instead of evicting them (None: off)
@@ -40,6 +51,16 @@ class EngineConfig:
             raise ValueError(f"max_step_tokens must be >= 1, got {self.max_step_tokens}")
         if self.max_running < 1:
             raise ValueError(f"max_running must be >= 1, got {self.max_running}")
+        if self.kv_disk_bytes < 1:
+            raise ValueError(f"kv_disk_bytes must be >= 1, got {self.kv_disk_bytes}")
+        if self.kv_disk_queue_pages < 1:
+            raise ValueError(f"kv_disk_queue_pages must be >= 1, got {self.kv_disk_queue_pages}")
+        if self.kv_disk_write not in DISK_WRITE_POLICIES:
+            raise ValueError(
+                f"kv_disk_write must be one of {', '.join(DISK_WRITE_POLICIES)}, got {self.kv_disk_write!r}"
+            )
+        if self.kv_host_bytes is not None and self.kv_host_bytes < 1:
+            raise ValueError(f"kv_host_bytes must be >= 1, got {self.kv_host_bytes}")
         if not 0 <= self.speculate <= MAX_SPECULATE:
             raise ValueError(f"speculate must be in [0, {MAX_SPECULATE}] draft tokens (0: off), got {self.speculate}")
         if self.kv_dtype not in ("auto", *KV_DTYPES):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from radixcache.events import CacheEvent, NamespaceCleared, PagesRemoved, PagesStored
+from radixcache.tier import MEDIUM_DEVICE
 from radixcache.v1 import radixcache_pb2 as pb
 from radixcache.worker.cache_events import EVENTS, RESET, SNAPSHOT, EventBatch
 
@@ -18,12 +19,13 @@ SNAPSHOT_PART_TOKENS = 1 << 16  # tokens per snapshot message, so a large cache 
 
 def event_to_proto(event: CacheEvent) -> pb.CacheEvent:
     if isinstance(event, PagesStored):
-        stored = pb.PagesStored(page_hashes=event.page_hashes, token_ids=event.token_ids)
+        stored = pb.PagesStored(page_hashes=event.page_hashes, token_ids=event.token_ids, medium=event.medium)
         if event.parent_hash is not None:
             stored.parent_hash = event.parent_hash
         return pb.CacheEvent(namespace=event.namespace, stored=stored)
     if isinstance(event, PagesRemoved):
-        return pb.CacheEvent(namespace=event.namespace, removed=pb.PagesRemoved(page_hashes=event.page_hashes))
+        removed = pb.PagesRemoved(page_hashes=event.page_hashes, medium=event.medium)
+        return pb.CacheEvent(namespace=event.namespace, removed=removed)
     if isinstance(event, NamespaceCleared):
         return pb.CacheEvent(namespace=event.namespace, cleared=pb.NamespaceCleared())
     raise TypeError(f"not a cache event: {event!r}")
@@ -34,9 +36,10 @@ def event_from_proto(message: pb.CacheEvent) -> CacheEvent:
     if which == "stored":
         s = message.stored
         parent = s.parent_hash if s.HasField("parent_hash") else None
-        return PagesStored(message.namespace, parent, list(s.page_hashes), list(s.token_ids))
+        return PagesStored(message.namespace, parent, list(s.page_hashes), list(s.token_ids), s.medium or MEDIUM_DEVICE)
     if which == "removed":
-        return PagesRemoved(message.namespace, list(message.removed.page_hashes))
+        removed = message.removed
+        return PagesRemoved(message.namespace, list(removed.page_hashes), removed.medium or MEDIUM_DEVICE)
     if which == "cleared":
         return NamespaceCleared(message.namespace)
     raise ValueError(f"a CacheEvent without an event: {message!r}")

@@ -17,6 +17,23 @@ from prometheus_client.registry import Collector
 from radixcache.worker.request import RequestOutput
 
 PAGE_STATES = ("free", "cached", "evictable", "pinned", "in_use")
+# The tiers below the pool, as CacheStats names their figures (radixcache.cache): copied through by name.
+TIER_FIGURES = (
+    "spilled_pages",
+    "spill_dropped_pages",
+    "host_pages",
+    "host_bytes",
+    "host_capacity_bytes",
+    "disk_pages",
+    "disk_bytes",
+    "disk_capacity_bytes",
+    "disk_queued_pages",
+    "disk_dropped_pages",
+    "disk_evicted_pages",
+    "disk_corrupt_pages",
+    "disk_write_errors",
+    "disk_ready",
+)
 
 
 def flatten_stats(stats: Any) -> dict[str, float]:
@@ -34,6 +51,7 @@ def flatten_stats(stats: Any) -> dict[str, float]:
         return float(getattr(stats, name, 0) or 0)
 
     queried, hit = c("queried_tokens"), c("hit_tokens")
+    host_hit, disk_hit = e("host_hit_tokens"), e("disk_hit_tokens")
     return {
         "pages_total": c("pages_total"),
         "pages_free": c("pages_free"),
@@ -51,6 +69,9 @@ def flatten_stats(stats: Any) -> dict[str, float]:
         "running": e("running"),
         "waiting": e("waiting"),
         "steps": e("steps"),
+        "host_hit_tokens": host_hit,
+        "disk_hit_tokens": disk_hit,
+        "device_hit_tokens": max(0.0, hit - host_hit - disk_hit),
         "draft_tokens": e("draft_tokens"),
         "accepted_draft_tokens": e("accepted_draft_tokens"),
         "draft_steps": e("draft_steps"),
@@ -58,7 +79,7 @@ def flatten_stats(stats: Any) -> dict[str, float]:
         "pages_demoted": c("pages_demoted"),
         "demoted_pages": c("demoted_pages"),
         "promoted_pages": c("promoted_pages"),
-    }
+    } | {name: c(name) for name in TIER_FIGURES}
 
 
 class _EngineCollector(Collector):
@@ -80,6 +101,13 @@ class _EngineCollector(Collector):
             "radixcache_cache_queried_tokens", "prompt tokens looked up", value=s["queried_tokens"]
         )
         yield CounterMetricFamily("radixcache_cache_hit_tokens", "prompt tokens found cached", value=s["hit_tokens"])
+        by_tier = CounterMetricFamily(
+            "radixcache_cache_hit_tokens_by_tier", "prompt tokens found cached, by where they were", labels=["tier"]
+        )
+        for tier in ("device", "host", "disk"):
+            by_tier.add_metric([tier], s[f"{tier}_hit_tokens"])
+        yield by_tier
+        yield from _tier_metrics(s)
         yield CounterMetricFamily("radixcache_cache_evicted_pages", "pages evicted for room", value=s["evicted_pages"])
         yield CounterMetricFamily("radixcache_preemptions", "requests preempted", value=s["preemptions"])
         yield GaugeMetricFamily("radixcache_requests_running", "requests in the batch", value=s["running"])
@@ -110,6 +138,33 @@ class _EngineCollector(Collector):
         yield CounterMetricFamily(
             "radixcache_cache_promoted_pages", "demoted pages brought back by a hit", value=s["promoted_pages"]
         )
+
+
+def _tier_metrics(s: dict[str, float]) -> Iterator[Metric]:
+    """The tiers below the pool (nothing without one)."""
+    if not (s["host_capacity_bytes"] or s["disk_capacity_bytes"]):
+        return
+    pages = GaugeMetricFamily("radixcache_tier_pages", "pages held below the KV pool", labels=["tier"])
+    size = GaugeMetricFamily("radixcache_tier_bytes", "bytes held below the KV pool", labels=["tier"])
+    bound = GaugeMetricFamily("radixcache_tier_capacity_bytes", "the bound of each tier", labels=["tier"])
+    for tier in ("host", "disk"):
+        if s[f"{tier}_capacity_bytes"]:
+            pages.add_metric([tier], s[f"{tier}_pages"])
+            size.add_metric([tier], s[f"{tier}_bytes"])
+            bound.add_metric([tier], s[f"{tier}_capacity_bytes"])
+    yield from (pages, size, bound)
+    yield CounterMetricFamily("radixcache_tier_spilled_pages", "evicted pages written below", value=s["spilled_pages"])
+    yield CounterMetricFamily(
+        "radixcache_tier_spill_dropped_pages",
+        "evicted pages a full write queue refused",
+        value=s["spill_dropped_pages"],
+    )
+    yield CounterMetricFamily(
+        "radixcache_disk_corrupt_pages",
+        "disk pages found damaged (deleted, never served)",
+        value=s["disk_corrupt_pages"],
+    )
+    yield GaugeMetricFamily("radixcache_disk_queued_pages", "pages waiting to be written", value=s["disk_queued_pages"])
 
 
 class WorkerMetrics:

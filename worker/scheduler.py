@@ -16,6 +16,12 @@ pages are published to the tree first, so its re-admission mostly hits.
    that need no preemption: the slots its pages still have, plus pages beyond what running prefills were promised
    and the reserve of one page per running sequence. A draft never preempts or fails anyone.
 
+With tiers below memory (the cache's `tier`, radixcache.tiering): before a waiting request is admitted, the tiers
+are looked at past what memory holds of its prompt (for the first MAX_TIER_LOADS waiting ones in admission order);
+pages found there are loaded by the tier's loader thread while the request keeps waiting (it is not admitted until
+its load is through; nobody else waits), then published, so its admission hits them. Requests wanting the same
+pages share one load.
+
 Samples 2..n of a request (n > 1) are not queued: once sample 0 has computed the prompt, `fork` starts each of them
 from a copy of its prompt (the cache's pages for what the tree holds, copied slots for the rest).
 
@@ -30,12 +36,18 @@ from dataclasses import dataclass, field
 
 from radixcache.cache import CacheFullError, Lease, PrefixCache
 from radixcache.pool import KVPool
+from radixcache.tier import MEDIUM_DISK, MEDIUM_HOST
+from radixcache.tiering import STEP_WRITE_BUDGET_S, WRITE_BUDGET_PER_TOKEN_S
 from radixcache.worker.request import FinishReason
 from radixcache.worker.sequence import SeqStatus, Sequence
 from radixcache.worker.tenant_counts import tenant_table
 
 # Past this many waiting requests, ordering by cached prefix costs more than it saves: fall back to arrival order.
 MAX_SORTED_WAITING = 128
+# Loads from the tiers in flight at most (each holds a lease and, once through, the pages it brings), and how often
+# one waiting request may start one before it is admitted (a load whose pages were evicted again before admission).
+MAX_TIER_LOADS = 4
+MAX_TIER_PROBES = 3
 
 
 @dataclass
@@ -90,12 +102,24 @@ class Scheduler:
         self.inflight_shared_tokens = 0  # prompt tokens hit while the request that computed them still ran
         self.prompt_tokens = 0  # over first admissions (a preempted request's recompute is not counted again)
         self.cached_tokens = 0
+        self.tier_hit_tokens: dict[str, int] = {}  # medium -> admitted tokens that a tier load brought back
+        self.last_step_tokens = 0  # computed by the last step scheduled (the tier's write-through budget)
         self.tenants = tenant_table()  # the counters above, per namespace (and the engine's, per worker.tenant_counts)
         self._admitted = 0
 
     # --- bookkeeping -------------------------------------------------------------------------------------
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
+
+    def can_step(self) -> bool:
+        """A step could do something now: something runs, a request could be admitted, or a load has arrived.
+        False while every waiting request waits for its load from a tier (the caller may sleep until notified)."""
+        if self.running:
+            return True
+        tier = self.cache.tier
+        if tier is not None and tier.has_completions():
+            return True
+        return any(s.load_job is None or s.load_job.finished for s in self.waiting)
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -106,11 +130,18 @@ class Scheduler:
             seq.finish_reason = reason
             seq.error = error
         self._release(seq)
+        self._drop_load(seq)
         if seq in self.running:
             self.running.remove(seq)
         if seq in self.waiting:
             self.waiting.remove(seq)
         seq.status = SeqStatus.FINISHED
+
+    def _drop_load(self, seq: Sequence) -> None:
+        if seq.load_job is not None:
+            if self.cache.tier is not None:
+                self.cache.tier.cancel(seq.load_job)
+            seq.load_job = None
 
     def _release(self, seq: Sequence) -> None:
         if seq.lease is not None:
@@ -127,6 +158,7 @@ class Scheduler:
         self._release(seq)
         self.running.remove(seq)
         seq.status = SeqStatus.WAITING
+        seq.tier_probes = 0  # what it computed may be evicted to a tier before it comes back
         seq.waited_steps = self.aging_steps  # it was already admitted once: don't make it queue again
         self.waiting.insert(0, seq)
         self.preemptions += 1
@@ -145,6 +177,8 @@ class Scheduler:
         """Chunks to compute this step, and sequences that must fail (they cannot fit even alone)."""
         chunks: dict[Sequence, Chunk] = {}
         failed: list[tuple[Sequence, str]] = []
+        if self.cache.tier is not None:  # loads that arrived go into the tree before anyone is admitted
+            self.cache.tier.pump(STEP_WRITE_BUDGET_S + WRITE_BUDGET_PER_TOKEN_S * self.last_step_tokens)
         budget = self.max_step_tokens
         for seq in list(self.running):  # admission order, oldest first; victims are taken from the end
             if seq.status is not SeqStatus.RUNNING or budget == 0:
@@ -160,6 +194,7 @@ class Scheduler:
         self._admit(budget, chunks, failed)
         for seq in self.waiting:
             seq.waited_steps += 1
+        self.last_step_tokens = sum(c.num_new for c in chunks.values())
         # Decodes first, then prefills: the order rows appear in the batch does not change any result.
         return sorted(chunks.values(), key=lambda c: (c.num_tokens > 1, c.seq.admit_order)), failed
 
@@ -260,11 +295,49 @@ class Scheduler:
                 return True
         return False
 
+    def _prefetch(self, ordered: list[tuple[Sequence, int]]) -> None:
+        """Start loads from the tiers for the first waiting requests whose prompt continues there."""
+        tier = self.cache.tier
+        if tier is None or not tier.active:
+            return
+        inflight = len({id(s.load_job) for s in self.waiting if s.load_job is not None and not s.load_job.finished})
+        for seq, _ in ordered[: 2 * MAX_TIER_LOADS]:
+            if inflight >= MAX_TIER_LOADS:
+                return
+            if seq.load_job is not None or seq.tier_probes >= MAX_TIER_PROBES:
+                continue
+            seq.tier_probes += 1
+            # every whole page of the prompt: admission reads all but its last token, copying the page it ends in
+            job = tier.start_load(seq.name, seq.tokens, seq.request.namespace, len(seq.tokens))
+            if job is None:
+                seq.tier_probes = MAX_TIER_PROBES  # nothing there: look again only after its next admission
+            else:
+                seq.load_job = job
+                inflight += job.waiters == 1
+
+    def _loaded(self, seq: Sequence) -> bool:
+        """False while seq's load from a tier is under way; once through, note what it brought."""
+        job = seq.load_job
+        if job is None:
+            return True
+        if not job.finished:
+            return False
+        seq.load_job = None
+        for medium, pages in job.loaded.items():
+            seq.tier_tokens[medium] = seq.tier_tokens.get(medium, 0) + pages * self.page_size
+        return True
+
     def _admit(self, budget: int, chunks: dict[Sequence, Chunk], failed: list[tuple[Sequence, str]]) -> None:
         promised = self._promised_prefill_pages()
-        for seq, cached in self._ordered_waiting():
+        ordered = self._ordered_waiting()
+        self._prefetch(ordered)
+        for seq, cached in ordered:
             if budget == 0 or len(self.running) >= self.max_running:
                 return
+            if seq.load_job is not None:
+                if not self._loaded(seq):
+                    continue  # its pages are on their way from a tier: it waits, nobody else does
+                cached = self.cache.match_length(seq.tokens[:-1], seq.request.namespace)
             ns, prompt = seq.request.namespace, seq.tokens
             if not seq.admitted_once and (why := self._pins_leave_room(seq)) is not None:
                 failed.append((seq, why))
@@ -330,6 +403,18 @@ class Scheduler:
         child.num_computed = len(prompt)
         return True
 
+    def _count_tier_hits(self, seq: Sequence, cached: int) -> None:
+        """Of the tokens this admission hit, those its tier loads brought back (by medium; the rest hit memory)."""
+        mine = self.tenants[seq.request.namespace]
+        for medium, tokens in seq.tier_tokens.items():
+            served = min(tokens, cached)
+            self.tier_hit_tokens[medium] = self.tier_hit_tokens.get(medium, 0) + served
+            field = {MEDIUM_HOST: "host_hit_tokens", MEDIUM_DISK: "disk_hit_tokens"}[medium]
+            setattr(mine, field, getattr(mine, field) + served)
+            cached -= served
+        seq.tier_tokens = {}
+        seq.tier_probes = 0
+
     def _copy_hit(self, lease: Lease) -> None:
         """A hit ending inside a page: copy its slots into the lease's own page, then let go of the source, so that
         admission counts the page once (the lease never holds the same tokens twice). On failure, no lease is left."""
@@ -345,6 +430,7 @@ class Scheduler:
 
     def _start(self, seq: Sequence, lease: Lease) -> None:
         self.cache.count_lookup(lease)  # each admission (re-admission too) counts its lookup once
+        self._count_tier_hits(seq, lease.cached_tokens)
         if not seq.admitted_once:
             seq.admitted_once = True
             seq.cached_tokens = min(lease.cached_tokens, seq.num_prompt)

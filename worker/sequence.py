@@ -69,6 +69,11 @@ class Sequence:
     lcp_cache: weakref.WeakKeyDictionary[Sequence, int] = field(default_factory=weakref.WeakKeyDictionary)
     # Structured output: the grammar state after the generated tokens (kept through preemption with them)
     matcher: GrammarMatcher | None = None
+    # The tiers below memory (radixcache.tiering): the load of this prompt's pages under way, how often the tiers
+    # were looked at since the last admission, and tokens loaded for it by medium (counted at its next admission)
+    load_job: Any = None
+    tier_probes: int = 0
+    tier_tokens: dict[str, int] = field(default_factory=dict)
     # Speculation: the drafter's state (worker/speculation), and draft tokens verified / accepted so far
     draft_state: Any = None
     draft_tokens: int = 0

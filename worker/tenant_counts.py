@@ -18,6 +18,8 @@ class TenantCounts:
     preemptions: int = 0
     generated_tokens: int = 0
     finished_requests: int = 0
+    host_hit_tokens: int = 0  # of the cache's hit tokens (every admission), loaded back from host memory
+    disk_hit_tokens: int = 0  # ... and from the disk (radixcache.tiering)
     draft_tokens: int = 0  # speculative draft tokens checked
     accepted_draft_tokens: int = 0  # of those, the sampled token
     draft_steps: int = 0  # sequence-steps that checked a draft

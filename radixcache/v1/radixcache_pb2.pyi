@@ -218,7 +218,7 @@ class GetCacheStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class CacheStats(_message.Message):
-    __slots__ = ("pages_total", "pages_free", "pages_cached", "pages_evictable", "pages_pinned", "pages_in_use", "queried_tokens", "hit_tokens", "hit_rate", "evicted_pages", "preemptions", "running", "waiting", "live_leases", "steps", "max_pinned_pages", "kv_dtype", "kv_bytes_per_token", "pages_demoted", "demoted_pages", "promoted_pages", "draft_tokens", "accepted_draft_tokens", "draft_steps", "replicas")
+    __slots__ = ("pages_total", "pages_free", "pages_cached", "pages_evictable", "pages_pinned", "pages_in_use", "queried_tokens", "hit_tokens", "hit_rate", "evicted_pages", "preemptions", "running", "waiting", "live_leases", "steps", "max_pinned_pages", "kv_dtype", "kv_bytes_per_token", "pages_demoted", "demoted_pages", "promoted_pages", "disk_pages", "disk_bytes", "disk_capacity_bytes", "host_pages", "spilled_pages", "spill_dropped_pages", "disk_corrupt_pages", "disk_hit_tokens", "host_hit_tokens", "disk_ready", "draft_tokens", "accepted_draft_tokens", "draft_steps", "replicas")
     PAGES_TOTAL_FIELD_NUMBER: _ClassVar[int]
     PAGES_FREE_FIELD_NUMBER: _ClassVar[int]
     PAGES_CACHED_FIELD_NUMBER: _ClassVar[int]
@@ -240,6 +240,16 @@ class CacheStats(_message.Message):
     PAGES_DEMOTED_FIELD_NUMBER: _ClassVar[int]
     DEMOTED_PAGES_FIELD_NUMBER: _ClassVar[int]
     PROMOTED_PAGES_FIELD_NUMBER: _ClassVar[int]
+    DISK_PAGES_FIELD_NUMBER: _ClassVar[int]
+    DISK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DISK_CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    HOST_PAGES_FIELD_NUMBER: _ClassVar[int]
+    SPILLED_PAGES_FIELD_NUMBER: _ClassVar[int]
+    SPILL_DROPPED_PAGES_FIELD_NUMBER: _ClassVar[int]
+    DISK_CORRUPT_PAGES_FIELD_NUMBER: _ClassVar[int]
+    DISK_HIT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    HOST_HIT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    DISK_READY_FIELD_NUMBER: _ClassVar[int]
     DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_STEPS_FIELD_NUMBER: _ClassVar[int]
@@ -265,11 +275,21 @@ class CacheStats(_message.Message):
     pages_demoted: int
     demoted_pages: int
     promoted_pages: int
+    disk_pages: int
+    disk_bytes: int
+    disk_capacity_bytes: int
+    host_pages: int
+    spilled_pages: int
+    spill_dropped_pages: int
+    disk_corrupt_pages: int
+    disk_hit_tokens: int
+    host_hit_tokens: int
+    disk_ready: bool
     draft_tokens: int
     accepted_draft_tokens: int
     draft_steps: int
     replicas: _containers.RepeatedCompositeFieldContainer[ReplicaCacheStats]
-    def __init__(self, pages_total: _Optional[int] = ..., pages_free: _Optional[int] = ..., pages_cached: _Optional[int] = ..., pages_evictable: _Optional[int] = ..., pages_pinned: _Optional[int] = ..., pages_in_use: _Optional[int] = ..., queried_tokens: _Optional[int] = ..., hit_tokens: _Optional[int] = ..., hit_rate: _Optional[float] = ..., evicted_pages: _Optional[int] = ..., preemptions: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., live_leases: _Optional[int] = ..., steps: _Optional[int] = ..., max_pinned_pages: _Optional[int] = ..., kv_dtype: _Optional[str] = ..., kv_bytes_per_token: _Optional[int] = ..., pages_demoted: _Optional[int] = ..., demoted_pages: _Optional[int] = ..., promoted_pages: _Optional[int] = ..., draft_tokens: _Optional[int] = ..., accepted_draft_tokens: _Optional[int] = ..., draft_steps: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaCacheStats, _Mapping]]] = ...) -> None: ...
+    def __init__(self, pages_total: _Optional[int] = ..., pages_free: _Optional[int] = ..., pages_cached: _Optional[int] = ..., pages_evictable: _Optional[int] = ..., pages_pinned: _Optional[int] = ..., pages_in_use: _Optional[int] = ..., queried_tokens: _Optional[int] = ..., hit_tokens: _Optional[int] = ..., hit_rate: _Optional[float] = ..., evicted_pages: _Optional[int] = ..., preemptions: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., live_leases: _Optional[int] = ..., steps: _Optional[int] = ..., max_pinned_pages: _Optional[int] = ..., kv_dtype: _Optional[str] = ..., kv_bytes_per_token: _Optional[int] = ..., pages_demoted: _Optional[int] = ..., demoted_pages: _Optional[int] = ..., promoted_pages: _Optional[int] = ..., disk_pages: _Optional[int] = ..., disk_bytes: _Optional[int] = ..., disk_capacity_bytes: _Optional[int] = ..., host_pages: _Optional[int] = ..., spilled_pages: _Optional[int] = ..., spill_dropped_pages: _Optional[int] = ..., disk_corrupt_pages: _Optional[int] = ..., disk_hit_tokens: _Optional[int] = ..., host_hit_tokens: _Optional[int] = ..., disk_ready: _Optional[bool] = ..., draft_tokens: _Optional[int] = ..., accepted_draft_tokens: _Optional[int] = ..., draft_steps: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaCacheStats, _Mapping]]] = ...) -> None: ...
 
 class ReplicaCacheStats(_message.Message):
     __slots__ = ("replica_id", "stats")
@@ -374,20 +394,24 @@ class CacheEvent(_message.Message):
     def __init__(self, namespace: _Optional[str] = ..., stored: _Optional[_Union[PagesStored, _Mapping]] = ..., removed: _Optional[_Union[PagesRemoved, _Mapping]] = ..., cleared: _Optional[_Union[NamespaceCleared, _Mapping]] = ...) -> None: ...
 
 class PagesStored(_message.Message):
-    __slots__ = ("parent_hash", "page_hashes", "token_ids")
+    __slots__ = ("parent_hash", "page_hashes", "token_ids", "medium")
     PARENT_HASH_FIELD_NUMBER: _ClassVar[int]
     PAGE_HASHES_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    MEDIUM_FIELD_NUMBER: _ClassVar[int]
     parent_hash: int
     page_hashes: _containers.RepeatedScalarFieldContainer[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, parent_hash: _Optional[int] = ..., page_hashes: _Optional[_Iterable[int]] = ..., token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    medium: str
+    def __init__(self, parent_hash: _Optional[int] = ..., page_hashes: _Optional[_Iterable[int]] = ..., token_ids: _Optional[_Iterable[int]] = ..., medium: _Optional[str] = ...) -> None: ...
 
 class PagesRemoved(_message.Message):
-    __slots__ = ("page_hashes",)
+    __slots__ = ("page_hashes", "medium")
     PAGE_HASHES_FIELD_NUMBER: _ClassVar[int]
+    MEDIUM_FIELD_NUMBER: _ClassVar[int]
     page_hashes: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, page_hashes: _Optional[_Iterable[int]] = ...) -> None: ...
+    medium: str
+    def __init__(self, page_hashes: _Optional[_Iterable[int]] = ..., medium: _Optional[str] = ...) -> None: ...
 
 class NamespaceCleared(_message.Message):
     __slots__ = ()

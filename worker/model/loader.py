@@ -32,6 +32,8 @@ class LoadedModel:
     config: ModelConfig
     tokenizer: Tokenizer | None  # None only for random_model
     path: Path | None
+    weights: str = "full"  # the projections' format (WEIGHT_FORMATS): part of what the K/V depend on
+    weights_id: str | None = None  # names the weights where no file does: random_model's recipe
 
 
 def _empty_model(config: ModelConfig, device: torch.device, dtype: torch.dtype) -> CausalLM:
@@ -138,7 +140,7 @@ def load_checkpoint(
         shown = ", ".join(sorted(missing)[:8]) + (" ..." if len(missing) > 8 else "")
         raise ValueError(f"checkpoint {path} lacks {len(missing)} tensors the config needs: {shown}")
     _finish(model, device, weights)
-    return LoadedModel(model=model, config=config, tokenizer=tokenizer, path=path)
+    return LoadedModel(model=model, config=config, tokenizer=tokenizer, path=path, weights=weights)
 
 
 def random_model(
@@ -166,4 +168,5 @@ def random_model(
             else:
                 param.copy_(torch.randn(param.shape, generator=gen) * std)
     _finish(model, device, weights)
-    return LoadedModel(model=model, config=config, tokenizer=None, path=None)
+    recipe = f"random_model seed={seed} std={std!r} dtype={dtype}"
+    return LoadedModel(model=model, config=config, tokenizer=None, path=None, weights=weights, weights_id=recipe)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from datetime import datetime
+from hashlib import blake2b
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +109,19 @@ class Tokenizer:
             eos.add(tokenizer.token_to_id(eos_token))
         self.eos_token_ids: set[int] = eos
         self._template = None
+
+    def digest(self) -> str:
+        """BLAKE2b-128 of everything that maps text to ids here (the tokenizer's JSON, special tokens, template)."""
+        h = blake2b(digest_size=16)
+        for part in (
+            self._tok.to_str(),
+            self.bos_token,
+            self.eos_token,
+            self.chat_template,
+            sorted(self.eos_token_ids),
+        ):
+            h.update(repr(part).encode("utf-8") + b"\0")
+        return h.hexdigest()
 
     @classmethod
     def from_dir(

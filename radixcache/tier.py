@@ -1,0 +1,153 @@
+"""What every tier below the device pool shares: how a page is named there, and the interface a tier offers.
+
+A page below memory is named by `PageKey`: its namespace, its chained page hash (radixcache.events: the hash the
+cache events use, so it names the page's whole prefix and its tenant), its parent's hash and its tokens. The hash
+alone finds the page; the parent and the tokens are stored with it and compared on every read, so a hash collision
+or a file that belongs to another prefix is a miss, never a wrong page.
+
+A tier (`PageTier`) holds opaque page payloads (radixcache.pool's PageData on the worker; bytes in tests) by key:
+`put` (asynchronous where the tier writes slowly; False when it declined the page), `contains` (what the tier's
+memory says: no system call, for the engine thread), `find` (`contains`, or a look at the files: one stat, for an
+admission's lookup), `get` (the payload, checked, or None), `flush` (a namespace or everything), `stats`, `take_changes`
+(what it started and stopped holding, for cache events) and `close`. Two tiers exist: radixcache.host_tier.HostTier
+(host memory, pinned on CUDA) and radixcache.store.DiskStore (files); `TierChain` puts one above the other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+MEDIUM_DEVICE = "GPU"  # vLLM's name for the pool the model reads, whatever the device
+MEDIUM_HOST = "CPU"
+MEDIUM_DISK = "DISK"
+
+
+@dataclass(frozen=True, slots=True)
+class PageKey:
+    """One whole page of one namespace. tokens: the page's token ids in radixcache.keys format (4 bytes each)."""
+
+    namespace: str
+    page_hash: int
+    parent_hash: int  # 0: the namespace's first page
+    tokens: bytes
+
+    @property
+    def name(self) -> tuple[str, int]:
+        """What finds the page in a tier (the rest is checked on read)."""
+        return (self.namespace, self.page_hash)
+
+
+@dataclass(frozen=True, slots=True)
+class TierChange:
+    """A tier started (stored=True) or stopped holding a page; `key` is None-free for stored pages."""
+
+    medium: str
+    stored: bool
+    namespace: str
+    page_hash: int
+    key: PageKey | None = None  # set when stored
+
+
+@dataclass
+class TierStats:
+    medium: str
+    pages: int = 0  # pages held (written, for the disk)
+    bytes: int = 0
+    capacity_bytes: int = 0
+    queued_pages: int = 0  # accepted, not written yet (readable)
+    written_pages: int = 0  # put and landed
+    dropped_pages: int = 0  # put refused: the write queue was full, or the page is larger than the tier
+    evicted_pages: int = 0  # dropped by the tier's own LRU to stay within its capacity
+    read_hits: int = 0
+    read_misses: int = 0  # get found nothing (or only a page of another prefix)
+    corrupt_pages: int = 0  # files found torn, truncated or mismatched on read: deleted, never served
+    write_errors: int = 0  # I/O errors while writing (the page is dropped)
+    ready: bool = True  # the index of what a previous run left is rebuilt
+
+
+class PageTier(Protocol):
+    medium: str
+
+    def put(self, key: PageKey, payload: Any) -> bool: ...
+
+    def contains(self, key: PageKey) -> bool: ...
+
+    def find(self, key: PageKey) -> bool: ...
+
+    def get(self, key: PageKey) -> Any | None: ...
+
+    def flush(self, namespace: str | None = None) -> int: ...
+
+    def stats(self) -> TierStats: ...
+
+    def take_changes(self) -> list[TierChange]: ...
+
+    def records(self) -> Iterator[PageKey]: ...
+
+    def close(self, timeout: float | None = None) -> None: ...
+
+
+class TierChain:
+    """Tiers in order, fastest first (host memory, then disk): `put` goes to the first (which pushes what it
+    cannot keep down to the next), `get` and `contains` look in each in turn, the rest goes to all."""
+
+    def __init__(self, tiers: list[PageTier] | None = None) -> None:
+        self.tiers: list[PageTier] = list(tiers or [])
+
+    def put(self, key: PageKey, payload: Any) -> bool:
+        return self.tiers[0].put(key, payload) if self.tiers else False
+
+    def contains(self, key: PageKey) -> bool:
+        return any(tier.contains(key) for tier in self.tiers)
+
+    def find(self, key: PageKey) -> bool:
+        return any(tier.find(key) for tier in self.tiers)
+
+    def get(self, key: PageKey) -> tuple[Any, str] | None:
+        """(payload, the medium it came from), or None."""
+        for tier in self.tiers:
+            if tier.find(key):
+                payload = tier.get(key)
+                if payload is not None:
+                    return payload, tier.medium
+        return None
+
+    def flush(self, namespace: str | None = None) -> int:
+        return sum(tier.flush(namespace) for tier in self.tiers)
+
+    def take_changes(self) -> list[TierChange]:
+        return [change for tier in self.tiers for change in tier.take_changes()]
+
+    def stats(self) -> list[TierStats]:
+        return [tier.stats() for tier in self.tiers]
+
+    def by_medium(self, medium: str) -> PageTier | None:
+        return next((tier for tier in self.tiers if tier.medium == medium), None)
+
+    def close(self, timeout: float | None = None) -> None:
+        for tier in self.tiers:
+            tier.close(timeout)
+
+
+class CacheTier(Protocol):
+    """What radixcache.cache.PrefixCache calls on its link to the tiers (radixcache.tiering.TierLink)."""
+
+    counts: Any
+    tiers: TierChain
+    sink: Any
+
+    def attach(self, cache: Any) -> None: ...
+
+    def spill(self, freed: list[int]) -> None: ...
+
+    def copying(self, src: int, dst: int) -> None: ...
+
+    def discard(self) -> None: ...
+
+    def flush(self, namespace: str | None) -> int: ...
+
+    def check(self) -> None: ...
+
+    def tier_records(self) -> list[tuple[str, PageKey]]: ...
