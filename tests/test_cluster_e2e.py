@@ -436,6 +436,27 @@ def test_each_replica_publishes_its_own_zmq_feed(cluster):
         ctx.term()
 
 
+def test_requests_with_one_cache_key_go_to_one_replica(cluster):
+    target, _ = cluster
+
+    def asked(c: Client) -> dict[str, int]:  # the prompt tokens each replica's cache was asked for
+        return {r["replica_id"]: r["queried_tokens"] for r in c.stats()["replicas"]}
+
+    with Client(target, token="tok-alice") as c:
+        wait_idle(c)  # balanced, so the keys decide
+        replicas = sorted(asked(c))
+        keys = [f"session-{k}" for k in range(40)]
+        homes = {key: key_home("alice", key, replicas) for key in keys}
+        for home in replicas:  # a key of each replica's: its 4 unrelated prompts all land there
+            key = next(k for k in keys if homes[k] == home)
+            before = asked(c)
+            for i in range(4):
+                list(c.generate(token_ids=ids(20, salt=400 + i), max_tokens=2, cache_key=key))
+            after = asked(c)
+            assert {r for r in after if after[r] > before.get(r, 0)} == {home}, (key, before, after)
+        wait_idle(c)
+
+
 def test_a_replica_scaled_away_drains_then_hands_back_its_streams(cluster):
     """Last in the module: it leaves one replica. Streams longer than the grace period on the replica Serve stops
     end with UNAVAILABLE saying so, at the grace period (not cut when the actor is killed); the others finish."""
@@ -445,7 +466,9 @@ def test_a_replica_scaled_away_drains_then_hands_back_its_streams(cluster):
     def stream(i: int) -> None:
         try:
             with Client(target, token="tok-alice") as s:
-                chunks = list(s.generate(token_ids=ids(8, salt=1000 + i), max_tokens=1000, ignore_eos=True))
+                chunks = list(
+                    s.generate(token_ids=ids(8, salt=1000 + i), max_tokens=1000, ignore_eos=True, speculate=False)
+                )
                 outcomes[i] = chunks[-1].finish_reason
         except grpc.RpcError as e:
             outcomes[i] = (e.code(), e.details())
@@ -472,24 +495,3 @@ def test_a_replica_scaled_away_drains_then_hands_back_its_streams(cluster):
         assert code == grpc.StatusCode.UNAVAILABLE and "drained" in details, details
     assert all(o == "length" for o in outcomes.values() if not isinstance(o, tuple)), outcomes
     assert time.monotonic() - started < 60  # within grace + margin, not Serve's kill after a long wait
-
-
-def test_requests_with_one_cache_key_go_to_one_replica(cluster):
-    target, _ = cluster
-
-    def asked(c: Client) -> dict[str, int]:  # the prompt tokens each replica's cache was asked for
-        return {r["replica_id"]: r["queried_tokens"] for r in c.stats()["replicas"]}
-
-    with Client(target, token="tok-alice") as c:
-        wait_idle(c)  # balanced, so the keys decide
-        replicas = sorted(asked(c))
-        keys = [f"session-{k}" for k in range(40)]
-        homes = {key: key_home("alice", key, replicas) for key in keys}
-        for home in replicas:  # a key of each replica's: its 4 unrelated prompts all land there
-            key = next(k for k in keys if homes[k] == home)
-            before = asked(c)
-            for i in range(4):
-                list(c.generate(token_ids=ids(20, salt=400 + i), max_tokens=2, cache_key=key))
-            after = asked(c)
-            assert {r for r in after if after[r] > before.get(r, 0)} == {home}, (key, before, after)
-        wait_idle(c)
