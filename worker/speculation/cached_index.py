@@ -31,12 +31,12 @@ DEFAULT_INDEX_TOKENS = 1 << 18
 class _Page:
     __slots__ = ("children", "keys", "namespace", "parent", "stamp", "tokens")
 
-    def __init__(self, namespace: str, tokens: list[int], parent: int | None, stamp: int) -> None:
+    def __init__(self, namespace: str, tokens: tuple[int, ...], parent: int | None, stamp: int) -> None:
         self.namespace = namespace
-        self.tokens = tokens
+        self.tokens = tokens  # tuples here and in the occurrence table: the cyclic GC stops tracking them
         self.parent = parent  # the page before this one, if indexed
         self.children: list[int] = []  # indexed pages continuing this one, oldest first
-        self.keys: list[int] = []  # n-gram keys ending at this page's last len(keys) tokens
+        self.keys: tuple[int, ...] = ()  # n-gram keys ending at this page's last len(keys) tokens
         self.stamp = stamp
 
 
@@ -49,7 +49,7 @@ class CachedTokenIndex:
         self.page_size = page_size
         self.max_pages = max(1, max_tokens // page_size)
         self._pages: dict[int, _Page] = {}  # in store order, oldest first
-        self._grams: dict[str, dict[int, list[int]]] = {}
+        self._grams: dict[str, dict[int, tuple[int, ...]]] = {}
         self._stamp = 0
 
     @property
@@ -74,17 +74,15 @@ class CachedTokenIndex:
                 self._drop(page)
             self._stamp += 1
             start = len(history) + i * ps
-            entry = _Page(namespace, tokens[start : start + ps], parent, self._stamp)
+            entry = _Page(namespace, tuple(tokens[start : start + ps]), parent, self._stamp)
+            keys = []
             for end in range(max(start, n - 1), start + len(entry.tokens)):
                 gram = hash(tuple(tokens[end - n + 1 : end + 1]))
-                entry.keys.append(gram)
+                keys.append(gram)
                 where = grams.get(gram)
-                if where is None:
-                    grams[gram] = [page * ps + end - start]
-                else:
-                    where.append(page * ps + end - start)
-                    if len(where) > MAX_OCCURRENCES:
-                        del where[0]
+                position = page * ps + end - start
+                grams[gram] = (position,) if where is None else (*where, position)[-MAX_OCCURRENCES:]
+            entry.keys = tuple(keys)
             if parent is not None:
                 self._pages[parent].children.append(page)
             self._pages[page] = entry
@@ -116,7 +114,7 @@ class CachedTokenIndex:
             for j, gram in enumerate(entry.keys, start=first):
                 where = grams.get(gram)
                 if where is not None and was * ps + j in where:
-                    where[where.index(was * ps + j)] = now * ps + j
+                    grams[gram] = tuple(now * ps + j if p == was * ps + j else p for p in where)
             if entry.parent is not None:
                 siblings = self._pages[entry.parent].children
                 siblings[siblings.index(was)] = now
@@ -132,8 +130,10 @@ class CachedTokenIndex:
         for j, gram in enumerate(entry.keys, start=first):
             where = grams.get(gram)
             if where is not None and page * ps + j in where:
-                where.remove(page * ps + j)
-                if not where:
+                rest = tuple(p for p in where if p != page * ps + j)
+                if rest:
+                    grams[gram] = rest
+                else:
                     del grams[gram]
         if entry.parent is not None:
             self._pages[entry.parent].children.remove(page)
