@@ -10,7 +10,10 @@ from radixcache.kv_dtypes import KV_DTYPES
 DEFAULT_KV_MEMORY = 512 * 2**20
 DEFAULT_KV_DISK = 16 * 2**30
 DISK_WRITE_POLICIES = ("through", "evict")
-DEFAULT_SPECULATE = 8  # measured: BENCHMARKS.md, "Speculative decoding"
+# Opt-in for now: one soak run of four with --speculate 8 on the bf16 default model saw a greedy reference answer
+# differ from the idle one under load (not reproduced since; the tests and benches found none). Until that is found,
+# the default keeps the cache's promise; --speculate 8 is what BENCHMARKS.md measured.
+DEFAULT_SPECULATE = 0
 MAX_SPECULATE = 64
 DEMOTE_DTYPES = ("int4", "int8")  # what cold pages may be demoted to (smaller than the pages' own precision)
 
