@@ -158,6 +158,31 @@ def test_the_embedded_models_greedy_output_is_the_same_with_speculation_on_and_o
     assert engine.stats().accepted_draft_tokens > 0
 
 
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="known defect: bf16 verify rows round differently from decode rows (why "
+    "--speculate is opt-in); strict: passing means it is fixed, so make speculation the default again",
+)
+def test_the_embedded_models_bf16_output_is_the_same_with_speculation_on_and_off_under_batching(embedded):
+    """The chaos workload's prompts (make soak's), batched in three waves of up to 16, greedy, 96 tokens: 4 of 40
+    outputs differed with --speculate 8 in bf16 (first at tokens 8 and 68), none in fp32. A draft's logits come from
+    a row of a multi-token verify chunk, a plain step's from a one-row decode; in bf16 the two round differently."""
+    from chaos import Workload
+
+    workload = Workload.build(0, vocab=embedded.config.vocab_size, page_size=16, max_tokens=96)
+    rng = random.Random(1)
+    ps = list(workload.references) + [workload.prompt(rng) for _ in range(30)]
+    greedy = SamplingParams(max_tokens=96, ignore_eos=True)
+
+    def waves_of(sink: Outputs):
+        for w, wave in enumerate([ps[:8], ps[:16], ps[:4] * 2 + ps[16:24]]):
+            yield [Request(f"w{w}-{i}", list(p), greedy, namespace="bob") for i, p in enumerate(wave)]
+
+    off, on, _ = both_ways(embedded, waves_of, page_size=16, kv_pages=256, max_step_tokens=128)
+    assert on.tokens() == off.tokens()
+
+
 def test_a_seeded_sampled_request_gives_the_same_tokens_and_logprobs_on_and_off(model):
     ps = prompts(2, seed=3)
     params = [
