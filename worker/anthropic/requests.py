@@ -26,13 +26,12 @@ from typing import Any
 from radixcache.worker.anthropic.protocol import CountTokensRequest, MessagesRequest
 from radixcache.worker.openai.errors import bad_request
 from radixcache.worker.openai.json_body import ArrayRule, BodyShape
+from radixcache.worker.openai.requests import shape_of
 from radixcache.worker.request import MAX_STOP_STRINGS
 from radixcache.worker.tool_calls import ToolChoice, ToolSpec, template_tools
 from radixcache.worker.validation import (
     MAX_CHAT_MESSAGES,
     MAX_CONTENT_PARTS,
-    MAX_JSON_DEPTH,
-    MAX_JSON_ITEMS,
     MAX_TOOLS,
     ModelLimits,
     PromptInput,
@@ -109,7 +108,7 @@ def messages_body_shape(limits: ModelLimits) -> BodyShape:
         ("tools",): ArrayRule(MAX_TOOLS, "tools"),
         ("stop_sequences",): ArrayRule(MAX_STOP_STRINGS, "stop sequences"),
     }
-    return BodyShape(max_depth=MAX_JSON_DEPTH, max_items=MAX_JSON_ITEMS + limits.context_length, rules=rules)
+    return shape_of(limits, rules)
 
 
 def _ttl(value: Any, where: str) -> str | None:

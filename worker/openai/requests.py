@@ -53,6 +53,11 @@ def body_shape(limits: ModelLimits) -> BodyShape:
         ("prompt",): token_ids,  # or a batch of one prompt
         ("prompt", "*"): token_ids,
     }
+    return shape_of(limits, rules)
+
+
+def shape_of(limits: ModelLimits, rules: dict[tuple[str, ...], ArrayRule]) -> BodyShape:
+    """A body shape with validation's depth and value-count limits (every route's) and a route's array rules."""
     return BodyShape(max_depth=MAX_JSON_DEPTH, max_items=MAX_JSON_ITEMS + limits.context_length, rules=rules)
 
 

@@ -19,6 +19,7 @@ from radixcache.worker.openai.requests import (
     RETENTION_S,
     client_arguments,
     response_format,
+    shape_of,
     strict_schema,
     tool_choice,
 )
@@ -27,8 +28,6 @@ from radixcache.worker.tool_calls import ToolChoice, ToolSpec
 from radixcache.worker.validation import (
     MAX_CHAT_MESSAGES,
     MAX_CONTENT_PARTS,
-    MAX_JSON_DEPTH,
-    MAX_JSON_ITEMS,
     MAX_TOOLS,
     ModelLimits,
     SamplingValues,
@@ -48,7 +47,7 @@ def responses_body_shape(limits: ModelLimits) -> BodyShape:
         ("input", "*", "content"): ArrayRule(MAX_CONTENT_PARTS, "content parts"),
         ("tools",): ArrayRule(MAX_TOOLS, "tools"),
     }
-    return BodyShape(max_depth=MAX_JSON_DEPTH, max_items=MAX_JSON_ITEMS + limits.context_length, rules=rules)
+    return shape_of(limits, rules)
 
 
 TEXT_PARTS = ("input_text", "output_text", "text")
