@@ -30,6 +30,14 @@ demoted prefix reads the values its demotion kept (the answer may differ from a 
 trades), no lease ever holds a demoted page, and a publish that meets a demoted page keeps its own copy. With a tier
 below memory (radixcache.tiering), a demotion first hands the node's full-precision pages down; demoted pages, and
 pages promoted back from them, never go down (the tiers hold exact pages only).
+
+Window parts (a model with sliding-window layers, `window` > 0): a page's sliding layers live in a window slot
+(radixcache.window_parts) that the page keeps only while a window needs it. A lease holds the parts of its pages
+from `first_needed(position)` on (`slide` lets the older ones go as the sequence grows); the tree keeps idle parts of
+the pages it stores until slots run short. The prefix rule: a hit of h tokens needs the full part of every page
+before h and the window part of every page holding one of positions h-W+1..h-1 (what the first new query's window
+reads); `acquire` cuts a match to the longest prefix that has both (docs/MODULES.md). Window parts and demotion or
+tiers below memory do not combine yet (refused at construction).
 """
 
 from __future__ import annotations
@@ -46,6 +54,7 @@ from radixcache.pages import PageAllocator
 from radixcache.tier import MEDIUM_DISK, MEDIUM_HOST
 from radixcache.tree import RadixTree
 from radixcache.tree_check import check_tree
+from radixcache.window_parts import WindowParts
 
 if TYPE_CHECKING:
     from radixcache.events import EventSink
@@ -84,6 +93,7 @@ class Lease:
     _cover: int = field(default=0, repr=False)  # leading pages of `pages` that must stay under the lock
     _src: int | None = field(default=None, repr=False)  # copy source, held until copied (or publish/extend/release)
     _lookup: tuple[int, int, int] = field(default=(0, 0, 0), repr=False)  # (queried, hit, copied) not yet counted
+    _wfirst: int = field(default=0, repr=False)  # window parts: the lease holds those of pages[_wfirst:] (and _src's)
 
 
 @dataclass
@@ -129,6 +139,12 @@ class CacheStats:
     pages_demoted: int = 0  # cached pages held demoted now (not counted in pages_total / pages_free / pages_cached)
     demoted_pages: int = 0  # pages demoted instead of evicted, since start
     promoted_pages: int = 0  # demoted pages brought back by a hit, since start
+    # Window parts (a model with sliding layers; all 0 otherwise): the sliding layers' slots, how many are free, how
+    # many only the tree keeps (idle, given back first when slots run short) and how many were given back so.
+    window_slots_total: int = 0
+    window_slots_free: int = 0
+    window_parts_idle: int = 0
+    window_parts_dropped: int = 0
 
     @property
     def hit_rate(self) -> float:
@@ -153,6 +169,8 @@ class PrefixCache:
         tier: CacheTier | None = None,
         demoted_pages: int = 0,
         transcode: Callable[[list[int], list[int]], None] | None = None,
+        window: int = 0,
+        window_slots: int = 0,
     ) -> None:
         self.num_pages, self.page_size, self.enabled = num_pages, page_size, enabled
         # Pins never hold more than this (None: the whole pool), so they cannot starve the requests that run.
@@ -165,6 +183,15 @@ class PrefixCache:
         self._transcode = transcode
         self._demotions = self._promotions = 0
         self.tree = RadixTree(page_size, clock=clock)
+        # Window parts: the sliding layers' slots (window: their W; 0 when no layer slides or the pool keeps every
+        # layer in the page itself).
+        self.window: WindowParts | None = None
+        if window:
+            if demoted_pages or tier is not None:
+                raise ValueError("window parts (sliding layers paged apart) do not combine with demotion or tiers yet")
+            if window_slots < 1:
+                raise ValueError(f"window parts need window slots, got {window_slots}")
+            self.window = WindowParts(num_pages, window_slots, window=window, page_size=page_size)
         self._leases: dict[int, Lease] = {}
         self._lease_ids = itertools.count(1)
         self._queried = self._hit = self._copied = self._extended = self._published = 0
@@ -204,9 +231,16 @@ class PrefixCache:
         m = self.tree.match(key, namespace)
         if self.demoted is not None and self._reads_demoted(m):
             m = self._promote(m, key, namespace)
+        w = self.window
+        if w is not None and (usable := w.hit_limit(self._match_pages(m), m.tokens)) < m.tokens:
+            m = self.tree.match(key[: usable * TOKEN_BYTES], namespace, touch=False)  # what the window can continue
         lease.pages, lease._cover = m.pages, len(m.pages)
         self.allocator.incref(m.pages)
         cached = len(m.pages) * self.page_size
+        if w is not None:  # hold the window parts read before anything may make room by giving idle ones back
+            lease._wfirst = w.first_needed(m.tokens)
+            for page in self._match_pages(m)[lease._wfirst :]:
+                w.hold(page)
         tree, node, used = self.tree, m.node, m.node_pages
         if m.partial_tokens:
             # Lock exactly the pages read (cut the edges there): the rest of a long edge stays evictable.
@@ -219,6 +253,9 @@ class PrefixCache:
                 (dst,) = self._alloc(1)
             except CacheFullError:
                 self._lock(lease, self._upper(lease._node, len(lease._node.pages) - 1))
+                if w is not None:
+                    self._window_without_partial(lease, m)
+                    cached = len(lease.pages) * self.page_size
             else:
                 self.allocator.incref([m.partial_page])
                 lease._src, lease.copy_from = m.partial_page, (m.partial_page, dst, m.partial_tokens)
@@ -233,6 +270,25 @@ class PrefixCache:
         if count:
             self.count_lookup(lease)
         return lease
+
+    def _window_without_partial(self, lease: Lease, m: Match) -> None:
+        """acquire's partial hit fell through (no page for the copy): the lease continues after m's whole pages,
+        whose window starts a page earlier, perhaps; without the parts that needs, it gives up the hit."""
+        w = self.window
+        assert w is not None
+        w.let_go(m.partial_page)
+        whole = len(m.pages) * self.page_size
+        first = w.first_needed(whole)
+        if w.hit_limit(m.pages, whole) == whole:
+            for page in m.pages[first : lease._wfirst]:
+                w.hold(page)
+            lease._wfirst = min(first, lease._wfirst)
+            return
+        for page in m.pages[lease._wfirst :]:
+            w.let_go(page)
+        self._lock(lease, None)
+        self.allocator.decref(lease.pages)
+        lease.pages, lease._cover, lease._wfirst = [], 0, 0
 
     def count_lookup(self, lease: Lease) -> None:
         """Add the lookup of a lease acquired with count=False to the statistics (queried, hit and copied tokens).
@@ -274,6 +330,16 @@ class PrefixCache:
         new = m.pages[held:]
         if self.demoted is not None and max(new) >= self.num_pages:
             return 0  # demoted meanwhile (its request finished, then it went cold): compute them instead
+        w = self.window
+        if w is not None:
+            first = max(lease._wfirst, w.first_needed(len(m.pages) * self.page_size))
+            if not w.has_parts(m.pages[max(first, held) :]):
+                return 0  # their window parts went (idle, then given back): compute them instead
+            for page in lease.pages[lease._wfirst : min(first, held)]:
+                w.let_go(page)
+            for page in m.pages[max(first, held) :]:
+                w.hold(page)
+            lease._wfirst = first
         self.allocator.incref(new)
         lease.pages += new
         self._drop_src(lease)
@@ -291,6 +357,25 @@ class PrefixCache:
         pages = self._alloc(n)
         lease.pages += pages
         return pages
+
+    def slide(self, lease: Lease, position: int) -> None:
+        """The lease's next query is at `position` (its computed tokens): let go of the window parts its sliding
+        layers will never read again (pages wholly before position - W + 1). No-op without window parts."""
+        w = self.window
+        if w is None:
+            return
+        self._live(lease)
+        first = min(w.first_needed(position), len(lease.pages))
+        for page in lease.pages[lease._wfirst : first]:
+            w.let_go(page)
+        lease._wfirst = max(lease._wfirst, first)
+
+    def window_slots(self, pages: list[int]) -> list[int]:
+        """The window slot of each page (-1: none); [] without window parts."""
+        if self.window is None:
+            return []
+        slot = self.window.slot
+        return [slot[p] for p in pages]
 
     def publish(self, lease: Lease, tokens: Tokens) -> int:
         """Store the whole pages of `tokens` (the lease's computed tokens, in order) in the tree.
@@ -313,6 +398,9 @@ class PrefixCache:
         finally:
             self._drop_src(lease)
             self._lock(lease, None)
+            if self.window is not None:
+                for page in lease.pages[lease._wfirst :]:
+                    self.window.let_go(page)
             self.allocator.decref(lease.pages)
             lease.pages, lease.released = [], True
             del self._leases[lease._id]
@@ -327,7 +415,8 @@ class PrefixCache:
         Read-only: not even LRU."""
         if not self.enabled:
             return 0
-        return self.tree.match(encode(tokens), namespace, touch=False).tokens
+        m = self.tree.match(encode(tokens), namespace, touch=False)
+        return m.tokens if self.window is None else self.window.hit_limit(self._match_pages(m), m.tokens)
 
     def pin(self, tokens: Tokens, namespace: str = "", ttl: float | None = None, *, keep_unpinned: int = 0) -> int:
         """Pin the cached whole-page prefix of `tokens` (for `ttl` seconds, or until unpin). Returns tokens pinned.
@@ -433,8 +522,20 @@ class PrefixCache:
             copied_tokens=copied,
             **{"extended_pages": 0, "published_pages": 0, "flushed_pages": 0, "evictable_leaves": 0}
             | own
-            | (self._tier_stats() if namespace is None else {}),  # the tiers' figures are the whole worker's
+            | (self._tier_stats() if namespace is None else {})  # the tiers' figures are the whole worker's
+            | self._window_stats(),
         )
+
+    def _window_stats(self) -> dict:
+        w = self.window
+        if w is None:
+            return {}
+        return {
+            "window_slots_total": w.slots.num_pages,
+            "window_slots_free": w.num_free,
+            "window_parts_idle": w.idle_parts,
+            "window_parts_dropped": w.dropped,
+        }
 
     def _tier_stats(self) -> dict:
         if self.tier is None:
@@ -527,6 +628,12 @@ class PrefixCache:
                     f"page {page}: refcount {got} but {want} holders ({tree}; leases: {readers.get(page, [])}); "
                     + ("leaked page" if got > want else "a holder lost its reference")
                 )
+        if self.window is not None:
+            holds: dict[int, int] = {}
+            for lease in self._leases.values():
+                for page in lease.pages[lease._wfirst :] + ([lease._src] if lease._src is not None else []):
+                    holds[page] = holds.get(page, 0) + 1
+            self.window.check(holds, set(in_tree))
         if idle and self._leases:
             owners = sorted({lease.owner for lease in self._leases.values()})
             raise AssertionError(f"{len(self._leases)} leases leaked while idle, owned by {owners}")
@@ -563,12 +670,16 @@ class PrefixCache:
             key = key[: n * ps * TOKEN_BYTES]
         result = self.tree.insert(key, lease.pages[:n], lease.namespace, partial=tail)
         self.allocator.incref(result.new_pages)
+        if self.window is not None:
+            self.window.stored(result.new_pages)
         self._drop_tree_refs(result.replaced)
         if not tail:  # pages the tree already held: read the tree's, free our copies (never hold a page twice)
             for i, cached in result.cached_instead():
                 if cached >= self.num_pages:
                     continue  # a demoted copy is never read: keep computing with our own page
                 self.allocator.incref([cached])
+                if self.window is not None and i >= lease._wfirst:
+                    self.window.move(lease.pages[i], cached)  # keeps reading the same window values
                 self.allocator.decref([lease.pages[i]])
                 lease.pages[i] = cached
         # The lock only matters while the lease runs; release unlocks right after a tail publish.
@@ -588,10 +699,18 @@ class PrefixCache:
 
     def _drop_src(self, lease: Lease) -> None:
         if lease._src is not None:
+            if self.window is not None:
+                self.window.let_go(lease._src)
             self.allocator.decref([lease._src])
             lease._src = None
 
     def _alloc(self, n: int) -> list[int]:
+        w = self.window
+        if w is not None and n > w.available():
+            raise CacheFullError(
+                f"the KV cache needs {n} window slots for its sliding layers but has {w.num_free} free and "
+                f"{w.idle_parts} idle (of {w.slots.num_pages}); the rest are read by running requests' windows"
+            )
         free = self.allocator.num_free
         if n > free:
             evictable = self.tree.evictable_pages - self.tree.evictable_demoted_pages
@@ -609,7 +728,11 @@ class PrefixCache:
                     self.tier.spill(freed)  # before the pages are free: their data is still in the pool
                 self._drop_tree_refs(freed)
                 self._evicted += len(freed)
-        return self.allocator.alloc(n)
+        pages = self.allocator.alloc(n)
+        if w is not None:
+            w.make_room(n)
+            w.attach(pages)
+        return pages
 
     # ---- demotion ------------------------------------------------------------------------------------------
     def _allocator_of(self, page: int) -> PageAllocator:
@@ -617,6 +740,8 @@ class PrefixCache:
 
     def _drop_tree_refs(self, pages: list[int]) -> None:
         """Drop the tree's reference on pages it no longer stores, full-precision or demoted."""
+        if self.window is not None:
+            self.window.unstored(pages)
         if self.demoted is None:
             self.allocator.decref(pages)
             return
@@ -652,6 +777,11 @@ class PrefixCache:
                 self.tier.spill(freed)  # (demoted pages never go down: the tier took their full precision)
             self.demoted.decref(freed)
             self._evicted += len(freed)
+
+    @staticmethod
+    def _match_pages(m: Match) -> list[int]:
+        """A match's pages in token order, the partial one last."""
+        return m.pages + [m.partial_page] if m.partial_tokens else m.pages
 
     def _reads_demoted(self, m: Match) -> bool:
         return bool(m.pages and max(m.pages) >= self.num_pages) or (

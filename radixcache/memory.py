@@ -5,6 +5,10 @@
 Bytes per token = 2 (K and V) x layers x kv_heads x (head_dim x bytes per element + the precision's scale per
 token and head: 2 bytes for int8 and int4, none at full precision or for fp8's per-layer scales). A sequence occupies
 whole pages, so with --page-size P it holds ceil(tokens / P) x P token slots.
+
+Sliding-window layers (--sliding-layers N --window W, e.g. Gemma 3: 5 of every 6 layers, W 1024): with window paging
+(the worker's default for such models) a sequence holds those layers' values for the pages of its last W tokens
+only; the figures are given per layer kind.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import re
 
 from radixcache.kv_codec import CODECS, codec_of
 from radixcache.pool import DTYPES, kv_bytes_per_token
+from radixcache.window_parts import first_needed_page
 
 _UNITS = {
     "": 1,
@@ -82,6 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tokens", type=_positive, default=4096, help="tokens per sequence (default 4096)")
     parser.add_argument("--budget", type=parse_size, help="KV memory budget, e.g. 16GiB: how many sequences fit")
     parser.add_argument("--page-size", type=_positive, default=1, help="tokens per KV page (default 1)")
+    parser.add_argument("--sliding-layers", type=int, default=0, help="of --layers, how many slide (default 0)")
+    parser.add_argument("--window", type=_positive, help="the sliding layers' window in tokens")
     return parser
 
 
@@ -99,7 +106,14 @@ def formula(layers: int, kv_heads: int, head_dim: int, kv_dtype: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """argv[0] is the subcommand name ("memory"), as the `radixcache` dispatcher passes it."""
-    args = build_parser().parse_args(list(argv or [])[1:])
+    parser = build_parser()
+    args = parser.parse_args(list(argv or [])[1:])
+    if not 0 <= args.sliding_layers <= args.layers:
+        parser.error(f"--sliding-layers must be in [0, --layers {args.layers}], got {args.sliding_layers}")
+    if bool(args.sliding_layers) != (args.window is not None):
+        parser.error("--sliding-layers and --window go together")
+    if args.sliding_layers:
+        return by_layer_kind(args)
     per_token = kv_bytes_per_token(args.layers, args.kv_heads, args.head_dim, args.kv_dtype)
     pages = -(-args.tokens // args.page_size)
     per_sequence = pages * args.page_size * per_token
@@ -117,5 +131,33 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"budget {human(args.budget)}: {fit} such sequences fit "
             f"({pages_in_budget} pages, {pages_in_budget * args.page_size} tokens)"
+        )
+    return 0
+
+
+def by_layer_kind(args: argparse.Namespace) -> int:
+    """The figures of a model with sliding layers: per kind, and one sequence with window paging vs without."""
+    ps, sliding = args.page_size, args.sliding_layers
+    kinds = {"global": args.layers - sliding, "sliding": sliding}
+    per_token = {
+        k: kv_bytes_per_token(n, args.kv_heads, args.head_dim, args.kv_dtype) if n else 0 for k, n in kinds.items()
+    }
+    pages = -(-args.tokens // ps)
+    window_pages = pages - first_needed_page(args.tokens, args.window, ps)  # what the next token's window reads
+    held = {"global": pages * ps * per_token["global"], "sliding": window_pages * ps * per_token["sliding"]}
+    every = pages * ps * (per_token["global"] + per_token["sliding"])
+    for kind, n in kinds.items():
+        print(f"KV bytes per token, {n} {kind} layers: {per_token[kind]} ({human(per_token[kind])})")
+        if n:
+            print("  = " + formula(n, args.kv_heads, args.head_dim, args.kv_dtype))
+    total = held["global"] + held["sliding"]
+    print(
+        f"one sequence of {args.tokens} tokens, window {args.window}: {total} bytes ({human(total)}): global "
+        f"{human(held['global'])} + sliding {human(held['sliding'])} ({window_pages} pages); every layer kept: "
+        f"{human(every)} ({total / every:.3f}x)"
+    )
+    if args.budget is not None:
+        print(
+            f"budget {human(args.budget)}: {args.budget // total} such sequences fit ({args.budget // every} without)"
         )
     return 0

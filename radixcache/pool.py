@@ -14,6 +14,13 @@ Page ids: the main arena (the pool's `kv_dtype`, where requests write) holds ids
 
 A page moves in and out of the pool whole, as a `radixcache.page_data.PageData` (`read_page` / `write_page`): its
 K/V in its arena's storage dtype plus the scales its precision needs, named by its `kv_dtype`.
+
+Window paging (`window_layers`, a model's sliding layers, with `window_slots` > 0): those layers live apart, in a
+window arena of `window_slots` slots, so that a page can give back its sliding layers' values while keeping its
+global ones (radixcache.window_parts decides which page holds which slot). The main arena then holds the other
+layers only; `kv_layer(i)` maps a model layer to its arena, and a backend reads a sliding layer's pages through
+their window slots (BatchLayout's window table). Demotion and whole-page transfers (tiers) need every layer in the
+page, so they do not combine with it.
 """
 
 from __future__ import annotations
@@ -50,6 +57,11 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
 def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, dtype: str | torch.dtype) -> int:
     """2 (K and V) x layers x kv_heads x (head_dim x bytes per element + the scale of a quantized precision)."""
     return codec_of(dtype).bytes_per_token(layers, kv_heads, head_dim)
+
+
+# A pool whose every layer slides keeps only window parts; its page ids (bookkeeping, no values) outnumber its
+# slots this many times, so the tree can remember prefixes that long beyond what the windows hold.
+ALL_SLIDING_PAGES_PER_SLOT = 8
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
@@ -155,11 +167,15 @@ class PageArena:
         num_pages: int,
         device: torch.device,
         layer_scales: torch.Tensor | None = None,
+        layers: int | None = None,
     ) -> None:
+        """`layers`: how many of the model's layers this arena holds (default all; 0 for the main arena of a
+        window-paged pool whose every layer slides: its pages are then ids without values)."""
         self.codec = codec = codec_of(kv_dtype)
         self.kv_dtype = codec.name
         self.num_pages = num_pages
-        self.page_shape = (shape.layers, 2, page_size, shape.kv_heads, codec.stored_dim(shape.head_dim))
+        layers = shape.layers if layers is None else layers
+        self.page_shape = (layers, 2, page_size, shape.kv_heads, codec.stored_dim(shape.head_dim))
         layers, *rest = self.page_shape
         self.values = torch.zeros((layers, num_pages, *rest), dtype=codec.storage, device=device)
         self.scales = None
@@ -264,6 +280,8 @@ class KVPool:
         kv_scales: torch.Tensor | None = None,
         demoted_pages: int = 0,
         demote_dtype: str = "int4",
+        window_layers: tuple[int, ...] = (),
+        window_slots: int = 0,
     ) -> None:
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
@@ -275,9 +293,28 @@ class KVPool:
         self.page_size = page_size
         self.num_pages = num_pages
         self.device = torch.device(device)
+        self.window_layers = tuple(sorted(set(window_layers))) if window_slots else ()
+        self.window_slots = window_slots if self.window_layers else 0
+        if self.window_layers and (demoted_pages or kv_scales is not None):
+            raise ValueError("window paging does not combine with demotion or per-layer fp8 scales")
+        if any(not 0 <= i < shape.layers for i in self.window_layers):
+            raise ValueError(f"window layers {self.window_layers} must be layers of the model's {shape.layers}")
+        # model layer -> (arena, its index there)
+        self._where: list[tuple[bool, int]] = []
+        counts = [0, 0]
+        for i in range(shape.layers):
+            sliding = i in self.window_layers
+            self._where.append((sliding, counts[sliding]))
+            counts[sliding] += 1
         self.main = PageArena(
-            shape, dtype, page_size=page_size, num_pages=num_pages, device=self.device, layer_scales=kv_scales
-        )
+            shape, dtype, page_size=page_size, num_pages=num_pages, device=self.device, layer_scales=kv_scales,
+            layers=counts[0],
+        )  # fmt: skip
+        self.window: PageArena | None = None
+        if self.window_layers:
+            self.window = PageArena(
+                shape, dtype, page_size=page_size, num_pages=self.window_slots, device=self.device, layers=counts[1]
+            )
         self.demoted: PageArena | None = None
         self.demoted_pages = demoted_pages
         if demoted_pages:
@@ -291,6 +328,7 @@ class KVPool:
         self.codec = self.main.codec
         self.kv_dtype = self.codec.name  # part of a page's identity (event hashes, disk fingerprints)
         self.dtype = self.codec.storage  # the storage dtype of the values
+        # every layer of one token, as a sequence inside its window holds it
         self.bytes_per_token = self.codec.bytes_per_token(shape.layers, shape.kv_heads, shape.head_dim)
         self.kv = self.main.values  # [layers, pages, 2, page_size, kv_heads, stored_dim]
         self.scales = self.main.scales  # [layers, pages, 2, page_size, kv_heads] fp16, or None
@@ -343,9 +381,57 @@ class KVPool:
     def bytes_per_page(shape: KVShape, page_size: int, dtype: str | torch.dtype) -> int:
         return page_size * kv_bytes_per_token(shape.layers, shape.kv_heads, shape.head_dim, dtype)
 
+    @classmethod
+    def with_windows(
+        cls,
+        shape: KVShape,
+        *,
+        page_size: int,
+        budget_bytes: int | None = None,
+        num_pages: int | None = None,
+        dtype: str | torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+        window_layers: tuple[int, ...],
+        slots_needed: int,
+    ) -> KVPool:
+        """A pool whose sliding layers (`window_layers`) are paged apart, with `slots_needed` window slots (what
+        every running window can need, see worker/step.py) but never more than pages: `num_pages` pages exactly, or
+        as many as `budget_bytes` holds once the window slots are paid for (more than an all-global pool holds).
+        When every layer slides (Mistral), pages cost nothing but their window parts: the whole budget goes to
+        slots, and the pool gets ALL_SLIDING_PAGES_PER_SLOT page ids per slot (the prefix tree's reach)."""
+        sliding = len(set(window_layers))
+        per_token = codec_of(dtype).bytes_per_token
+        full = page_size * per_token(shape.layers - sliding, shape.kv_heads, shape.head_dim)
+        slot = page_size * per_token(sliding, shape.kv_heads, shape.head_dim)
+        slots = slots_needed
+        if num_pages is None:
+            if budget_bytes is None:
+                raise ValueError("a pool needs num_pages or budget_bytes")
+            num_pages = budget_bytes // (full + slot)  # every page with its window part: the most slots can need
+            if num_pages < 1:
+                raise ValueError(f"a budget of {budget_bytes} bytes holds no page of {full + slot} bytes")
+            if full == 0:
+                slots = num_pages
+                num_pages *= ALL_SLIDING_PAGES_PER_SLOT
+            elif num_pages > slots_needed:
+                num_pages = (budget_bytes - slots_needed * slot) // full
+        elif full == 0:
+            slots = num_pages
+        return cls(
+            shape, page_size=page_size, num_pages=num_pages, dtype=dtype, device=device,
+            window_layers=tuple(window_layers), window_slots=max(1, min(num_pages, slots)),
+        )  # fmt: skip
+
     @property
     def nbytes(self) -> int:
-        return self.main.nbytes + (self.demoted.nbytes if self.demoted is not None else 0)
+        arenas = (self.main, self.demoted, self.window)
+        return sum(a.nbytes for a in arenas if a is not None)
+
+    def bytes_by_kind(self) -> dict[str, int]:
+        """KV bytes per layer kind: "global" (every page) and "sliding" (in the page, or in window slots)."""
+        if self.window is None:
+            return {"global": self.nbytes}
+        return {"global": self.main.nbytes, "sliding": self.window.nbytes}
 
     @property
     def total_pages(self) -> int:
@@ -358,28 +444,41 @@ class KVPool:
         return self.demoted.kv_dtype if self.demoted is not None else ""
 
     def layer(self, index: int) -> torch.Tensor:
-        """[pages, 2, page_size, kv_heads, stored_dim] values of one layer (NHD, K then V), in the storage dtype."""
-        return self.kv[index]
+        """[pages, 2, page_size, kv_heads, stored_dim] values of one layer (NHD, K then V), in the storage dtype
+        (window slots instead of pages for a window-paged sliding layer)."""
+        return self.kv_layer(index).values
 
     def kv_layer(self, index: int) -> KVLayer:
-        """One layer as an attention backend reads and writes it (values, scales, codec)."""
-        return self.main.layer(index)
+        """One layer as an attention backend reads and writes it (values, scales, codec); a sliding layer of a
+        window-paged pool is addressed by window slots, not page ids."""
+        sliding, local = self._where[index]
+        return self.window.layer(local) if sliding else self.main.layer(local)  # type: ignore[union-attr]
 
-    def copy_prefix(self, src_page: int, dst_page: int, num_slots: int) -> None:
+    def is_windowed(self, index: int) -> bool:
+        """Whether layer `index` lives in the window arena (read through window slots)."""
+        return self._where[index][0]
+
+    def copy_prefix(self, src_page: int, dst_page: int, num_slots: int, src_slot: int = -1, dst_slot: int = -1) -> None:
         """Copy the first `num_slots` token slots of `src_page` into `dst_page`, in every layer, K and V, with their
-        scales. Both are pages at the pool's own precision (requests never copy from demoted pages)."""
+        scales. Both are pages at the pool's own precision (requests never copy from demoted pages). In a
+        window-paged pool the sliding layers are copied from window slot `src_slot` to `dst_slot` (skipped when
+        either is -1: a part nobody will read)."""
         if not 0 < num_slots <= self.page_size:
             raise ValueError(f"num_slots must be in 1..{self.page_size}, got {num_slots}")
         for page in (src_page, dst_page):
             if not 0 <= page < self.num_pages:
                 raise ValueError(f"page {page} is not one of the pool's {self.num_pages} {self.kv_dtype} pages")
         self.main.copy_prefix(src_page, dst_page, num_slots)
+        if self.window is not None and src_slot >= 0 and dst_slot >= 0:
+            self.window.copy_prefix(src_slot, dst_slot, num_slots)
 
     def transcode(self, src_pages: list[int], dst_pages: list[int]) -> None:
         """Write what `src_pages` hold into `dst_pages` at the destination's precision, pairwise, every layer:
         main pages into demoted ones (a demotion) or back. Each list lies in one arena."""
         if len(src_pages) != len(dst_pages):
             raise ValueError(f"{len(src_pages)} pages cannot be copied into {len(dst_pages)}")
+        if self.window is not None:
+            raise ValueError("a window-paged pool keeps no page whole: it cannot transcode pages")
         if not src_pages:
             return
         (src, src_ids), (dst, dst_ids) = self._local(src_pages), self._local(dst_pages)
@@ -390,12 +489,16 @@ class KVPool:
     def read_page(self, page: int) -> PageData:
         """A copy of `page` (every layer, K and V, every slot, its scales) on the CPU; a demoted page comes at the
         demoted precision (PageData.kv_dtype says which)."""
+        if self.window is not None:
+            raise ValueError("a window-paged pool keeps no page whole: read its pages per arena")
         arena, [local] = self._local([page])
         return arena.read(local)
 
     def write_page(self, page: int, data: PageData) -> None:
         """Overwrite `page` with `data` (from read_page of a pool of the same precision and shape). ValueError,
         writing nothing, for a page of another kv dtype, shape or scales, or a page id outside the pool."""
+        if self.window is not None:
+            raise ValueError("a window-paged pool keeps no page whole: write its pages per arena")
         arena, [local] = self._local([page])
         arena.write(local, data)
 

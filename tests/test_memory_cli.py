@@ -103,3 +103,17 @@ def test_quantized_kv_dtypes_count_their_scales(capsys: pytest.CaptureFixture[st
     assert "KV bytes per token: 33792" in capsys.readouterr().out  # 2 x 32 x 8 x (64 + 2)
     assert main([*shape, "--kv-dtype", "fp8_e4m3"]) == 0
     assert "KV bytes per token: 65536" in capsys.readouterr().out  # its scales are per layer, not per token
+
+
+def test_a_model_with_sliding_layers_holds_its_window_of_them(capsys: pytest.CaptureFixture[str]) -> None:
+    # Gemma 3 1B's shape: 26 layers, 5 global, window 512, one KV head of 256
+    gemma = ["memory", "--layers", "26", "--sliding-layers", "21", "--window", "512", "--kv-heads", "1"]
+    assert main([*gemma, "--head-dim", "256", "--tokens", "32768", "--page-size", "16", "--budget", "8GiB"]) == 0
+    out = capsys.readouterr().out
+    assert "KV bytes per token, 5 global layers: 5120 (5.0 KiB)" in out
+    assert "KV bytes per token, 21 sliding layers: 21504 (21.0 KiB)" in out
+    # the next token's window (positions 32257..32768) spans pages 2016..2047: 32 pages of the sliding layers
+    assert "global 160.0 MiB + sliding 10.5 MiB (32 pages); every layer kept: 832.0 MiB (0.205x)" in out
+    assert "budget 8.0 GiB: 48 such sequences fit (9 without)" in out
+    with pytest.raises(SystemExit):
+        main([*gemma[:5], "--kv-heads", "1", "--head-dim", "8"])  # --sliding-layers without --window

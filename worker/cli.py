@@ -17,7 +17,7 @@ from typing import Any
 
 from radixcache.kv_dtypes import KV_DTYPES
 from radixcache.memory import parse_size
-from radixcache.worker.engine_config import DEFAULT_SPECULATE, DEMOTE_DTYPES, MAX_SPECULATE
+from radixcache.worker.engine_config import DEFAULT_SPECULATE, DEMOTE_DTYPES, MAX_SPECULATE, WINDOW_PAGING
 
 log = logging.getLogger("radixcache.serve")
 
@@ -83,6 +83,14 @@ def parser() -> argparse.ArgumentParser:
         type=parse_share,
         default=0.5,
         help="with --kv-demote: the share of the KV memory given to demoted pages (default 50%%)",
+    )
+    e.add_argument(
+        "--kv-window-paging",
+        choices=WINDOW_PAGING,
+        default="auto",
+        help="a model with sliding-window layers (Gemma 2/3, Mistral): keep their K/V apart and give back what fell "
+        "out of every window, so a long sequence holds its last window of them only (auto: on unless "
+        "--kv-demote or a tier below memory, which move whole pages, is on; README: Sliding windows)",
     )
     e.add_argument("--max-step-tokens", type=int, default=512, help="token budget of one engine step")
     e.add_argument("--max-running", type=int, default=64, help="requests in the batch at most")
@@ -248,6 +256,11 @@ def check_tier_flags(args: argparse.Namespace) -> str | None:
             return f"--kv-disk {args.kv_disk}: {e.strerror or e}"
         if not os.access(folder, os.W_OK | os.X_OK):
             return f"--kv-disk {args.kv_disk}: the folder is not writable"
+    if args.kv_window_paging == "on" and (args.kv_disk or args.kv_host_memory or args.kv_demote):
+        return (
+            "--kv-window-paging on keeps sliding layers apart; --kv-disk, --kv-host-memory and --kv-demote move "
+            "whole pages: drop one of them (auto turns window paging off for them)"
+        )
     return None
 
 
@@ -338,6 +351,7 @@ def build_engine(args: argparse.Namespace) -> tuple[Any, Any]:
         kv_dtype=args.kv_dtype,
         kv_demote=args.kv_demote,
         kv_demote_share=args.kv_demote_share,
+        kv_window_paging=args.kv_window_paging,
         kv_disk_dir=args.kv_disk,
         kv_host_bytes=args.kv_host_memory,
         kv_disk_write=args.kv_disk_write,

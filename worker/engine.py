@@ -103,7 +103,11 @@ class Engine:
             tier=link,
             demoted_pages=self.pool.demoted_pages,
             transcode=self.pool.transcode,
+            window=self.runner.window,
+            window_slots=self.pool.window_slots,
         )
+        if self.pool.window is not None:
+            self.runner.window_slots = self.cache.window_slots
         # The tiers below the pool (worker/engine_tiers.py): None without --kv-disk / --kv-host-memory.
         self.tiers = None if link is None else EngineTiers(link, self.config, self._inbox.put, self._pin)
         self._loaded = loaded  # the fingerprint of the disk tier reads its weights' source

@@ -17,6 +17,7 @@ DISK_WRITE_POLICIES = ("through", "evict")
 DEFAULT_SPECULATE = 0
 MAX_SPECULATE = 64
 DEMOTE_DTYPES = ("int4", "int8")  # what cold pages may be demoted to (smaller than the pages' own precision)
+WINDOW_PAGING = ("auto", "on", "off")
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,9 @@ class EngineConfig:
     kv_dtype: str = "auto"  # KV page precision (radixcache.kv_codec): auto = the model's dtype
     kv_demote: str | None = None  # demote cold leaves to this precision instead of evicting them (None: off)
     kv_demote_share: float = 0.5  # with kv_demote: the share of the KV memory that holds demoted pages
+    # Sliding layers' values paged apart, given back out of the window (radixcache.window_parts): auto = whenever
+    # the model has sliding layers and nothing moves whole pages (demotion, tiers); on / off
+    kv_window_paging: str = "auto"
 
     def __post_init__(self) -> None:
         if self.page_size < 1:
@@ -77,5 +81,19 @@ class EngineConfig:
             raise ValueError(f"kv_demote {self.kv_demote} is the KV dtype itself: demoting would save nothing")
         if not 0.0 < self.kv_demote_share < 1.0:
             raise ValueError(f"kv_demote_share must be in (0, 1), got {self.kv_demote_share}")
+        if self.kv_window_paging not in WINDOW_PAGING:
+            raise ValueError(
+                f"kv_window_paging must be one of {', '.join(WINDOW_PAGING)}, got {self.kv_window_paging!r}"
+            )
+        if self.kv_window_paging == "on" and self.moves_whole_pages:
+            raise ValueError(
+                "kv_window_paging on keeps a page's sliding layers apart, and demotion and tiers below memory move "
+                "whole pages: drop one of the two"
+            )
         if not 0.0 <= self.max_pinned <= 1.0:
             raise ValueError(f"max_pinned must be a share of the KV pool in [0, 1], got {self.max_pinned}")
+
+    @property
+    def moves_whole_pages(self) -> bool:
+        """Demotion or a tier below memory: they move a page with every layer in it (no window paging then)."""
+        return self.kv_demote is not None or self.kv_disk_dir is not None or self.kv_host_bytes is not None

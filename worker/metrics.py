@@ -34,6 +34,8 @@ TIER_FIGURES = (
     "disk_write_errors",
     "disk_ready",
 )
+# Window paging (radixcache.window_parts), copied through by name too.
+WINDOW_FIGURES = ("window_slots_total", "window_slots_free", "window_parts_idle", "window_parts_dropped")
 
 
 def flatten_stats(stats: Any) -> dict[str, float]:
@@ -79,7 +81,7 @@ def flatten_stats(stats: Any) -> dict[str, float]:
         "pages_demoted": c("pages_demoted"),
         "demoted_pages": c("demoted_pages"),
         "promoted_pages": c("promoted_pages"),
-    } | {name: c(name) for name in TIER_FIGURES}
+    } | {name: c(name) for name in TIER_FIGURES + WINDOW_FIGURES}
 
 
 class _EngineCollector(Collector):
@@ -108,6 +110,7 @@ class _EngineCollector(Collector):
             by_tier.add_metric([tier], s[f"{tier}_hit_tokens"])
         yield by_tier
         yield from _tier_metrics(s)
+        yield from _window_metrics(s)
         yield CounterMetricFamily("radixcache_cache_evicted_pages", "pages evicted for room", value=s["evicted_pages"])
         yield CounterMetricFamily("radixcache_preemptions", "requests preempted", value=s["preemptions"])
         yield GaugeMetricFamily("radixcache_requests_running", "requests in the batch", value=s["running"])
@@ -138,6 +141,22 @@ class _EngineCollector(Collector):
         yield CounterMetricFamily(
             "radixcache_cache_promoted_pages", "demoted pages brought back by a hit", value=s["promoted_pages"]
         )
+
+
+def _window_metrics(s: dict[str, float]) -> Iterator[Metric]:
+    """Window paging's slots (nothing for a model without sliding layers paged apart)."""
+    if not s["window_slots_total"]:
+        return
+    slots = GaugeMetricFamily("radixcache_window_slots", "sliding layers' window slots by state", labels=["state"])
+    idle, free = s["window_parts_idle"], s["window_slots_free"]
+    for state, value in (("read", s["window_slots_total"] - free - idle), ("idle", idle), ("free", free)):
+        slots.add_metric([state], value)
+    yield slots
+    yield CounterMetricFamily(
+        "radixcache_window_parts_dropped",
+        "idle window parts given back for room (their pages stay cached for the global layers)",
+        value=s["window_parts_dropped"],
+    )
 
 
 def _tier_metrics(s: dict[str, float]) -> Iterator[Metric]:

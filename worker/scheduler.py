@@ -165,12 +165,14 @@ class Scheduler:
         self.tenants[seq.request.namespace].preemptions += 1
 
     def published(self, seq: Sequence) -> None:
-        """After a step: put newly completed pages into the tree so concurrent requests can share them."""
+        """After a step: put newly completed pages into the tree so concurrent requests can share them, and give
+        back the window parts (sliding layers) its next queries no longer read."""
         assert seq.lease is not None
         full = seq.num_computed - seq.num_computed % self.page_size
         if full > seq.published_tokens:
             self.cache.publish(seq.lease, seq.tokens[:full])
             seq.published_tokens = full
+        self.cache.slide(seq.lease, seq.num_computed)
 
     # --- one step -------------------------------------------------------------------------------------------
     def schedule(self) -> tuple[list[Chunk], list[tuple[Sequence, str]]]:
@@ -397,7 +399,7 @@ class Scheduler:
             return False
         for j in range(shared // self.page_size, self._pages_for(len(prompt))):
             slots = min(self.page_size, len(prompt) - j * self.page_size)
-            self.pool.copy_prefix(parent.lease.pages[j], lease.pages[j], slots)
+            self._copy_slots(parent.lease.pages[j], lease.pages[j], slots)
         child.published_tokens = shared - shared % self.page_size
         self._run(child, lease)
         child.num_computed = len(prompt)
@@ -422,11 +424,15 @@ class Scheduler:
             return
         try:
             src, dst, k = lease.copy_from
-            self.pool.copy_prefix(src, dst, k)
+            self._copy_slots(src, dst, k)
             self.cache.copied(lease)
         except BaseException:
             self.cache.release(lease)
             raise
+
+    def _copy_slots(self, src: int, dst: int, k: int) -> None:
+        """The first k token slots of page src into page dst, every layer (window parts too, where both have one)."""
+        self.pool.copy_prefix(src, dst, k, *(self.cache.window_slots([src, dst]) or (-1, -1)))
 
     def _start(self, seq: Sequence, lease: Lease) -> None:
         self.cache.count_lookup(lease)  # each admission (re-admission too) counts its lookup once

@@ -29,13 +29,50 @@ from radixcache.worker.warmup import warm_up
 log = logging.getLogger("radixcache.engine")
 
 
+def window_paging(model_config: Any, config: EngineConfig) -> tuple[tuple[int, ...], int]:
+    """(the sliding layers, their window W) when their values are paged apart (radixcache.window_parts), else
+    ((), 0). kv_window_paging auto: whenever some layer slides and neither demotion nor a tier below memory (which
+    move whole pages) is on; "on" with those is refused by EngineConfig. Several windows: the largest (each layer
+    still reads only its own)."""
+    windows = attention_options(model_config).windows
+    sliding = tuple(i for i, w in enumerate(windows) if w is not None)
+    if not sliding or config.kv_window_paging == "off" or config.moves_whole_pages:
+        return (), 0
+    return sliding, max(w for w in windows if w is not None)
+
+
+def window_slots_needed(config: EngineConfig, window: int) -> int:
+    """Window slots that every running sequence's window can need at once: per sequence the pages of its last
+    W - 1 positions (+1 for a window that straddles a page, +1 for a partial hit's copy source, +2 for the pages its
+    step and draft start in), and the pages of a full step's new tokens and drafts. A quarter more, so that the tree
+    keeps idle windows to continue from. A pool with fewer pages than this gives every page its window part."""
+    ps = config.page_size
+    per_sequence = -(-(window - 1) // ps) + 4
+    step = -(-(config.max_step_tokens + config.max_running * config.speculate) // ps)
+    needed = config.max_running * per_sequence + step
+    return needed + needed // 4
+
+
 def build_pool(loaded: Any, config: EngineConfig) -> KVPool:
     """The KV pool for `loaded`'s model on its device, at config.kv_dtype (auto: the model's dtype): kv_pages
-    exactly, or as many pages as kv_memory_bytes holds (scales included, so a smaller precision buys more pages)."""
+    exactly, or as many pages as kv_memory_bytes holds (scales included, so a smaller precision buys more pages).
+    A model with sliding layers gets them paged apart (window_paging), with window_slots_needed slots."""
     param = next(loaded.model.parameters())
     mc = loaded.config
     shape = KVShape(layers=mc.num_layers, kv_heads=mc.num_kv_heads, head_dim=mc.head_dim)
     kv_dtype = param.dtype if config.kv_dtype == "auto" else config.kv_dtype
+    sliding, window = window_paging(mc, config)
+    if sliding:
+        return KVPool.with_windows(
+            shape,
+            page_size=config.page_size,
+            num_pages=config.kv_pages,
+            budget_bytes=None if config.kv_pages is not None else config.kv_memory_bytes or DEFAULT_KV_MEMORY,
+            dtype=kv_dtype,
+            device=param.device,
+            window_layers=sliding,
+            slots_needed=window_slots_needed(config, window),
+        )
     if config.kv_demote is not None:  # the same memory, split: kv_demote_share of it for demoted pages
         per_page = KVPool.bytes_per_page(shape, config.page_size, kv_dtype)
         budget = config.kv_pages * per_page if config.kv_pages is not None else config.kv_memory_bytes
@@ -70,6 +107,9 @@ class ModelStep:
         self.device, self.dtype = param.device, param.dtype
         self.page_size = config.page_size
         self.pool = build_pool(loaded, config)
+        # the sliding layers' window when they are paged apart (0: every layer in the page)
+        self.window = window_paging(mc, config)[1] if self.pool.window is not None else 0
+        self.window_slots: Any = None  # set by the engine with window paging: pages -> their window slots
         self.backend_options = dict(
             num_heads=mc.num_heads,
             num_kv_heads=mc.num_kv_heads,
@@ -94,7 +134,9 @@ class ModelStep:
             ids.extend(c.seq.tokens[start : start + c.num_new])
             ids.extend(c.draft)
             rows.extend(range(len(ids) - c.num_rows, len(ids)))
-            slices.append(SequenceSlice(c.seq.lease.pages, start, c.num_tokens))
+            pages = c.seq.lease.pages
+            slots = self.window_slots(pages) if self.window_slots is not None else None
+            slices.append(SequenceSlice(pages, start, c.num_tokens, slots))
         layout = BatchLayout.build(slices, self.page_size, self.device)
         input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
         wanted = torch.tensor(rows, device=self.device) if len(rows) > len(chunks) else None  # None: a row each

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from radixcache.cache import PrefixCache
+from radixcache.cache import Lease, PrefixCache
 from radixcache.pool import KVPool
 from radixcache.worker.attention import AttentionBackend, BatchLayout, SequenceSlice
 
@@ -39,17 +39,21 @@ def warm_up(model: torch.nn.Module, pool: KVPool, cache: PrefixCache, backend: A
     # count=False: not lookups anyone asked for (a fresh worker reports queried_tokens 0)
     first = cache.acquire(WARM_UP_OWNER, [0] * (n or 1), "", max_cached=0, count=False)
     second = cache.acquire(WARM_UP_OWNER, [0] * (n or 1), "", max_cached=0, count=False)
+
+    def part(lease: Lease, cached: int, new: int) -> SequenceSlice:
+        return SequenceSlice(lease.pages, cached, new, cache.window_slots(lease.pages) if cache.window else None)
+
     try:
         if n is None:
             cache.allocate(first, 1)
-            steps = [("decode", [SequenceSlice(first.pages, 0, 1)])]
+            steps = [("decode", [part(first, 0, 1)])]
         else:
             cache.allocate(first, -(-(n + 2) // ps))
             cache.allocate(second, -(-n // ps))
             steps = [
-                ("prefill", [SequenceSlice(first.pages, 0, n)]),
-                ("decode", [SequenceSlice(first.pages, n, 1)]),
-                ("mixed", [SequenceSlice(first.pages, n + 1, 1), SequenceSlice(second.pages, 0, n)]),
+                ("prefill", [part(first, 0, n)]),
+                ("decode", [part(first, n, 1)]),
+                ("mixed", [part(first, n + 1, 1), part(second, 0, n)]),
             ]
         for kind, slices in steps:
             layout = BatchLayout.build(slices, ps, pool.kv.device)

@@ -76,6 +76,8 @@ class AttentionBackend(ABC):
       back from it, the step's own tokens too, at its precision.
     - A sliding layer never reads a page of a sequence's block table before `window.skipped_pages` (the pages no
       query of the step can see): those may hold anything (NaN included), so a cache may give them back.
+    - With window paging (layout.window_kv_indices set: the pool keeps the sliding layers apart, radixcache.pool),
+      a sliding layer's kv_layer is addressed by window slots: it writes and reads through `layout.windowed()`.
     """
 
     name: str = "abstract"

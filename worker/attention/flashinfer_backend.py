@@ -110,7 +110,7 @@ class FlashInferAttentionBackend(AttentionBackend):
     def begin_step(self, layout: BatchLayout) -> None:
         self._use_decode = layout.is_decode
         for window in self.attention.distinct_windows:
-            self._plan_window(layout, window)
+            self._plan_window(layout if window is None else layout.windowed(), window)
         self._layout = layout
 
     def _plan_window(self, layout: BatchLayout, window: int | None) -> None:
@@ -162,8 +162,9 @@ class FlashInferAttentionBackend(AttentionBackend):
         layer = KVLayer.of(kv_layer)
         if layer.values.dtype != self.kv_dtype:
             raise RuntimeError(f"flashinfer backend planned {self.kv_dtype} KV pages, got {layer.values.dtype}")
-        self.write_kv(k, v, layer, layout)
-        wrapper = (self._decode if self._use_decode else self._prefill)[self.attention.window(layer_idx)]
+        window = self.attention.window(layer_idx)
+        self.write_kv(k, v, layer, layout if window is None else layout.windowed())  # (window slots, if paged so)
+        wrapper = (self._decode if self._use_decode else self._prefill)[window]
         if self.fp8:
             return wrapper.run(q.contiguous(), layer.values, k_scale=layer.k_scale, v_scale=layer.v_scale)
         return wrapper.run(q.contiguous(), layer.values)

@@ -54,6 +54,9 @@ class _WindowPlan:
     decode_visible: torch.Tensor | None  # [Bd, 1, 1, P * page_size] True where a position is seen; None: all
     # (q_start, q_end, slots[L], visible[n, L] True = may attend, or None for plain causal attention)
     prefills: list[tuple[int, int, torch.Tensor, torch.Tensor | None]]
+    # [2T]: row of each new token's K (first T) and V (last T) in the layer's rows view (window slots for a
+    # window-paged sliding layer)
+    write_rows: torch.Tensor
     # Built by the first layer of the step, once the KV head count is known; shared by every later layer.
     prefill_head_rows: list[torch.Tensor] | None = None
     # Quantized pools, built by the first layer that needs them: (first position, K blocks [Bd * n], V blocks
@@ -64,7 +67,6 @@ class _WindowPlan:
 @dataclass
 class _Plan:
     decode_rows: torch.Tensor | None  # [Bd] rows of q that belong to decode sequences
-    write_rows: torch.Tensor  # [2T]: row of each new token's K (first T) and V (last T) in the layer's rows view
     windows: dict[int | None, _WindowPlan]
 
 
@@ -153,10 +155,11 @@ class TorchAttentionBackend(AttentionBackend):
         decode_rows = None
         if decode:
             decode_rows = torch.tensor([starts[b] for b in decode], dtype=torch.int64, device=device)
-        windows = {w: self._window_plan(layout, w, decode, starts, device) for w in self.attention.distinct_windows}
-        k_rows = layout.write_pages * (2 * layout.page_size) + layout.write_slots
-        write_rows = torch.cat((k_rows, k_rows + layout.page_size))
-        self._plan = _Plan(decode_rows, write_rows, windows)
+        windows = {
+            w: self._window_plan(layout if w is None else layout.windowed(), w, decode, starts, device)
+            for w in self.attention.distinct_windows
+        }
+        self._plan = _Plan(decode_rows, windows)
         self._layout = layout
 
     def _window_plan(
@@ -179,7 +182,8 @@ class TorchAttentionBackend(AttentionBackend):
                 q_pos = torch.arange(total - n, total, device=device)
                 visible = win.visible(q_pos, torch.arange(first, total, device=device), window)  # [n, L]
             prefills.append((starts[b], starts[b + 1], slots, visible))
-        return _WindowPlan(blocks, decode_visible, prefills)
+        k_rows = layout.write_pages * (2 * ps) + layout.write_slots
+        return _WindowPlan(blocks, decode_visible, prefills, torch.cat((k_rows, k_rows + ps)))
 
     def forward(
         self,
@@ -198,7 +202,7 @@ class TorchAttentionBackend(AttentionBackend):
         layer = KVLayer.of(kv_layer)
         kvh = layer.values.shape[3]
         # The step's new K and V in one indexed copy, encoded at the layer's precision (as AttentionBackend.write_kv).
-        layer.write_rows(plan.write_rows, k, v)
+        layer.write_rows(wplan.write_rows, k, v)
         num_tokens, heads, dim = q.shape
         cap = self.attention.soft_cap
         qf = q.float() * (self.attention.scale or 1.0 / math.sqrt(dim))

@@ -1,0 +1,155 @@
+"""What window paging buys a sliding-window model, measured side by side in one run:
+
+    .venv/bin/python bench/window_bench.py [--tokens 16384] [--quick]
+
+A tiny Gemma-3-shaped decoder (random weights, fp32): 6 layers, 5 sliding (window 512, as the smallest Gemma 3) to
+1 global, 1 KV head of 64, the Gemma switches on. In-process engines, one thread, torch backend:
+
+1. bytes: one sequence of --tokens prompt tokens plus 32 generated; the KV bytes its lease holds at its end (pages
+   for the global layer, window slots for the sliding ones) with window paging vs every layer kept in the page
+   (`--kv-window-paging off`). `window_bytes_ratio` = on / off (target <= 0.3 at 16k).
+2. decode: ms per decode step of that sequence at its full context (the median of the generated tokens' steps),
+   window paging on vs off vs the same model with every layer global (what a cache that treats every layer as
+   global reads). `decode_16k_vs_global` = on / all global; `decode_16k_vs_off` = on / off.
+3. hits: a shared-prefix workload whose prefixes are longer than the window (4 prefixes of 3x the window, each sent
+   6 times with its own 32-token question, interleaved, 4 running at once), over one memory budget (what an
+   all-global pool needs for about 8 such requests): hit rate (cached / prompt tokens) with window paging on and
+   off, and the idle window parts given back to make room.
+
+Prints a table; the LAST line is one JSON object (BENCHMARKS.md, "Sliding windows"). Not in `make test`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+from radixcache.worker.engine import Engine, EngineConfig
+from radixcache.worker.model.config import ModelConfig
+from radixcache.worker.model.loader import random_model
+from radixcache.worker.request import Request, SamplingParams
+
+WINDOW = 512
+PAGE = 16
+GEMMA3_SHAPED = dict(
+    vocab_size=1024, hidden_size=256, intermediate_size=512, num_layers=6, num_heads=4, num_kv_heads=1, head_dim=64,
+    architecture="Gemma3ForCausalLM", max_position_embeddings=32768, sliding_window=WINDOW,
+    layer_kinds=("sliding",) * 5 + ("global",), hidden_act="gelu_pytorch_tanh", qk_norm=True, norm_plus_one=True,
+    sandwich_norms=True, embedding_scale=16.0, query_pre_attn_scalar=64.0, rope_theta=1e6, rope_local_theta=1e4,
+)  # fmt: skip
+
+
+def model(all_global: bool = False):  # noqa: ANN201
+    fields = dict(GEMMA3_SHAPED)
+    if all_global:
+        fields |= {"layer_kinds": ("global",) * 6, "sliding_window": None}
+    return random_model(ModelConfig(**fields), seed=0, std=0.05)
+
+
+def lease_bytes(engine: Engine) -> int:
+    """KV bytes the one live lease holds: its pages (the main arena) and the window slots its window reads."""
+    (lease,) = engine.cache.leases()
+    pool = engine.pool
+    page = pool.main.nbytes // pool.num_pages
+    held = len(set(lease.pages)) * page
+    if pool.window is not None:
+        slots = {s for s in engine.cache.window_slots(lease.pages[lease._wfirst :]) if s >= 0}
+        held += len(slots) * (pool.window.nbytes // pool.window_slots)
+    return held
+
+
+def one_long_sequence(loaded, tokens: int, generate: int, paging: str) -> dict:
+    """Prefill `tokens`, decode `generate`: bytes held at the end and ms per decode step."""
+    pages = -(-(tokens + generate) // PAGE) + 8
+    engine = Engine(loaded, EngineConfig(page_size=PAGE, kv_pages=pages, max_running=4, kv_window_paging=paging,
+                                         max_step_tokens=1024, cache_enabled=False, backend="torch"))  # fmt: skip
+    prompt = [random.Random(1).randrange(8, 1000) for _ in range(tokens)]
+    engine.submit(Request("long", prompt, SamplingParams(max_tokens=generate, ignore_eos=True)), lambda out: None)
+    steps, held = [], 0
+    while True:
+        decoding = any(s.num_computed >= s.num_prompt for s in engine.scheduler.running)
+        if decoding:
+            held = lease_bytes(engine)
+        start = time.perf_counter()
+        if not engine.step():
+            break
+        if decoding:
+            steps.append(time.perf_counter() - start)
+    return {"bytes": held, "decode_ms": 1000 * statistics.median(steps[1:]), "pages": engine.pool.num_pages}
+
+
+def shared_prefixes(loaded, budget: int, paging: str) -> dict:
+    rng = random.Random(2)
+    prefixes = [[rng.randrange(8, 1000) for _ in range(3 * WINDOW)] for _ in range(4)]
+    prompts = [p + [rng.randrange(8, 1000) for _ in range(32)] for _ in range(6) for p in prefixes]
+    engine = Engine(loaded, EngineConfig(page_size=PAGE, kv_memory_bytes=budget, max_running=4,
+                                         kv_window_paging=paging, max_step_tokens=512, backend="torch"))  # fmt: skip
+    cached = {}
+    for i, prompt in enumerate(prompts):
+        engine.submit(Request(f"q{i}", prompt, SamplingParams(max_tokens=4, ignore_eos=True)),
+                      lambda out: cached.__setitem__(out.request_id, out.cached_tokens))  # fmt: skip
+        engine.step()
+    engine.run_until_idle()
+    stats = engine.cache.stats()
+    return {
+        "hit_rate": sum(cached.values()) / sum(len(p) for p in prompts),
+        "pages": engine.pool.num_pages,
+        "dropped": stats.window_parts_dropped,
+    }
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tokens", type=int, default=16384, help="context of the long sequence (default 16384)")
+    p.add_argument("--generate", type=int, default=32)
+    p.add_argument("--quick", action="store_true", help="a 4k context: a smoke run")
+    args = p.parse_args()
+    tokens = 4096 if args.quick else args.tokens
+    torch.set_num_threads(1)
+    load = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    print(f"# window bench: Gemma-3-shaped tiny model, window {WINDOW}, page {PAGE}, {tokens} tokens; load: {load}")
+    gemma, flat = model(), model(all_global=True)
+    with torch.inference_mode():
+        on = one_long_sequence(gemma, tokens, args.generate, "auto")
+        off = one_long_sequence(gemma, tokens, args.generate, "off")
+        glob = one_long_sequence(flat, tokens, args.generate, "off")
+        per_request = (3 * WINDOW + 36) * 6 * 2 * 64 * 4  # tokens x layers x K/V x head_dim x fp32
+        budget = 8 * per_request
+        hits_on = shared_prefixes(gemma, budget, "auto")
+        hits_off = shared_prefixes(gemma, budget, "off")
+    print(f"{'':28} {'window paging':>14} {'paging off':>12} {'all global':>12}")
+    print(f"{'KV bytes of one sequence':28} {on['bytes']:>14,} {off['bytes']:>12,} {glob['bytes']:>12,}")
+    print(f"{'decode ms per step':28} {on['decode_ms']:>14.2f} {off['decode_ms']:>12.2f} {glob['decode_ms']:>12.2f}")
+    print(f"{'shared prefixes: hit rate':28} {hits_on['hit_rate']:>14.3f} {hits_off['hit_rate']:>12.3f}")
+    print(f"{'  pages in the same memory':28} {hits_on['pages']:>14,} {hits_off['pages']:>12,}")
+    print(f"{'  idle windows given back':28} {hits_on['dropped']:>14,}")
+    result = {
+        "tokens": tokens,
+        "window": WINDOW,
+        "window_bytes_ratio": round(on["bytes"] / off["bytes"], 4),
+        "decode_16k_vs_global": round(on["decode_ms"] / glob["decode_ms"], 3),
+        "decode_16k_vs_off": round(on["decode_ms"] / off["decode_ms"], 3),
+        "decode_ms": {
+            "on": round(on["decode_ms"], 2),
+            "off": round(off["decode_ms"], 2),
+            "all_global": round(glob["decode_ms"], 2),
+        },  # fmt: skip
+        "hit_rate_on": round(hits_on["hit_rate"], 4),
+        "hit_rate_off": round(hits_off["hit_rate"], 4),
+        "pages_same_memory": {"on": hits_on["pages"], "off": hits_off["pages"]},
+        "idle_windows_dropped": hits_on["dropped"],
+        "load": load,
+    }
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
