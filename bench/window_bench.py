@@ -8,13 +8,14 @@ A tiny Gemma-3-shaped decoder (random weights, fp32): 6 layers, 5 sliding (windo
 1. bytes: one sequence of --tokens prompt tokens plus 32 generated; the KV bytes its lease holds at its end (pages
    for the global layer, window slots for the sliding ones) with window paging vs every layer kept in the page
    (`--kv-window-paging off`). `window_bytes_ratio` = on / off (target <= 0.3 at 16k).
-2. decode: ms per decode step of that sequence at its full context (the median of the generated tokens' steps),
-   window paging on vs off vs the same model with every layer global (what a cache that treats every layer as
-   global reads). `decode_16k_vs_global` = on / all global; `decode_16k_vs_off` = on / off.
+2. decode: ms per decode step of that sequence at its full context (the median of the generated tokens' steps,
+   the three engines stepped in turn), window paging on vs off vs the same model with every layer global (what a
+   cache that treats every layer as global reads). `decode_16k_vs_global` = on / all global; `decode_16k_vs_off` = on / off.
 3. hits: a shared-prefix workload whose prefixes are longer than the window (4 prefixes of 3x the window, each sent
-   6 times with its own 32-token question, interleaved, 4 running at once), over one memory budget (what an
-   all-global pool needs for about 8 such requests): hit rate (cached / prompt tokens) with window paging on and
-   off, and the idle window parts given back to make room.
+   6 times with its own 32-token question, in 6 rounds of the 4 prefixes in turn, one request at a time), over one
+   memory budget (what an all-global pool needs for 3 such requests: LRU without window paging evicts each prefix
+   just before its turn): hit rate (cached / prompt tokens) with window paging on and off, and the idle window
+   parts given back to make room.
 
 Prints a table; the LAST line is one JSON object (BENCHMARKS.md, "Sliding windows"). Not in `make test`.
 """
@@ -65,24 +66,29 @@ def lease_bytes(engine: Engine) -> int:
     return held
 
 
-def one_long_sequence(loaded, tokens: int, generate: int, paging: str) -> dict:
-    """Prefill `tokens`, decode `generate`: bytes held at the end and ms per decode step."""
+def long_sequences(runs: dict[str, tuple[object, str]], tokens: int, generate: int) -> dict[str, dict]:
+    """One engine per run (name -> (model, kv_window_paging)), each with the same prompt of `tokens`: prefill them
+    all, then decode `generate` tokens taking a step of each in turn (so the machine's noise falls on all alike).
+    Per run: KV bytes the sequence holds at its end, and the median ms per decode step."""
     pages = -(-(tokens + generate) // PAGE) + 8
-    engine = Engine(loaded, EngineConfig(page_size=PAGE, kv_pages=pages, max_running=4, kv_window_paging=paging,
-                                         max_step_tokens=1024, cache_enabled=False, backend="torch"))  # fmt: skip
     prompt = [random.Random(1).randrange(8, 1000) for _ in range(tokens)]
-    engine.submit(Request("long", prompt, SamplingParams(max_tokens=generate, ignore_eos=True)), lambda out: None)
-    steps, held = [], 0
-    while True:
-        decoding = any(s.num_computed >= s.num_prompt for s in engine.scheduler.running)
-        if decoding:
-            held = lease_bytes(engine)
-        start = time.perf_counter()
-        if not engine.step():
-            break
-        if decoding:
-            steps.append(time.perf_counter() - start)
-    return {"bytes": held, "decode_ms": 1000 * statistics.median(steps[1:]), "pages": engine.pool.num_pages}
+    engines = {}
+    for name, (loaded, paging) in runs.items():
+        engine = Engine(loaded, EngineConfig(page_size=PAGE, kv_pages=pages, max_running=4, kv_window_paging=paging,
+                                             max_step_tokens=1024, cache_enabled=False, backend="torch"))  # fmt: skip
+        engine.submit(Request("long", prompt, SamplingParams(max_tokens=generate, ignore_eos=True)), lambda out: None)
+        while not any(s.num_computed >= s.num_prompt for s in engine.scheduler.running):
+            engine.step()  # the prefill
+        engines[name] = engine
+    steps: dict[str, list[float]] = {name: [] for name in runs}
+    held: dict[str, int] = {}
+    for _ in range(generate - 1):
+        for name, engine in engines.items():
+            held[name] = lease_bytes(engine)
+            start = time.perf_counter()
+            engine.step()
+            steps[name].append(time.perf_counter() - start)
+    return {name: {"bytes": held[name], "decode_ms": 1000 * statistics.median(steps[name][1:])} for name in runs}
 
 
 def shared_prefixes(loaded, budget: int, paging: str) -> dict:
@@ -92,11 +98,11 @@ def shared_prefixes(loaded, budget: int, paging: str) -> dict:
     engine = Engine(loaded, EngineConfig(page_size=PAGE, kv_memory_bytes=budget, max_running=4,
                                          kv_window_paging=paging, max_step_tokens=512, backend="torch"))  # fmt: skip
     cached = {}
-    for i, prompt in enumerate(prompts):
-        engine.submit(Request(f"q{i}", prompt, SamplingParams(max_tokens=4, ignore_eos=True)),
-                      lambda out: cached.__setitem__(out.request_id, out.cached_tokens))  # fmt: skip
-        engine.step()
-    engine.run_until_idle()
+    for start in range(0, len(prompts), len(prefixes)):  # a round: each prefix once, one after another
+        for i in range(start, start + len(prefixes)):
+            engine.submit(Request(f"q{i}", prompts[i], SamplingParams(max_tokens=4, ignore_eos=True)),
+                          lambda out: cached.__setitem__(out.request_id, out.cached_tokens))  # fmt: skip
+            engine.run_until_idle()
     stats = engine.cache.stats()
     return {
         "hit_rate": sum(cached.values()) / sum(len(p) for p in prompts),
@@ -117,11 +123,11 @@ def main() -> int:
     print(f"# window bench: Gemma-3-shaped tiny model, window {WINDOW}, page {PAGE}, {tokens} tokens; load: {load}")
     gemma, flat = model(), model(all_global=True)
     with torch.inference_mode():
-        on = one_long_sequence(gemma, tokens, args.generate, "auto")
-        off = one_long_sequence(gemma, tokens, args.generate, "off")
-        glob = one_long_sequence(flat, tokens, args.generate, "off")
+        runs = long_sequences({"on": (gemma, "auto"), "off": (gemma, "off"), "global": (flat, "off")}, tokens,
+                              args.generate)  # fmt: skip
+        on, off, glob = runs["on"], runs["off"], runs["global"]
         per_request = (3 * WINDOW + 36) * 6 * 2 * 64 * 4  # tokens x layers x K/V x head_dim x fp32
-        budget = 8 * per_request
+        budget = 3 * per_request
         hits_on = shared_prefixes(gemma, budget, "auto")
         hits_off = shared_prefixes(gemma, budget, "off")
     print(f"{'':28} {'window paging':>14} {'paging off':>12} {'all global':>12}")

@@ -31,9 +31,13 @@ log = logging.getLogger("radixcache.cluster")
 
 def hub_events(events: list[CacheEvent]) -> list[tuple[Any, ...]]:
     """The hub's tuples (cluster.hub.Event). A page in a tier below the device (medium "CPU" / "DISK") carries its
-    medium as a 4th element: the router scores it below a device page (cluster.index, cluster.policy)."""
+    medium as a 4th element: the router scores it below a device page (cluster.index, cluster.policy). The window
+    group of a window-paged replica (group_idx 1, radixcache.events) is left out: the router indexes the pages the
+    global layers hold, and a hit whose window was given back is served shorter (it counts as the replica's)."""
     out: list[tuple[Any, ...]] = []
     for e in events:
+        if getattr(e, "group_idx", 0):
+            continue
         medium = getattr(e, "medium", MEDIUM_DEVICE)
         tail = () if medium == MEDIUM_DEVICE else (medium,)
         if isinstance(e, PagesStored):

@@ -563,6 +563,15 @@ class PrefixCache:
             self.tier.sink = sink
         else:
             self.tree.set_event_sink(sink)
+        if self.window is not None:  # the window group's events (radixcache.event_log)
+            self.window.on_dropped = getattr(sink, "window_removed", None)
+
+    def window_pages(self) -> list[int]:
+        """The tree pages that still have their window part (window paging; [] without), for a snapshot."""
+        if self.window is None:
+            return []
+        slot = self.window.slot
+        return [p for p in self.window.tree_pages() if slot[p] >= 0]
 
     def tier_records(self) -> list[tuple[str, PageKey]]:
         """(medium, key) of each page a tier below memory holds, as the events told it so far (snapshots)."""
@@ -677,9 +686,9 @@ class PrefixCache:
             for i, cached in result.cached_instead():
                 if cached >= self.num_pages:
                     continue  # a demoted copy is never read: keep computing with our own page
+                if self.window is not None and i >= lease._wfirst and not self.window.swap(lease.pages[i], cached):
+                    continue  # the tree's copy lost its window part: keep reading our own page's
                 self.allocator.incref([cached])
-                if self.window is not None and i >= lease._wfirst:
-                    self.window.move(lease.pages[i], cached)  # keeps reading the same window values
                 self.allocator.decref([lease.pages[i]])
                 lease.pages[i] = cached
         # The lock only matters while the lease runs; release unlocks right after a tail publish.

@@ -14,6 +14,11 @@ Tiers (radixcache.tiering): `tier_stored(medium, key)` / `tier_removed(medium, n
 below the device started or stopped holding (already named by hash), drained as PagesStored / PagesRemoved with that
 medium; a snapshot's `tier` part lists what the tiers hold at that point.
 
+Window paging (`window` = W, radixcache.events' group 1): each PagesStored is followed by the same pages stored in
+group 1; `window_removed(pages)` (the cache: parts given back while their pages stay cached) drains as a group-1
+PagesRemoved, and a page removed from the tree leaves group 1 first. A snapshot's `window` part lists the tree pages
+that still have their parts.
+
 Bounded: beyond `max_pending` undrained records the log drops them all and records `LOST` instead; drain then returns
 `LOST` and ignores records until the next snapshot (every consumer must start over from that snapshot).
 """
@@ -26,6 +31,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from radixcache.events import (
+    SLIDING_WINDOW_KIND,
+    WINDOW_GROUP,
     CacheEvent,
     NamespaceCleared,
     PageRecord,
@@ -49,7 +56,7 @@ class Snapshot:
 
 
 LOST = "lost"  # drained when records were dropped: consumers must wait for the next Snapshot
-_STORED, _REMOVED, _CLEARED, _SNAPSHOT, _RELOCATED, _TIER_STORED, _TIER_REMOVED = 0, 1, 2, 3, 4, 5, 6
+_STORED, _REMOVED, _CLEARED, _SNAPSHOT, _RELOCATED, _TIER_STORED, _TIER_REMOVED, _WINDOW_REMOVED = range(8)
 
 
 class EventLog:
@@ -63,13 +70,17 @@ class EventLog:
         max_pending: int = 1_000_000,
         strict: bool = False,
         kv_dtype: str | None = None,
+        window: int | None = None,
     ) -> None:
         """on_pending: called (on the recording thread) when records arrive and no drain is due yet, e.g. to
         schedule one on a loop; it must not block. strict: an inconsistency raises instead of being logged (tests).
         kv_dtype: the pages' KV precision, part of their hashes (radixcache.events). The log starts in step with an
-        empty tree; attach it to a tree that holds pages only with a snapshot."""
+        empty tree; attach it to a tree that holds pages only with a snapshot. window: the sliding layers' W of a
+        window-paged cache (its window group's events, see the module docstring); None: no such group."""
         self.page_size = page_size
         self.kv_dtype = kv_dtype
+        self.window = window
+        self._windowed: set[int] = set()  # page ids whose window part group 1 holds
         self.max_pending = max_pending
         self.strict = strict
         self._bpp = page_size * TOKEN_BYTES
@@ -112,13 +123,22 @@ class EventLog:
     def relocated(self, old: list[int], new: list[int]) -> None:
         self._push((_RELOCATED, old, new))
 
+    def window_removed(self, pages: list[int]) -> None:
+        """These tree pages no longer have their window part (window paging); their pages stay cached."""
+        if pages:
+            self._push((_WINDOW_REMOVED, pages))
+
     def snapshot(
-        self, records: Iterable[PageRecord], token: object = None, tier: Iterable[tuple[str, PageKey]] = ()
+        self,
+        records: Iterable[PageRecord],
+        token: object = None,
+        tier: Iterable[tuple[str, PageKey]] = (),
+        window: Iterable[int] = (),
     ) -> None:
-        """Record the tree's current pages, `RadixTree.page_records()`, and what the tiers hold,
-        `PrefixCache.tier_records()` (call it on the cache's thread, between tree operations, so that the records and
-        the stream agree)."""
-        self._push((_SNAPSHOT, token, list(records), list(tier)))
+        """Record the tree's current pages, `RadixTree.page_records()`, what the tiers hold,
+        `PrefixCache.tier_records()`, and the pages with window parts, `PrefixCache.window_pages()` (call it on the
+        cache's thread, between tree operations, so that the records and the stream agree)."""
+        self._push((_SNAPSHOT, token, list(records), list(tier), set(window)))
 
     def tier_stored(self, medium: str, key: PageKey) -> None:
         self._push((_TIER_STORED, medium, key))
@@ -139,7 +159,7 @@ class EventLog:
             record = records.popleft()
             kind = record[0]
             if kind == _SNAPSHOT:
-                out.append(self._load(record[1], record[2], record[3]))
+                out.append(self._load(record[1], record[2], record[3], record[4]))
             elif kind == LOST:
                 self._lose(out)
             elif self._synced:
@@ -151,7 +171,9 @@ class EventLog:
                     log.error("cache events out of step (page %s unknown); consumers restart from a snapshot", exc)
                     self._lose(out)
                     continue
-                if event is not None:
+                if isinstance(event, list):
+                    out.extend(event)
+                elif event is not None:
                     out.append(event)
         return out
 
@@ -162,10 +184,12 @@ class EventLog:
         self._records.clear()
         self._synced = False
         self._pages.clear()
+        self._windowed.clear()
 
     def _lose(self, out: list) -> None:
         self._synced = False
         self._pages.clear()
+        self._windowed.clear()
         out.append(LOST)
 
     def _prefix(self, namespace: str) -> bytes:
@@ -174,15 +198,21 @@ class EventLog:
             prefix = self._prefixes[namespace] = namespace_prefix(namespace, self.kv_dtype)
         return prefix
 
-    def _event(self, record: tuple) -> CacheEvent | None:
+    def _event(self, record: tuple) -> CacheEvent | list[CacheEvent] | None:
         kind = record[0]
         if kind == _STORED:
-            return self._stored(self._pages, *record[1:])
+            stored = self._stored(self._pages, *record[1:])
+            return stored if stored is None or self.window is None else [stored, self._window_stored(stored, record[3])]
         if kind == _REMOVED:
             pages = self._pages
+            out: list[CacheEvent] = []
+            if self.window is not None:
+                out = self._window_gone(record[1])
             first = pages.pop(record[1][0])
             hashes = [first[1]] + [pages.pop(p)[1] for p in record[1][1:]]
-            return PagesRemoved(first[0], hashes)
+            return [*out, PagesRemoved(first[0], hashes)]
+        if kind == _WINDOW_REMOVED:
+            return self._window_gone(record[1])
         if kind == _RELOCATED:  # same pages under other ids: no event (a partial tail was never named: skipped)
             pages = self._pages
             moved = [(new, pages.pop(old)) for old, new in zip(record[1], record[2], strict=True) if old in pages]
@@ -208,12 +238,59 @@ class EventLog:
             pages[page] = (namespace, h)
         return PagesStored(namespace, parent, hashes, decode(key))
 
-    def _load(self, token: object, records: list, tier: list[tuple[str, PageKey]]) -> Snapshot:
+    def _window_stored(self, event: PagesStored, ids: list[int]) -> PagesStored:
+        """Group 1's copy of a store: the same pages, which have their window parts when stored."""
+        self._windowed.update(ids[: len(event.page_hashes)])
+        return self._as_window(event)
+
+    def _as_window(self, event: PagesStored) -> PagesStored:
+        return PagesStored(
+            event.namespace, event.parent_hash, event.page_hashes, event.token_ids, event.medium,
+            WINDOW_GROUP, SLIDING_WINDOW_KIND, self.window,
+        )  # fmt: skip
+
+    def _window_gone(self, ids: list[int]) -> list[CacheEvent]:
+        """Group 1's removal of those of `ids` it holds (partial tails and pages already gone are not in it), one
+        event per namespace."""
+        by_ns: dict[str, list[int]] = {}
+        for page in ids:
+            if page in self._windowed:
+                self._windowed.discard(page)
+                namespace, h = self._pages[page]
+                by_ns.setdefault(namespace, []).append(h)
+        return [PagesRemoved(ns, hashes, group_idx=WINDOW_GROUP) for ns, hashes in by_ns.items()]
+
+    def _load(self, token: object, records: list, tier: list[tuple[str, PageKey]], window: set[int]) -> Snapshot:
         self._pages = pages = {}
-        events = [e for r in records if (e := self._stored(pages, *r)) is not None]
+        self._windowed = set()
+        events = []
+        for record in records:
+            stored = self._stored(pages, *record)
+            if stored is None:
+                continue
+            events.append(stored)
+            if self.window is not None:
+                events += self._window_runs(stored, record[2], window)
         events += [_tier_stored(medium, key) for medium, key in tier]
         self._synced = True
         return Snapshot(token, events)
+
+    def _window_runs(self, stored: PagesStored, ids: list[int], window: set[int]) -> list[PagesStored]:
+        """Group 1's part of a snapshot's node: its runs of pages that have their window parts."""
+        out, start, ps = [], None, self.page_size
+        n = len(stored.page_hashes)
+        for i in range(n + 1):
+            has = i < n and ids[i] in window
+            if has and start is None:
+                start = i
+            elif not has and start is not None:
+                parent = stored.parent_hash if start == 0 else stored.page_hashes[start - 1]
+                run = PagesStored(stored.namespace, parent, stored.page_hashes[start:i],
+                                  stored.token_ids[start * ps : i * ps])  # fmt: skip
+                out.append(self._as_window(run))
+                self._windowed.update(ids[start:i])
+                start = None
+        return out
 
 
 def _tier_stored(medium: str, key: PageKey) -> PagesStored:

@@ -35,6 +35,14 @@ pool the model reads, whatever its device; "CPU" and "DISK" for the tiers below 
 held by several media at once (loaded back from disk, its file stays); each medium's pages replay on their own. A
 tier's page arrives as a PagesStored of one page whose parent may live elsewhere (or nowhere).
 
+Window paging (a model with sliding layers paged apart, radixcache.window_parts): the pages' global layers are group
+0 (`group_idx` 0, the events above), their sliding layers group 1 (`group_idx` WINDOW_GROUP, `kv_cache_spec_kind`
+"sliding_window", `kv_cache_spec_sliding_window` W), as vLLM's hybrid KV cache reports its groups. A page enters
+both groups when it is stored (each PagesStored of group 0 is followed by the same one of group 1); group 1 loses
+it when its window part is given back (a PagesRemoved of group 1 only: the page stays cached for the global
+layers, and a hit is served only up to where the window after it is still held), or with the page. A subscriber
+that knows nothing of groups reads group 0 and skips the rest (PageIndex keeps group 1 in `windows`).
+
 Replaying a snapshot (one PagesStored per tree node, parents first) and then the events in order gives exactly the
 cache's pages: `PageIndex` does that, `records_page_index` computes the same from a tree's page records directly (what the tests
 compare). The recording sink that turns the tree's page ids into these events is `radixcache.event_log.EventLog`.
@@ -52,6 +60,8 @@ from radixcache.kv_dtypes import identity_tag
 from radixcache.tier import MEDIUM_DEVICE
 
 NO_PARENT = 0  # the parent of a namespace's first page in the hash input (never a page hash itself)
+WINDOW_GROUP = 1  # the group of a window-paged pool's sliding layers (vLLM's group_idx)
+SLIDING_WINDOW_KIND = "sliding_window"  # its kv_cache_spec_kind
 
 # One stored node as a tree reports it: (namespace, the page it continues or None, its pages, its key).
 PageRecord = tuple[str, int | None, list[int], bytes]
@@ -142,6 +152,9 @@ class PagesStored:
     page_hashes: list[int]
     token_ids: list[int]
     medium: str = MEDIUM_DEVICE
+    group_idx: int = 0  # WINDOW_GROUP: the sliding layers' part of the pages (window paging); 0 otherwise
+    kv_cache_spec_kind: str | None = None  # SLIDING_WINDOW_KIND for group 1 (None: full attention)
+    kv_cache_spec_sliding_window: int | None = None  # group 1's window W
 
 
 @dataclass(frozen=True)
@@ -149,6 +162,7 @@ class PagesRemoved:
     namespace: str
     page_hashes: list[int]
     medium: str = MEDIUM_DEVICE
+    group_idx: int = 0
 
 
 @dataclass(frozen=True)
@@ -176,20 +190,25 @@ class PageIndex:
         self.strict = strict
         self.pages: dict[str, dict[int, int | None]] = {}
         self.tiers: dict[str, dict[str, dict[int, int | None]]] = {}
+        self.windows: dict[str, set[int]] = {}  # group 1 (window paging): pages whose sliding layers are held
 
     def load(self, snapshot: Iterable[PagesStored]) -> None:
-        self.pages, self.tiers = {}, {}
+        self.pages, self.tiers, self.windows = {}, {}, {}
         for event in snapshot:
             self.apply(event)
 
     def apply(self, event: CacheEvent) -> None:
         if isinstance(event, NamespaceCleared):
+            self.windows.pop(event.namespace, None)  # (its pages' removals, which came first, emptied it)
             held = self.pages.pop(event.namespace, {})
             if self.strict and held:
                 raise ReplayError(f"{event.namespace!r}: cleared, yet {len(held)} pages were never removed")
             return
         if not isinstance(event, PagesStored | PagesRemoved):
             raise TypeError(f"not a cache event: {event!r}")
+        if event.group_idx:
+            self._apply_window(event)
+            return
         device = event.medium == MEDIUM_DEVICE
         media = self.pages if device else self.tiers.setdefault(event.medium, {})
         where = "" if device else f" on {event.medium}"
@@ -208,6 +227,24 @@ class PageIndex:
             for h in event.page_hashes:
                 if held.pop(h, 0) == 0 and self.strict:  # a parent is None or a nonzero hash, never 0
                     raise ReplayError(f"{event.namespace!r}: removed page {h:#x}, which is not held{where}")
+
+    def _apply_window(self, event: PagesStored | PagesRemoved) -> None:
+        """Group 1: a subset of the device's pages (stored with them, removed on its own or with them)."""
+        held = self.windows.setdefault(event.namespace, set())
+        device = self.pages.get(event.namespace, {})
+        for h in event.page_hashes:
+            if isinstance(event, PagesStored):
+                if self.strict and (h in held or h not in device):
+                    raise ReplayError(f"{event.namespace!r}: window part of {h:#x} stored twice or without its page")
+                held.add(h)
+            elif h in held:
+                held.discard(h)
+            elif self.strict:
+                raise ReplayError(f"{event.namespace!r}: window part of {h:#x} removed, which is not held")
+
+    def window_dict(self) -> dict[str, set[int]]:
+        """Per namespace: the pages whose window part (group 1) is held."""
+        return {ns: set(held) for ns, held in self.windows.items() if held}
 
     def as_dict(self) -> dict[str, dict[int, int | None]]:
         """Per namespace holding at least one page on the device: {page hash: parent hash or None}."""

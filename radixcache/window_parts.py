@@ -32,8 +32,8 @@ def first_needed_page(position: int, window: int, page_size: int) -> int:
 class WindowParts:
     """Window slots for the pages 0..num_pages-1 of a pool (see the module docstring).
 
-    `on_dropped(pages)`: told of tree pages whose idle parts were given back (so events can say the window group of
-    those pages is gone while their full part stays cached)."""
+    `on_dropped(pages)`: told of tree pages that lost their window part, or were stored without one, while their
+    full part stays cached (the window group's events: radixcache.event_log)."""
 
     def __init__(
         self,
@@ -130,21 +130,27 @@ class WindowParts:
             else:
                 self._free(page)
 
-    def move(self, src: int, dst: int) -> None:
-        """A lease swaps its private page `src` for the tree's `dst` (same tokens): its hold on src's part moves to
-        dst; when dst has no part of its own, src's becomes dst's."""
-        if self.slot[dst] >= 0:
-            self.hold(dst)
-            self.let_go(src)
-            return
-        assert self._holds[src] == 1 and src not in self._in_tree, f"page {src} is not one lease's own"
-        self.slot[dst], self.slot[src] = self.slot[src], -1
-        self._holds[dst], self._holds[src] = 1, 0
+    def swap(self, src: int, dst: int) -> bool:
+        """A lease would swap its page `src` for the tree's `dst` (same tokens): its hold moves to dst's part. False
+        (nothing changed: the lease keeps reading src) when dst has none, so a tree page never gains a part after it
+        was stored (what the window group's events rely on)."""
+        if self.slot[dst] < 0:
+            return False
+        self.hold(dst)
+        self.let_go(src)
+        return True
 
     # ---- the tree ------------------------------------------------------------------------------------------
-    def stored(self, pages: Iterable[int]) -> None:
-        """The tree now stores `pages`."""
+    def stored(self, pages: list[int]) -> None:
+        """The tree now stores `pages` (whole pages and perhaps a partial tail). Those without a part (a sequence's
+        pages its window had left) are reported dropped at once: a store reports the window group as held."""
         self._in_tree.update(pages)
+        lacking = [p for p in pages if self.slot[p] < 0]
+        if lacking and self.on_dropped is not None:
+            self.on_dropped(lacking)
+
+    def tree_pages(self) -> set[int]:
+        return set(self._in_tree)
 
     def unstored(self, pages: Iterable[int]) -> None:
         """The tree no longer stores `pages`: their idle parts go."""
@@ -153,12 +159,6 @@ class WindowParts:
             if page in self._idle:
                 del self._idle[page]
                 self._free(page)
-
-    def touch(self, pages: Iterable[int]) -> None:
-        """A hit read these pages' idle parts (most recently used now)."""
-        for page in pages:
-            if page in self._idle:
-                self._idle.move_to_end(page)
 
     def _free(self, page: int) -> None:
         self.slots.decref([self.slot[page]])

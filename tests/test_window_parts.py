@@ -5,6 +5,8 @@ only; a prefix hit is served only where the window after it is still held (so it
 would); and nothing leaks: random operations with check() after each, against the prefix rule.
 """
 
+import random
+
 import pytest
 from helpers import FakeClock
 from hypothesis import settings
@@ -12,7 +14,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from radixcache.cache import CacheFullError, PrefixCache
-from radixcache.keys import encode
+from radixcache.event_log import EventLog
+from radixcache.events import PageIndex, hash_key_pages, namespace_prefix, records_page_index
+from radixcache.keys import TOKEN_BYTES, encode
 from radixcache.window_parts import first_needed_page
 
 
@@ -233,3 +237,91 @@ class WindowMachine(RuleBasedStateMachine):
 
 TestWindowMachine = WindowMachine.TestCase
 TestWindowMachine.settings = settings(max_examples=200, stateful_step_count=50, deadline=None)
+
+
+# ---- the window group's events -------------------------------------------------------------------------------
+def page_hashes_by_id(cache: PrefixCache) -> dict[int, tuple[str, int]]:
+    """Page id -> (namespace, page hash) of every whole page the tree holds, from its records alone."""
+    out, bpp = {}, cache.page_size * TOKEN_BYTES
+    for namespace, after, pages, key in cache.tree.page_records():
+        parent = None if after is None else out[after][1]
+        for page, h in zip(pages, hash_key_pages(key, bpp, namespace_prefix(namespace), parent), strict=False):
+            out[page] = (namespace, h)
+            parent = h
+    return out
+
+
+def window_group(cache: PrefixCache) -> dict[str, set[int]]:
+    """What group 1 must say: the whole tree pages that still have their window part, by namespace."""
+    out: dict[str, set[int]] = {}
+    held = set(cache.window_pages())
+    for page, (namespace, h) in page_hashes_by_id(cache).items():
+        if page in held:
+            out.setdefault(namespace, set()).add(h)
+    return out
+
+
+def test_the_window_groups_events_replay_to_the_pages_that_keep_their_window_parts():
+    cache = windowed(num_pages=64, page_size=4, window=8, slots=12)
+    log = EventLog(4, strict=True, window=8)
+    cache.set_event_sink(log)
+    index = PageIndex(strict=True)
+    rng = random.Random(0)
+    for i in range(12):
+        tokens = [rng.randrange(3) for _ in range(rng.randrange(10, 40))]
+        lease = cache.acquire(f"r{i}", tokens, f"t{i % 2}")
+        done = lease.cached_tokens
+        while done < len(tokens):
+            done = min(len(tokens), done + 4)
+            grow(cache, lease, tokens, done)
+        cache.release(lease, tokens)
+        if i == 8:
+            cache.evict(5)
+        for event in log.drain():
+            index.apply(event)
+        assert index.as_dict() == records_page_index(cache.tree.page_records(), 4)
+        assert index.window_dict() == window_group(cache)
+    assert cache.stats().window_parts_dropped > 0  # group 1 lost pages that group 0 kept
+    assert sum(map(len, index.window_dict().values())) < sum(map(len, index.as_dict().values()))
+    # a subscriber that starts later, from a snapshot, knows the same
+    late = EventLog(4, strict=True, window=8)
+    cache.set_event_sink(late)
+    late.snapshot(cache.tree.page_records(), window=cache.window_pages())
+    (snapshot,) = late.drain()
+    fresh = PageIndex(strict=True)
+    fresh.load(snapshot.events)
+    assert fresh.window_dict() == window_group(cache) and fresh.as_dict() == index.as_dict()
+    group1 = [e for e in snapshot.events if e.group_idx]
+    assert group1 and all(
+        e.kv_cache_spec_kind == "sliding_window" and e.kv_cache_spec_sliding_window == 8 for e in group1
+    )
+
+
+def test_a_vllm_subscriber_reads_the_window_group_as_vllm_declares_it():
+    import msgpack
+    from vllm_kv_events import current
+
+    from radixcache.worker.kv_events_vllm import event_batch, vllm_event
+
+    cache = windowed(num_pages=16, page_size=4, window=8, slots=4)
+    log = EventLog(4, strict=True, window=8)
+    cache.set_event_sink(log)
+    tokens = list(range(24))
+    lease = cache.acquire("a", tokens)
+    for upto in range(4, 25, 4):
+        grow(cache, lease, tokens, upto)
+    cache.release(lease, tokens)
+    other = cache.acquire("b", list(range(100, 116)))
+    cache.allocate(other, 4)  # four slots: the tree's idle parts go
+    decoder, stored_type, removed_type, _ = current()
+    wire = msgpack.packb(event_batch(1.0, [vllm_event(e, 4) for e in log.drain()]))
+    events = decoder.decode(wire).events
+    stored = [e for e in events if isinstance(e, stored_type)]
+    assert [(e.group_idx, e.kv_cache_spec_kind, e.kv_cache_spec_sliding_window) for e in stored] == [
+        (0, "full_attention", None),
+        (1, "sliding_window", 8),
+    ] * 6  # each step's page, in both groups
+    removed = [e for e in events if isinstance(e, removed_type)]
+    assert removed and all(e.group_idx == 1 for e in removed)  # windows given back; the pages stay cached
+    assert {h for e in removed for h in e.block_hashes} <= {h for e in stored for h in e.block_hashes}
+    cache.release(other)

@@ -60,6 +60,12 @@ def _tier_records(cache: Any) -> list:
     return records() if records is not None else []
 
 
+def _window_pages(cache: Any) -> list[int]:
+    """The tree pages that still have their window part (window paging), for a snapshot."""
+    pages = getattr(cache, "window_pages", None)
+    return pages() if pages is not None else []
+
+
 class _Subscription:
     __slots__ = ("queue", "token", "active")
 
@@ -118,14 +124,17 @@ class CacheEventHub:
             with contextlib.suppress(RuntimeError):  # the loop is closed: nobody reads any more
                 loop.call_soon_threadsafe(self._drain)
 
-        event_log = self._log = EventLog(
-            self.page_size, on_pending=pending, max_pending=self.max_pending, kv_dtype=self.kv_dtype
-        )
         cache = self.engine.cache
+        window = cache.window.window if getattr(cache, "window", None) is not None else None
+        event_log = self._log = EventLog(
+            self.page_size, on_pending=pending, max_pending=self.max_pending, kv_dtype=self.kv_dtype, window=window
+        )
 
         def attach() -> None:
             cache.set_event_sink(event_log)
-            event_log.snapshot(cache.tree.page_records(), self._publisher_token, _tier_records(cache))
+            event_log.snapshot(
+                cache.tree.page_records(), self._publisher_token, _tier_records(cache), _window_pages(cache)
+            )
 
         await self._on_engine(attach)
 
@@ -188,7 +197,9 @@ class CacheEventHub:
     async def _take_snapshot(self, token: object) -> None:
         """Put a snapshot for `token` into the record stream, on the engine thread (between two of its steps)."""
         cache = self.engine.cache
-        await self._on_engine(lambda: self._log.snapshot(cache.tree.page_records(), token, _tier_records(cache)))
+        await self._on_engine(
+            lambda: self._log.snapshot(cache.tree.page_records(), token, _tier_records(cache), _window_pages(cache))
+        )
 
     def _request(self, token: object) -> None:
         loop = self._loop

@@ -19,12 +19,15 @@ SNAPSHOT_PART_TOKENS = 1 << 16  # tokens per snapshot message, so a large cache 
 
 def event_to_proto(event: CacheEvent) -> pb.CacheEvent:
     if isinstance(event, PagesStored):
-        stored = pb.PagesStored(page_hashes=event.page_hashes, token_ids=event.token_ids, medium=event.medium)
+        stored = pb.PagesStored(
+            page_hashes=event.page_hashes, token_ids=event.token_ids, medium=event.medium, group_idx=event.group_idx,
+            kv_cache_spec_kind=event.kv_cache_spec_kind or "", sliding_window=event.kv_cache_spec_sliding_window or 0,
+        )  # fmt: skip
         if event.parent_hash is not None:
             stored.parent_hash = event.parent_hash
         return pb.CacheEvent(namespace=event.namespace, stored=stored)
     if isinstance(event, PagesRemoved):
-        removed = pb.PagesRemoved(page_hashes=event.page_hashes, medium=event.medium)
+        removed = pb.PagesRemoved(page_hashes=event.page_hashes, medium=event.medium, group_idx=event.group_idx)
         return pb.CacheEvent(namespace=event.namespace, removed=removed)
     if isinstance(event, NamespaceCleared):
         return pb.CacheEvent(namespace=event.namespace, cleared=pb.NamespaceCleared())
@@ -36,10 +39,15 @@ def event_from_proto(message: pb.CacheEvent) -> CacheEvent:
     if which == "stored":
         s = message.stored
         parent = s.parent_hash if s.HasField("parent_hash") else None
-        return PagesStored(message.namespace, parent, list(s.page_hashes), list(s.token_ids), s.medium or MEDIUM_DEVICE)
+        return PagesStored(
+            message.namespace, parent, list(s.page_hashes), list(s.token_ids), s.medium or MEDIUM_DEVICE,
+            s.group_idx, s.kv_cache_spec_kind or None, s.sliding_window or None,
+        )  # fmt: skip
     if which == "removed":
         removed = message.removed
-        return PagesRemoved(message.namespace, list(removed.page_hashes), removed.medium or MEDIUM_DEVICE)
+        return PagesRemoved(
+            message.namespace, list(removed.page_hashes), removed.medium or MEDIUM_DEVICE, removed.group_idx
+        )
     if which == "cleared":
         return NamespaceCleared(message.namespace)
     raise ValueError(f"a CacheEvent without an event: {message!r}")

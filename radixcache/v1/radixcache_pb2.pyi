@@ -402,24 +402,32 @@ class CacheEvent(_message.Message):
     def __init__(self, namespace: _Optional[str] = ..., stored: _Optional[_Union[PagesStored, _Mapping]] = ..., removed: _Optional[_Union[PagesRemoved, _Mapping]] = ..., cleared: _Optional[_Union[NamespaceCleared, _Mapping]] = ...) -> None: ...
 
 class PagesStored(_message.Message):
-    __slots__ = ("parent_hash", "page_hashes", "token_ids", "medium")
+    __slots__ = ("parent_hash", "page_hashes", "token_ids", "medium", "group_idx", "kv_cache_spec_kind", "sliding_window")
     PARENT_HASH_FIELD_NUMBER: _ClassVar[int]
     PAGE_HASHES_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     MEDIUM_FIELD_NUMBER: _ClassVar[int]
+    GROUP_IDX_FIELD_NUMBER: _ClassVar[int]
+    KV_CACHE_SPEC_KIND_FIELD_NUMBER: _ClassVar[int]
+    SLIDING_WINDOW_FIELD_NUMBER: _ClassVar[int]
     parent_hash: int
     page_hashes: _containers.RepeatedScalarFieldContainer[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     medium: str
-    def __init__(self, parent_hash: _Optional[int] = ..., page_hashes: _Optional[_Iterable[int]] = ..., token_ids: _Optional[_Iterable[int]] = ..., medium: _Optional[str] = ...) -> None: ...
+    group_idx: int
+    kv_cache_spec_kind: str
+    sliding_window: int
+    def __init__(self, parent_hash: _Optional[int] = ..., page_hashes: _Optional[_Iterable[int]] = ..., token_ids: _Optional[_Iterable[int]] = ..., medium: _Optional[str] = ..., group_idx: _Optional[int] = ..., kv_cache_spec_kind: _Optional[str] = ..., sliding_window: _Optional[int] = ...) -> None: ...
 
 class PagesRemoved(_message.Message):
-    __slots__ = ("page_hashes", "medium")
+    __slots__ = ("page_hashes", "medium", "group_idx")
     PAGE_HASHES_FIELD_NUMBER: _ClassVar[int]
     MEDIUM_FIELD_NUMBER: _ClassVar[int]
+    GROUP_IDX_FIELD_NUMBER: _ClassVar[int]
     page_hashes: _containers.RepeatedScalarFieldContainer[int]
     medium: str
-    def __init__(self, page_hashes: _Optional[_Iterable[int]] = ..., medium: _Optional[str] = ...) -> None: ...
+    group_idx: int
+    def __init__(self, page_hashes: _Optional[_Iterable[int]] = ..., medium: _Optional[str] = ..., group_idx: _Optional[int] = ...) -> None: ...
 
 class NamespaceCleared(_message.Message):
     __slots__ = ()
