@@ -54,9 +54,14 @@ from radixcache.worker.attention.layout import BatchLayout
 # cache. Measured at b8 x 4k, 4 KV heads of 64 (one thread): 256 -> 26 ms per layer, 128 -> 33, 512 -> 49, 1024 -> 57.
 DECODE_TILE_TOKENS = 256
 
-# Long chunks form their scores a block of query rows at a time, at most this many float32 elements (64 MiB): a
-# 512-token chunk of a 16-head model over an 8k prefix would otherwise hold 268 MB of scores at once.
-SCORE_BLOCK_ELEMENTS = 1 << 24
+# Long chunks form their scores a block of query rows at a time, at most this many float32 elements (16 MiB): a
+# 512-token chunk of a 16-head model over an 8k prefix would otherwise hold 268 MB of scores at once. Measured on a
+# 1,500-token prefill of 12 heads (one thread): 2^24 -> 467 ms per layer, 2^22 -> 236, 2^20 -> 336.
+SCORE_BLOCK_ELEMENTS = 1 << 22
+# And at most this many query rows a block: a block's scores are a rectangle up to its last row's position, so
+# smaller blocks skip more of a causal chunk's upper triangle (a 512-token prefill of 12 heads: one block 42 ms per
+# layer, blocks of 128 rows 19; fewer rows cost more calls).
+BLOCK_ROWS = 128
 
 # Sequences adding at most this many tokens are attended to together (a verify chunk is 1 + its draft tokens).
 BATCHED_ROWS = 16
@@ -89,7 +94,8 @@ class _Rows:
 
     q_index: torch.Tensor  # [B * rows] the step's q row of each (sequence, row)
     rows: int
-    hidden: torch.Tensor | None  # [B, 1, rows, 1, c1 - c0] True where a column is masked; None: none is
+    hidden: torch.Tensor | None  # [B, 1, rows, 1, c1 - c0 - mask_from] True where a column is masked; None: none is
+    mask_from: int  # the first column (from c0) any row masks: before it every row sees every column
     c0: int
     c1: int
     slices: list[tuple[int, int]]  # the weighted sum's slices, relative to c0
@@ -225,7 +231,8 @@ class TorchAttentionBackend(AttentionBackend):
         dest = None
         if len(seqs) != layout.batch_size:  # else the real rows are the step's rows, in order
             dest = torch.tensor([starts[b] + r for b, n in zip(seqs, news, strict=True) for r in range(n)], **i64)
-        spec = _Rows(torch.tensor(q_index, **i64), rows, hidden, 0, width, slices(0, width, ps), max(news), real, dest)
+        q_index_t = torch.tensor(q_index, **i64)
+        spec = _Rows(q_index_t, rows, hidden, 0, 0, width, slices(0, width, ps), max(news), real, dest)
         return _Gather(pages, len(seqs), width, [spec])
 
     def _blocks(self, g: _Gather, heads: int, window: int | None, device: torch.device) -> list[_Rows]:
@@ -233,7 +240,7 @@ class TorchAttentionBackend(AttentionBackend):
         assert g.chunk is not None and self._layout is not None
         ps = self._layout.page_size
         start, n, total = g.chunk
-        per_block = max(1, SCORE_BLOCK_ELEMENTS // (heads * g.width))
+        per_block = max(1, min(BLOCK_ROWS, SCORE_BLOCK_ELEMENTS // (heads * g.width)))
         out = []
         for r0 in range(0, n, per_block):
             r1 = min(n, r0 + per_block)
@@ -244,14 +251,16 @@ class TorchAttentionBackend(AttentionBackend):
             c1 = min(g.width, max(pos[-1] + 1 - g.first, c0 + MIN_WIDTH))
             while c1 - c0 < MIN_WIDTH and c0 > 0:  # a softmax row of fewer columns would sum differently
                 c0 = slices(0, c0, ps)[-1][0]
-            k_pos = g.first + torch.arange(c0, c1, device=device)
+            # Columns before the first row's own position + 1 are seen by every row, unless a window cuts them.
+            mask_from = 0 if win.first_visible(pos[-1], window) - g.first > c0 else max(0, pos[0] + 1 - g.first - c0)
+            k_pos = g.first + torch.arange(c0 + mask_from, c1, device=device)
             hidden = _hidden(torch.tensor([pos], device=device), k_pos[None], window)
             if not bool(hidden.any()):
                 hidden = None
             q_index = torch.tensor([start + p - (total - n) for p in pos], dtype=torch.int64, device=device)
             dest = torch.arange(start + r0, start + r1, device=device)
             sl = [(a - c0, e - c0) for a, e in slices(c0, c1, ps)]
-            out.append(_Rows(q_index, rows, hidden, c0, c1, sl, r1 - r0, None, dest))
+            out.append(_Rows(q_index, rows, hidden, mask_from, c0, c1, sl, r1 - r0, None, dest))
         return out
 
     def forward(
@@ -349,8 +358,9 @@ class TorchAttentionBackend(AttentionBackend):
             cap = self.attention.soft_cap
             scores = torch.tanh(scores / cap).mul_(cap)
         if spec.hidden is not None:
-            scores.view(b, kvh, rows, group, width).masked_fill_(spec.hidden, float("-inf"))
-        probs = torch.softmax(scores, dim=-1).view(b * kvh, rows * group, width)
+            scores.view(b, kvh, rows, group, width)[..., spec.mask_from :].masked_fill_(spec.hidden, float("-inf"))
+        # in place (the same bits as torch.softmax): a long chunk's block of scores is tens of MB
+        probs = torch.ops.aten._softmax.out(scores, -1, False, out=scores).view(b * kvh, rows * group, width)
         out = None
         for c, vt in values:
             parts = spec.slices if not tiled else slices(c, c + vt.shape[2], layer.page_size)
