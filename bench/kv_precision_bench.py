@@ -102,8 +102,7 @@ class TiledTorchBackend(TorchAttentionBackend):
     """The torch backend with its tiled decode path for full-precision pages too (not what the engine runs): to tell
     what the tiling buys from what reading fewer bytes buys."""
 
-    def decode_kernel(self, layer):  # noqa: ANN001, ANN201
-        return self._decode_tiled
+    tile_full_precision = True
 
 
 def decode_ms(

@@ -207,3 +207,84 @@ def test_flashinfer_module_imports_without_flashinfer() -> None:
         assert "flashinfer" not in sys.modules
         with pytest.raises(ValueError, match="CUDA"):
             create_backend("flashinfer", "cpu", num_heads=4, num_kv_heads=2, head_dim=16, dtype=torch.bfloat16)
+
+
+def _rows_as(
+    steps: list[list[tuple[int, int, int]]],
+    page_size: int,
+    kv_dtype: str,
+    dtype: torch.dtype,
+    window: int | None,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    queries: torch.Tensor,
+) -> dict[tuple[int, int], torch.Tensor]:
+    """Run `steps` (each a batch of (sequence, cached, new)) through one torch backend over a fresh pool in which every
+    sequence s holds keys[s] / values[s] at its positions (written by the steps themselves for their new tokens), and
+    return {(sequence, position): output row} for every query computed, position's query being queries[s, position]."""
+    seqs, length, kvh, dim = keys.shape
+    heads = queries.shape[2]
+    per_seq = -(-length // page_size) + 1
+    pool = KVPool(KVShape(1, kvh, dim), page_size=page_size, num_pages=seqs * per_seq, dtype=kv_dtype)
+    layer = pool.kv_layer(0)
+    for s in range(seqs):  # the prefix every step starts from, written through the codec as a step would
+        pages = torch.tensor([s * per_seq + p // page_size for p in range(length)])
+        slots = torch.arange(length) % page_size
+        layer.write(pages, slots, keys[s].to(dtype), values[s].to(dtype))
+    options = AttentionOptions(windows=(window,) if window else ())
+    backend = create_backend("torch", num_heads=heads, num_kv_heads=kvh, head_dim=dim, attention=options)
+    out = {}
+    for step in steps:
+        slices = [SequenceSlice(list(range(s * per_seq, (s + 1) * per_seq)), c, n) for s, c, n in step]
+        layout = BatchLayout.build(slices, page_size)
+        rows = [(s, p) for s, c, n in step for p in range(c, c + n)]
+        pick = [s * length + p for s, p in rows]
+        q = queries.flatten(0, 1)[pick].to(dtype)
+        k, v = keys.flatten(0, 1)[pick].to(dtype), values.flatten(0, 1)[pick].to(dtype)
+        got = backend.forward(0, q, k, v, layer, layout)
+        out.update({row: got[i] for i, row in enumerate(rows)})
+    return out
+
+
+@pytest.mark.parametrize(
+    ("page_size", "kv_dtype", "dtype", "window", "group"),
+    [
+        (16, "fp32", torch.float32, None, 1),
+        (16, "bf16", torch.bfloat16, None, 2),
+        (7, "fp32", torch.float32, None, 4),
+        (1, "bf16", torch.bfloat16, None, 2),
+        (16, "int8", torch.bfloat16, None, 2),
+        (4, "fp8_e4m3", torch.float32, None, 1),
+        (16, "bf16", torch.bfloat16, 40, 2),
+        (7, "fp32", torch.float32, 33, 2),
+    ],
+)
+def test_a_query_row_gets_the_same_bits_however_its_step_is_batched_or_cut(
+    page_size: int, kv_dtype: str, dtype: torch.dtype, window: int | None, group: int
+) -> None:
+    """Greedy output identical with the cache and speculation on and off rests on this: the row of a token is the
+    same bits whether it is a decode of its own, one of a batch of decodes next to longer and shorter sequences, a
+    draft in a verify chunk (several new tokens), or a row of a prefill chunk cut at another place (long enough to
+    be attended to by itself), in a step mixed with others. The lengths cross the inner-product sizes where the CPU's
+    matmul sums differently (one row; 193-384 columns)."""
+    torch.manual_seed(0)
+    seqs, length, kvh, dim = 4, 420, 2, 32
+    keys, values = torch.randn(seqs, length, kvh, dim), torch.randn(seqs, length, kvh, dim)
+    queries = torch.randn(seqs, length, kvh * group, dim)
+    positions = [5, 17, 130, 199, 260, 300, 383, 419]  # the rows compared, of sequence 0
+    ways = {
+        "decode alone": [[(0, p, 1)] for p in positions],
+        "decode in a batch": [[(1, 400, 1), (0, p, 1), (2, 9, 1), (3, p // 2 + 1, 1)] for p in positions],
+        "verify chunk": [[(2, 50, 3), (0, p - 8, 9), (1, 300, 1)] for p in positions if p >= 8],
+        "verify chunk, other cut": [[(0, p - 2, min(5, length - p + 2))] for p in positions if p >= 2],
+        "long chunk": [[(3, 200, 1), (0, max(0, p - 30), min(length, p + 3) - max(0, p - 30))] for p in positions],
+        "long chunk from the start": [[(0, 0, 420)]],
+    }
+    got = {
+        way: _rows_as(steps, page_size, kv_dtype, dtype, window, keys, values, queries) for way, steps in ways.items()
+    }
+    reference = got.pop("decode alone")
+    for way, rows in got.items():
+        for p in positions:
+            if (0, p) in rows:
+                assert torch.equal(rows[(0, p)], reference[(0, p)]), f"{way}: position {p} differs from its decode"

@@ -1,33 +1,49 @@
 """Pure-torch paged attention: runs on any device, the reference every other backend is checked against.
 
-Per step, begin_step turns the page tables into flat row indices for every token of every sequence: a layer
-[pages, 2, page_size, KVH, D] viewed as rows [pages*2*page_size, KVH, D] (a view, no copy) holds token (page, slot)'s
-K at row page*2*page_size + slot and its V page_size rows later. Sequences that add one token (decode) are attended
-to together: their pages' K and V blocks are gathered whole into a padded [B, pages * page_size] batch and one call
-of torch's fused attention runs with a length mask. Sequences that add several tokens
-(prefill chunks) are attended to one at a time with torch's fused scaled_dot_product_attention (their cost is
-compute, not Python overhead).
-Each distinct window of the model's layers (worker/attention/window.py) gets its own gathers and masks per step; a
-sliding layer's start at the first page its window needs. With a soft cap (Gemma 2), which torch's fused kernel
-does not have, scores are computed, capped, masked and softmaxed explicitly.
-Scores, softmax and the weighted sum run in float32 whatever the pool dtype.
+Row-exact: a query row's output is a function of that row alone (its query, the keys and values it sees), the same
+bits whether it is a decode of its own, one of a batch of decodes, a draft in a verify chunk of speculation or a row
+of a prefill chunk cut anywhere. In a 16-bit model a last-bit difference inside attention flips the rounding of its
+output now and then, and a greedy answer drifts from there: this is what keeps greedy output identical with the
+cache and speculation on and off, batched. How (torch's CPU kernels and MKL's sgemm, measured; tests/test_attention.py
+checks it on this machine's kernels):
+- Scores and weighted sums are explicit batched matmuls. torch's fused attention sums in orders that depend on the
+  key length and on the number of queries (a decode row and the same row in a chunk differed in most elements).
+- Every product has at least MIN_GEMM_ROWS rows (query rows are repeated to reach it) and every score product at
+  least MIN_WIDTH columns: MKL sums a product of one row, and of 2-3 rows, in other orders than one of >= 4 rows,
+  which all agree (whatever the row's place and the batch), and likewise for 1, 2-3, 4-11 and >= 12 columns.
+- The weighted sum over positions is cut at fixed absolute positions into slices of at most SLICE_TOKENS (whole
+  spans of pages), summed in order. MKL splits a longer inner dimension into blocks chosen from its length (193-384
+  in halves), so a padded width would change a row's sum; inside a slice, padding with zero weights changes nothing.
+- Softmax over at least MIN_WIDTH columns (torch reduces a row shorter than one vector in another order); masked and
+  padded columns are -inf, which changes nothing either.
+
+Per step, begin_step plans each distinct window of the model's layers (worker/attention/window.py; a window-paged
+sliding layer through the layout's window table, `BatchLayout.windowed()`). Sequences that
+add at most BATCHED_ROWS tokens (decodes, verify chunks, short chunks) are attended to together: their pages' K and
+V are gathered whole, head-major, into [B, KVH, P * page_size, D] (one index_select of the rows; padding repeats a
+sequence's last page), their query rows padded to the most any has, with a position mask. Longer chunks are attended to one at a time, their query
+rows in blocks whose scores stay under SCORE_BLOCK_ELEMENTS, each block over the columns it can see. A sliding layer
+starts each sequence's gather at the first page its window needs, moved back to a span boundary by repeating that
+page (masked, never the pages before it, which may hold anything), so the slices fall at the same positions.
+Scores, softmax and the weighted sum run in float32 whatever the pool dtype; a soft cap (Gemma 2) is applied to the
+scores before the mask.
 
 Quantized pools (int8, fp8_e4m3, int4: radixcache.kv_codec) are written through the layer's codec and read back
-dequantized inside the gathers, a tile at a time: decode sequences are attended to in tiles of about
-DECODE_TILE_TOKENS positions (gather a tile's int8/fp8/int4 blocks, dequantize them while they sit in the CPU's
-cache, one batched matmul for the scores), so the full-precision K/V of a step is never materialised; the step's
-scores are softmaxed together, then the values are read back the same way. Every position is read back from the
-pool, the step's own new tokens too, so a token attends to the same stored values whether it was computed this
-step or came from the cache. For int4 (keys stored Hadamard-rotated) the queries are rotated the same way.
+dequantized inside the gathers: the batched sequences a tile of about DECODE_TILE_TOKENS positions at a time (gather
+a tile's int8/fp8/int4 blocks, dequantize them while they sit in the CPU's cache, one batched matmul for the scores),
+so the full-precision K/V of a step is never materialised; the step's scores are softmaxed together, then the values
+are read back the same way. Every position is read back from the pool, the step's own new tokens too, so a token
+attends to the same stored values whether it was computed this step or came from the cache. For int4 (keys stored
+Hadamard-rotated) the queries are rotated the same way.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from radixcache.kv_codec import hadamard
 from radixcache.pool import KVLayer
@@ -35,155 +51,224 @@ from radixcache.worker.attention import window as win
 from radixcache.worker.attention.base import AttentionBackend
 from radixcache.worker.attention.layout import BatchLayout
 
-# Positions per tile of the quantized decode path: a tile's dequantized K (B x 256 x KVH x D floats) stays in the L2
+# Positions per tile of the quantized batched path: a tile's dequantized K (B x 256 x KVH x D floats) stays in the L2
 # cache. Measured at b8 x 4k, 4 KV heads of 64 (one thread): 256 -> 26 ms per layer, 128 -> 33, 512 -> 49, 1024 -> 57.
 DECODE_TILE_TOKENS = 256
 
-# The explicit (soft-capped) path forms scores a block of queries at a time, at most this many float32 elements
-# (64 MiB): a 512-token chunk of a 16-head model over an 8k prefix would otherwise hold 268 MB of scores at once.
-SCORE_BLOCK_ELEMENTS = 1 << 24
+# Long chunks form their scores a block of query rows at a time, at most this many float32 elements (16 MiB): a
+# 512-token chunk of a 16-head model over an 8k prefix would otherwise hold 268 MB of scores at once. Measured on a
+# 1,500-token prefill of 12 heads (one thread): 2^24 -> 467 ms per layer, 2^22 -> 236, 2^20 -> 336.
+SCORE_BLOCK_ELEMENTS = 1 << 22
+# And at most this many query rows a block: a block's scores are a rectangle up to its last row's position, so
+# smaller blocks skip more of a causal chunk's upper triangle (a 512-token prefill of 12 heads: one block 42 ms per
+# layer, blocks of 128 rows 19; fewer rows cost more calls).
+BLOCK_ROWS = 128
+
+# Sequences adding at most this many tokens are attended to together (a verify chunk is 1 + its draft tokens).
+BATCHED_ROWS = 16
+
+MIN_GEMM_ROWS = 4  # rows of every product, at least (see the module docstring)
+SLICE_TOKENS = 128  # the longest inner dimension of a weighted sum's product
+MIN_WIDTH = 16  # columns of every softmax, at least
+
+
+def span_pages(page_size: int) -> int:
+    """Pages per span: slices of the weighted sum never cross a span boundary (absolute page multiples of this)."""
+    return max(1, SLICE_TOKENS // page_size)
+
+
+def slices(start: int, end: int, page_size: int) -> list[tuple[int, int]]:
+    """The weighted sum's slices of columns start..end of a gather whose column 0 is at a span boundary: cut at every
+    span boundary and, inside a span longer than SLICE_TOKENS (pages longer than that), every SLICE_TOKENS."""
+    span = span_pages(page_size) * page_size
+    cuts = []
+    for s in range(start - start % span, end, span):
+        cuts.extend(c for c in range(s, min(s + span, end), SLICE_TOKENS) if c > start)
+    bounds = [start, *cuts, end]
+    return list(zip(bounds[:-1], bounds[1:], strict=True))
 
 
 @dataclass
-class _WindowPlan:
-    """The gathers and masks of one window (None: the global layers) for one step."""
+class _Rows:
+    """Query rows attended to together over one gather: `rows` per sequence of the gather (padding repeats a real
+    row), columns c0..c1 of it (the rest invisible to every one of them)."""
 
-    # [2 * Bd * P] blocks of the layer viewed as [pages * 2, page_size, KVH, D] (block 2p: page p's K, 2p + 1: its
-    # V): every decode sequence's P pages' K blocks, then their V blocks (padding repeats a sequence's last page)
-    decode_blocks: torch.Tensor | None
-    decode_visible: torch.Tensor | None  # [Bd, 1, 1, P * page_size] True where a position is seen; None: all
-    # (q_start, q_end, slots[L], visible[n, L] True = may attend, or None for plain causal attention)
-    prefills: list[tuple[int, int, torch.Tensor, torch.Tensor | None]]
-    # [2T]: row of each new token's K (first T) and V (last T) in the layer's rows view (window slots for a
-    # window-paged sliding layer)
-    write_rows: torch.Tensor
-    # Built by the first layer of the step, once the KV head count is known; shared by every later layer.
-    prefill_head_rows: list[torch.Tensor] | None = None
-    # Quantized pools, built by the first layer that needs them: (first position, K blocks [Bd * n], V blocks
-    # [Bd * n]) per tile of n pages of the decode page table
-    decode_tiles: list[tuple[int, torch.Tensor, torch.Tensor]] | None = None
+    q_index: torch.Tensor  # [B * rows] the step's q row of each (sequence, row)
+    rows: int
+    hidden: torch.Tensor | None  # [B, 1, rows, 1, c1 - c0 - mask_from] True where a column is masked; None: none is
+    mask_from: int  # the first column (from c0) any row masks: before it every row sees every column
+    c0: int
+    c1: int
+    slices: list[tuple[int, int]]  # the weighted sum's slices, relative to c0
+    first: int  # the real rows are the first `first` rows of every sequence...
+    real: torch.Tensor | None  # ...or these of the B * rows (None: the first ones)
+    dest: torch.Tensor | None  # and their rows in the step's output (None: all of them, in order)
+
+
+@dataclass
+class _Gather:
+    """Pages gathered once per layer: `batch` sequences' `pages` [B, P], column 0 of each at a span boundary."""
+
+    pages: torch.Tensor
+    batch: int
+    width: int  # P * page_size
+    rows: list[_Rows] | None  # None: a long chunk's, blocked at the first layer that knows the head count
+    chunk: tuple[int, int, int] | None = None  # a long chunk's (first q row, new tokens, total)
+    first: int = 0  # a long chunk's first column position
+    head_rows: torch.Tensor | None = None  # [2 * B * KVH * width] K rows then V rows, head-major (see _head_rows)
 
 
 @dataclass
 class _Plan:
-    decode_rows: torch.Tensor | None  # [Bd] rows of q that belong to decode sequences
-    windows: dict[int | None, _WindowPlan]
+    # per window: [2T] row of each new token's K (first T) and V (last T) in the layer's rows view (in window slots
+    # for a window-paged sliding layer)
+    write_rows: dict[int | None, torch.Tensor]
+    windows: dict[int | None, list[_Gather]]
 
 
-def _page_table(
-    layout: BatchLayout, seqs: list[int], first: list[int], lens: list[int], device: torch.device
-) -> torch.Tensor:
-    """[len(seqs), P] the pages holding lens[i] tokens of each sequence from its block table's page first[i] on,
-    P = the most any needs; a shorter sequence's row repeats its last page (callers mask those positions)."""
-    ps = layout.page_size
+def _table(
+    layout: BatchLayout, seqs: list[int], skip: list[int], device: torch.device
+) -> tuple[torch.Tensor, list[int], int]:
+    """(pages [len(seqs), P], first position of each row, P * page_size): each sequence's pages from its block table's
+    page skip[b] on, moved back to a span boundary by repeating page skip[b], padded by repeating its last page."""
+    ps, span = layout.page_size, span_pages(layout.page_size)
+    used = [-(-layout.seq_lens[b] // ps) for b in seqs]
+    lead = [skip[b] % span for b in seqs]
+    cols = max(max(ld + u - skip[b] for ld, u, b in zip(lead, used, seqs, strict=True)), -(-MIN_WIDTH // ps))
     sel = torch.tensor(seqs, dtype=torch.int64, device=device)
-    start = layout.kv_indptr[:-1].to(torch.int64)[sel] + torch.tensor(first, dtype=torch.int64, device=device)
-    last = start + torch.tensor([-(-n // ps) - 1 for n in lens], dtype=torch.int64, device=device)
-    page_idx = torch.minimum(start[:, None] + torch.arange(-(-max(lens) // ps), device=device), last[:, None])
-    return layout.kv_indices.to(torch.int64)[page_idx]
+    base = layout.kv_indptr[:-1].to(torch.int64)[sel][:, None]
+    low = torch.tensor([skip[b] for b in seqs], dtype=torch.int64, device=device)[:, None]
+    high = torch.tensor(used, dtype=torch.int64, device=device)[:, None] - 1
+    idx = low - torch.tensor(lead, dtype=torch.int64, device=device)[:, None] + torch.arange(cols, device=device)
+    idx = torch.minimum(torch.maximum(idx, low), high)
+    first = [(skip[b] - ld) * ps for b, ld in zip(seqs, lead, strict=True)]
+    return layout.kv_indices.to(torch.int64)[base + idx], first, cols * ps
 
 
-def _flat_slots(layout: BatchLayout, seq: int, first_page: int, device: torch.device) -> torch.Tensor:
-    """[L] K row of positions first_page * page_size .. total-1 of sequence `seq` (V is page_size rows later)."""
-    ps = layout.page_size
-    held = layout.seq_lens[seq] - first_page * ps
-    pages = _page_table(layout, [seq], [first_page], [held], device)[0]
-    pos = torch.arange(held, device=device)
-    return pages[pos // ps] * (2 * ps) + pos % ps
-
-
-def _head_rows(slots: torch.Tensor, kvh: int) -> torch.Tensor:
-    """[B, L] token rows -> flat [B*KVH*L] rows of the layer viewed as [rows, D], ordered (sequence, head, position).
-
-    One index_select with these lands K/V head-major ([B, KVH, L, D]) as batched matmul and SDPA want them: gathering
-    token-major and transposing afterwards reads the whole gathered K/V a second time (measured 2-3x slower)."""
-    heads = torch.arange(kvh, device=slots.device)[None, :, None]
+def _head_rows(pages: torch.Tensor, page_size: int, kvh: int) -> torch.Tensor:
+    """[B, P] pages -> flat [B * KVH * P * page_size] rows of a layer viewed as one row per (K row, head), ordered
+    (sequence, head, position): one index_select lands K (or V, page_size token rows later) head-major, as the
+    batched matmuls want it (a page gather then a transpose reads everything twice)."""
+    slots = (pages[:, :, None] * (2 * page_size) + torch.arange(page_size, device=pages.device)).flatten(1)
+    heads = torch.arange(kvh, device=pages.device)[None, :, None]
     return (slots[:, None, :] * kvh + heads).flatten()
 
 
-def _attend(
-    q: torch.Tensor,
-    keys: torch.Tensor,
-    values: torch.Tensor,
-    visible: torch.Tensor | None,
-    soft_cap: float | None,
-    causal: bool = False,
-) -> torch.Tensor:
-    """Attention of q [B, H, n, D] (already scaled) over keys/values [B, KVH, L, D], float32 -> [B, H, n, D].
+def _tile_bounds(pages: int, page_size: int) -> list[tuple[int, int]]:
+    """(first, end) pages of each tile of the quantized batched path: whole spans of about DECODE_TILE_TOKENS, and a
+    last tile of fewer than MIN_WIDTH positions joins the one before (a score product that narrow sums differently)."""
+    per_tile = max(1, DECODE_TILE_TOKENS // (span_pages(page_size) * page_size)) * span_pages(page_size)
+    starts = list(range(0, pages, per_tile))
+    if len(starts) > 1 and (pages - starts[-1]) * page_size < MIN_WIDTH:
+        starts.pop()
+    return list(zip(starts, [*starts[1:], pages], strict=True))
 
-    visible: bool, broadcastable to [B, 1, n, L]; None = every key (causal=False) or plain causal attention over
-    n == L positions (causal=True). With soft_cap, which torch's fused kernel lacks, the scores are formed
-    explicitly (visible must then be given)."""
-    if soft_cap is None:
-        # torch's fused attention (flash-style on CPU): ~3x faster than scores -> softmax -> matmul at 1k
-        # tokens, and it never materialises the [H, n, L] score matrix.
-        return F.scaled_dot_product_attention(
-            q, keys, values, attn_mask=visible, is_causal=causal and visible is None, scale=1.0, enable_gqa=True
-        )
-    assert visible is not None, "soft-capped attention needs an explicit mask"
-    b, heads, n, dim = q.shape
-    kvh, length = keys.shape[1], keys.shape[2]
-    group = heads // kvh
-    visible = visible.reshape(-1, 1, 1, n, length)
-    out = torch.empty(b, heads, n, dim, dtype=torch.float32, device=q.device)
-    rows = max(1, SCORE_BLOCK_ELEMENTS // (b * heads * length))  # query rows per block: scores stay bounded
-    for start in range(0, n, rows):
-        end = min(n, start + rows)
-        qb = q[:, :, start:end].reshape(b, kvh, group * (end - start), dim)
-        scores = qb @ keys.transpose(-1, -2)  # [B, KVH, group * rows, L]
-        scores = (torch.tanh(scores / soft_cap) * soft_cap).view(b, kvh, group, end - start, length)
-        scores = scores.masked_fill(~visible[..., start:end, :], float("-inf"))
-        probs = scores.softmax(-1).view(b, kvh, group * (end - start), length)
-        out[:, :, start:end] = (probs @ values).view(b, heads, end - start, dim)
-    return out
+
+def _hidden(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None) -> torch.Tensor:
+    """[B, 1, R, 1, W] True where the query at q_pos [B, R] may not see the key at k_pos [B, W]."""
+    return (~win.visible(q_pos, k_pos, window))[:, None, :, None, :]
 
 
 class TorchAttentionBackend(AttentionBackend):
     name = "torch"
+    tile_full_precision = False  # bench/kv_precision_bench.py tiles full-precision pages too, to compare
 
     def __init__(self, device: str | torch.device = "cpu", **options: object) -> None:
         super().__init__(device, **options)  # type: ignore[arg-type]
         self._plan: _Plan | None = None
         self._layout: BatchLayout | None = None
+        group = (self.num_heads // self.num_kv_heads) if self.num_heads and self.num_kv_heads else 1
+        self._min_rows = -(-MIN_GEMM_ROWS // group)  # query rows per sequence that make a product of 4 rows
 
     def begin_step(self, layout: BatchLayout) -> None:
-        device = layout.positions.device
-        decode = [b for b, n in enumerate(layout.num_new) if n == 1]
         starts = [0]
         for n in layout.num_new:
             starts.append(starts[-1] + n)
-        decode_rows = None
-        if decode:
-            decode_rows = torch.tensor([starts[b] for b in decode], dtype=torch.int64, device=device)
-        windows = {
-            w: self._window_plan(layout if w is None else layout.windowed(), w, decode, starts, device)
-            for w in self.attention.distinct_windows
-        }
-        self._plan = _Plan(decode_rows, windows)
+        windows, write_rows = {}, {}
+        for w in self.attention.distinct_windows:
+            read = layout if w is None else layout.windowed()  # a window-paged sliding layer: its window slots
+            windows[w] = self._window_plan(read, w, starts)
+            k_rows = read.write_pages * (2 * read.page_size) + read.write_slots
+            write_rows[w] = torch.cat((k_rows, k_rows + read.page_size))
+        self._plan = _Plan(write_rows, windows)
         self._layout = layout
 
-    def _window_plan(
-        self, layout: BatchLayout, window: int | None, decode: list[int], starts: list[int], device: torch.device
-    ) -> _WindowPlan:
-        ps = layout.page_size
-        explicit = self.attention.soft_cap is not None  # the soft-capped path always takes a mask
+    def _window_plan(self, layout: BatchLayout, window: int | None, starts: list[int]) -> list[_Gather]:
+        device = layout.positions.device
         skip = win.skipped_pages(layout, window)
-        blocks = decode_visible = None
-        if decode:
-            blocks, decode_visible = _decode_blocks(layout, decode, skip, window, explicit, device)
-        prefills = []
+        batched = [b for b, n in enumerate(layout.num_new) if n <= BATCHED_ROWS]
+        gathers = []
+        if batched:
+            gathers.append(self._batched(layout, window, batched, skip, starts, device))
         for b, n in enumerate(layout.num_new):
-            if n == 1:
-                continue
-            total, first = layout.seq_lens[b], skip[b] * ps
-            slots = _flat_slots(layout, b, skip[b], device)
-            visible = None  # no cached prefix and a window that never cuts the chunk: plain causal attention
-            if explicit or n < total or win.first_visible(total - 1, window) > 0:
-                q_pos = torch.arange(total - n, total, device=device)
-                visible = win.visible(q_pos, torch.arange(first, total, device=device), window)  # [n, L]
-            prefills.append((starts[b], starts[b + 1], slots, visible))
-        k_rows = layout.write_pages * (2 * ps) + layout.write_slots
-        return _WindowPlan(blocks, decode_visible, prefills, torch.cat((k_rows, k_rows + ps)))
+            if n > BATCHED_ROWS:
+                pages, first, width = _table(layout, [b], skip, device)
+                gathers.append(_Gather(pages, 1, width, None, (starts[b], n, layout.seq_lens[b]), first[0]))
+        return gathers
+
+    def _batched(
+        self,
+        layout: BatchLayout,
+        window: int | None,
+        seqs: list[int],
+        skip: list[int],
+        starts: list[int],
+        device: torch.device,
+    ) -> _Gather:
+        """The gather and rows of the sequences attended to together."""
+        ps = layout.page_size
+        pages, first, width = _table(layout, seqs, skip, device)
+        news = [layout.num_new[b] for b in seqs]
+        totals = [layout.seq_lens[b] for b in seqs]
+        rows = max(max(news), self._min_rows)
+        q_index = [starts[b] + (r if r < n else 0) for b, n in zip(seqs, news, strict=True) for r in range(rows)]
+        hidden = None
+        cut = any(win.first_visible(t - n, window) > f for t, n, f in zip(totals, news, first, strict=True))
+        if cut or max(news) > 1 or any(t != width for t in totals):
+            q_pos = torch.tensor(
+                [[t - n + (r if r < n else 0) for r in range(rows)] for t, n in zip(totals, news, strict=True)],
+                device=device,
+            )
+            k_pos = torch.tensor(first, device=device)[:, None] + torch.arange(width, device=device)
+            hidden = _hidden(q_pos, k_pos, window)
+        i64 = dict(dtype=torch.int64, device=device)
+        real = None
+        if min(news) != max(news):
+            real = torch.tensor([i * rows + r for i, n in enumerate(news) for r in range(n)], **i64)
+        dest = None
+        if len(seqs) != layout.batch_size:  # else the real rows are the step's rows, in order
+            dest = torch.tensor([starts[b] + r for b, n in zip(seqs, news, strict=True) for r in range(n)], **i64)
+        q_index_t = torch.tensor(q_index, **i64)
+        spec = _Rows(q_index_t, rows, hidden, 0, 0, width, slices(0, width, ps), max(news), real, dest)
+        return _Gather(pages, len(seqs), width, [spec])
+
+    def _blocks(self, g: _Gather, heads: int, window: int | None, device: torch.device) -> list[_Rows]:
+        """A long chunk's query rows in blocks of bounded scores, each over the columns its rows can see."""
+        assert g.chunk is not None and self._layout is not None
+        ps = self._layout.page_size
+        start, n, total = g.chunk
+        per_block = max(1, min(BLOCK_ROWS, SCORE_BLOCK_ELEMENTS // (heads * g.width)))
+        out = []
+        for r0 in range(0, n, per_block):
+            r1 = min(n, r0 + per_block)
+            rows = max(r1 - r0, self._min_rows)
+            pos = [total - n + min(r, r1 - 1) for r in range(r0, r0 + rows)]  # padding repeats the last real row
+            lo = win.first_visible(pos[0], window) - g.first
+            c0 = slices(0, lo + 1, ps)[-1][0] if lo > 0 else 0  # the slice its first visible column is in
+            c1 = min(g.width, max(pos[-1] + 1 - g.first, c0 + MIN_WIDTH))
+            while c1 - c0 < MIN_WIDTH and c0 > 0:  # a softmax row of fewer columns would sum differently
+                c0 = slices(0, c0, ps)[-1][0]
+            # Columns before the first row's own position + 1 are seen by every row, unless a window cuts them.
+            mask_from = 0 if win.first_visible(pos[-1], window) - g.first > c0 else max(0, pos[0] + 1 - g.first - c0)
+            k_pos = g.first + torch.arange(c0 + mask_from, c1, device=device)
+            hidden = _hidden(torch.tensor([pos], device=device), k_pos[None], window)
+            if not bool(hidden.any()):
+                hidden = None
+            q_index = torch.tensor([start + p - (total - n) for p in pos], dtype=torch.int64, device=device)
+            dest = torch.arange(start + r0, start + r1, device=device)
+            sl = [(a - c0, e - c0) for a, e in slices(c0, c1, ps)]
+            out.append(_Rows(q_index, rows, hidden, mask_from, c0, c1, sl, r1 - r0, None, dest))
+        return out
 
     def forward(
         self,
@@ -198,107 +283,105 @@ class TorchAttentionBackend(AttentionBackend):
             self.begin_step(layout)
         plan = self._plan
         assert plan is not None
-        wplan = plan.windows[self.attention.window(layer_idx)]
+        window = self.attention.window(layer_idx)
         layer = KVLayer.of(kv_layer)
-        kvh = layer.values.shape[3]
         # The step's new K and V in one indexed copy, encoded at the layer's precision (as AttentionBackend.write_kv).
-        layer.write_rows(wplan.write_rows, k, v)
+        layer.write_rows(plan.write_rows[window], k, v)
         num_tokens, heads, dim = q.shape
-        cap = self.attention.soft_cap
-        qf = q.float() * (self.attention.scale or 1.0 / math.sqrt(dim))
+        out = None
+        for g in plan.windows[window]:
+            if g.rows is None:
+                g.rows = self._blocks(g, heads, window, q.device)
+            for spec, o in zip(g.rows, self._attend_gather(q, layer, g), strict=True):
+                if spec.dest is None:
+                    return o
+                if out is None:
+                    out = torch.empty(num_tokens, heads, dim, dtype=q.dtype, device=q.device)
+                out.index_copy_(0, spec.dest, o)
+        assert out is not None
+        return out
+
+    def _attend_gather(self, q: torch.Tensor, layer: KVLayer, g: _Gather) -> Iterable[torch.Tensor]:
+        """Each of g's row sets attended: [real rows, H, D] in q's dtype."""
+        assert g.rows is not None
+        ps, kvh, dim = layer.page_size, layer.values.shape[3], q.shape[2]
+        if (layer.codec.quantized or self.tile_full_precision) and g.chunk is None:
+            bounds = _tile_bounds(g.pages.shape[1], ps)
+
+            def tiles(which: int):  # noqa: ANN202
+                for j, e in bounds:
+                    blocks = (2 * g.pages[:, j:e] + which).flatten()
+                    yield j * ps, layer.gather_heads(blocks, which, g.batch, torch.float32)
+
+            spec = g.rows[0]
+            yield self._attend(q, layer, spec, tiles(0), tiles(1), tiled=True)
+            return
+        if g.head_rows is None:  # K rows, then V rows (page_size token rows later)
+            k_rows = _head_rows(g.pages, ps, kvh)
+            g.head_rows = torch.cat((k_rows, k_rows + ps * kvh))
+        shape = (g.batch, kvh, g.width, dim)
+        if layer.codec.quantized:  # K and V dequantized with their own scales
+            k_rows = g.head_rows[: g.head_rows.numel() // 2]  # gather_head_rows finds V from K rows
+            kk = layer.gather_head_rows(k_rows, 0, torch.float32).view(shape)
+            vv = layer.gather_head_rows(k_rows, 1, torch.float32).view(shape)
+        else:  # K and V in one gather, widened once
+            kk, vv = layer.gather_head_rows(g.head_rows, 0, torch.float32).view(2, *shape)
+        for spec in g.rows:
+            c0, c1 = spec.c0, spec.c1
+            yield self._attend(q, layer, spec, [(0, kk[:, :, c0:c1])], [(0, vv[:, :, c0:c1])])
+
+    def _attend(
+        self,
+        q: torch.Tensor,
+        layer: KVLayer,
+        spec: _Rows,
+        keys: Iterable[tuple[int, torch.Tensor]],
+        values: Iterable[tuple[int, torch.Tensor]],
+        tiled: bool = False,
+    ) -> torch.Tensor:
+        """Rows `spec` of q [T, H, D] over columns c0..c1 of a gather, given as (first column relative to c0,
+        [B, KVH, n, D]) tiles in order, keys first: [real rows, H, D] in q's dtype."""
+        heads, dim = q.shape[1], q.shape[2]
+        key_tiles = iter(keys)
+        c_first, k0 = next(key_tiles)
+        b, kvh = k0.shape[0], k0.shape[1]
+        group, rows, width = heads // kvh, spec.rows, spec.c1 - spec.c0
+        qs = q.index_select(0, spec.q_index)
         if layer.codec.rotate_keys:  # keys are stored rotated: q.k is unchanged when q turns the same way
-            qf = hadamard(qf)
-        decode = self.decode_kernel(layer)
-        if plan.decode_rows is not None and not wplan.prefills and plan.decode_rows.numel() == num_tokens:
-            return decode(qf, layer, wplan, cap).to(q.dtype)
-        out = torch.empty(num_tokens, heads, dim, dtype=torch.float32, device=q.device)
-        if plan.decode_rows is not None:
-            out[plan.decode_rows] = decode(qf[plan.decode_rows], layer, wplan, cap)
-        if wplan.prefill_head_rows is None:
-            wplan.prefill_head_rows = [_head_rows(slots[None], kvh) for _, _, slots, _ in wplan.prefills]
-        for (start, end, _, visible), head_rows in zip(wplan.prefills, wplan.prefill_head_rows, strict=True):
-            keys = layer.gather_head_rows(head_rows, 0, torch.float32).view(kvh, -1, dim)  # [KVH, L, D]
-            values = layer.gather_head_rows(head_rows, 1, torch.float32).view(kvh, -1, dim)
-            qs = qf[start:end].transpose(0, 1)[None]  # [1, H, n, D]
-            out[start:end] = _attend(qs, keys[None], values[None], visible, cap, causal=True)[0].transpose(0, 1)
-        return out.to(q.dtype)
-
-    def decode_kernel(self, layer: KVLayer):  # noqa: ANN201 (one of the two static methods below)
-        """How decode rows attend over `layer`: the tiled, dequantizing path for quantized pages, one fused call of
-        torch's attention over whole gathered pages otherwise."""
-        return self._decode_tiled if layer.codec.quantized else self._decode
-
-    @staticmethod
-    def _decode(qf: torch.Tensor, layer: KVLayer, plan: _WindowPlan, soft_cap: float | None) -> torch.Tensor:
-        """One query per sequence, all sequences in one attention call. Returns float32 [Bd, H, D].
-
-        K and V are gathered a whole page at a time (page_size * KVH * D contiguous values: a plain memory copy,
-        ~2x faster than gathering one head's row at a time) into [Bd, P * page_size, KVH, D]; the kernel reads
-        them head by head through strides, without another copy. Full-precision layers only."""
-        assert plan.decode_blocks is not None
-        bd, heads, dim = qf.shape
-        kvh = layer.values.shape[3]
-        blocks = layer.values.view(-1, layer.page_size, kvh, dim)  # [pages * 2, page_size, KVH, D]
-        kv = blocks.index_select(0, plan.decode_blocks).view(2, bd, -1, kvh, dim).float()  # [2, Bd, L, KVH, D]
-        keys, values = kv[0].transpose(1, 2), kv[1].transpose(1, 2)  # [Bd, KVH, L, D], strided
-        out = _attend(qf.view(bd, heads, 1, dim), keys, values, plan.decode_visible, soft_cap)
-        return out.view(bd, heads, dim)
-
-    @staticmethod
-    def _decode_tiled(qf: torch.Tensor, layer: KVLayer, plan: _WindowPlan, soft_cap: float | None) -> torch.Tensor:
-        """The decode attention of a quantized layer, tile by tile (see the module docstring). float32 [Bd, H, D]."""
-        assert plan.decode_blocks is not None
-        bd, heads, dim = qf.shape
-        if plan.decode_tiles is None:
-            plan.decode_tiles = _decode_tiles(plan.decode_blocks, bd, layer.page_size)
-        kvh = layer.values.shape[3]
-        group = heads // kvh
-        q4 = qf.view(bd, kvh, group, dim)
-        tiles = plan.decode_tiles
-        width = tiles[-1][0] + tiles[-1][1].numel() // bd * layer.page_size
-        scores = torch.empty(bd, kvh, group, width, dtype=torch.float32, device=qf.device)
-        for start, k_blocks, _ in tiles:
-            keys = layer.gather_heads(k_blocks, 0, bd, torch.float32)  # [Bd, KVH, n, D]
-            torch.matmul(q4, keys.transpose(-1, -2), out=scores[..., start : start + keys.shape[2]])
-        if soft_cap is not None:
-            scores = torch.tanh(scores / soft_cap).mul_(soft_cap)
-        if plan.decode_visible is not None:
-            scores.masked_fill_(~plan.decode_visible, float("-inf"))
-        probs = torch.softmax(scores, dim=-1)
-        out = torch.zeros(bd, kvh, group, dim, dtype=torch.float32, device=qf.device)
-        for start, _, v_blocks in tiles:
-            values = layer.gather_heads(v_blocks, 1, bd, torch.float32)
-            out.add_(torch.matmul(probs[..., start : start + values.shape[2]], values))
-        return out.view(bd, heads, dim)
-
-
-def _decode_blocks(
-    layout: BatchLayout, seqs: list[int], skip: list[int], window: int | None, explicit: bool, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(blocks, visible) of _WindowPlan for the decode sequences `seqs`, each read from page skip[b] on; visible is
-    None when every gathered position is seen (unless `explicit`)."""
-    ps = layout.page_size
-    first = [skip[b] for b in seqs]
-    totals = [layout.seq_lens[b] for b in seqs]
-    held = [t - f * ps for t, f in zip(totals, first, strict=True)]
-    pages = _page_table(layout, seqs, first, held, device)
-    blocks = torch.cat((2 * pages.flatten(), 2 * pages.flatten() + 1))
-    width = pages.shape[1] * ps
-    cut = any(win.first_visible(t - 1, window) > f * ps for t, f in zip(totals, first, strict=True))
-    if not (explicit or cut or any(n != width for n in held)):
-        return blocks, None
-    k_pos = torch.tensor(first, device=device)[:, None] * ps + torch.arange(width, device=device)  # [Bd, width]
-    q_pos = torch.tensor(totals, device=device)[:, None] - 1  # [Bd, 1]
-    return blocks, win.visible(q_pos, k_pos, window)[:, None, :, :]  # [Bd, 1, 1, width]
-
-
-def _decode_tiles(blocks: torch.Tensor, bd: int, page_size: int) -> list[tuple[int, torch.Tensor, torch.Tensor]]:
-    """The decode blocks (every sequence's P K blocks, then their V blocks) cut into tiles of whole pages along the
-    positions: (first position, K blocks [Bd * n], V blocks [Bd * n]) per tile, sequence-major inside a tile."""
-    k_blocks, v_blocks = blocks.view(2, bd, -1)
-    per_tile = max(1, DECODE_TILE_TOKENS // page_size)
-    pages = k_blocks.shape[1]
-    return [
-        (j * page_size, k_blocks[:, j : j + per_tile].flatten(), v_blocks[:, j : j + per_tile].flatten())
-        for j in range(0, pages, per_tile)
-    ]
+            qs = hadamard(qs)
+        # [B, KVH, rows * G, D], float32, scaled (one copy: gather, then transpose and widen together)
+        q4 = torch.empty(b, kvh, rows, group, dim, dtype=torch.float32, device=q.device)
+        q4.copy_(qs.view(b, rows, kvh, group, dim).transpose(1, 2))
+        q4 = q4.mul_(self.attention.scale or 1.0 / math.sqrt(dim)).view(b, kvh, rows * group, dim)
+        q3 = q4.view(b * kvh, rows * group, dim)  # batched matmuls on 3-D views: torch.matmul's reshapes cost more
+        if not tiled:
+            scores = torch.bmm(q3, k0.flatten(0, 1).transpose(1, 2)).view(b, kvh, rows * group, width)
+        else:
+            scores = torch.empty(b, kvh, rows * group, width, dtype=torch.float32, device=q.device)
+            for c, kt in ((c_first, k0), *key_tiles):
+                tile = scores[..., c : c + kt.shape[2]]
+                tile.copy_(torch.bmm(q3, kt.flatten(0, 1).transpose(1, 2)).view_as(tile))
+        if self.attention.soft_cap is not None:
+            cap = self.attention.soft_cap
+            scores = torch.tanh(scores / cap).mul_(cap)
+        if spec.hidden is not None:
+            scores.view(b, kvh, rows, group, width)[..., spec.mask_from :].masked_fill_(spec.hidden, float("-inf"))
+        # in place (the same bits as torch.softmax): a long chunk's block of scores is tens of MB
+        probs = torch.ops.aten._softmax.out(scores, -1, False, out=scores).view(b * kvh, rows * group, width)
+        out = None
+        for c, vt in values:
+            parts = spec.slices if not tiled else slices(c, c + vt.shape[2], layer.page_size)
+            v3 = vt.flatten(0, 1)
+            for a, e in parts:
+                part = torch.bmm(probs[:, :, a:e], v3[:, a - c : e - c])
+                out = part if out is None else out.add_(part)
+        assert out is not None
+        # [B, KVH, rows, G, D] -> the real rows [n, H, D] in q's dtype
+        rows_first = out.view(b, kvh, rows, group, dim).transpose(1, 2)
+        if spec.real is None:
+            result = torch.empty(b, spec.first, heads, dim, dtype=q.dtype, device=q.device)
+            result.view(b, spec.first, kvh, group, dim).copy_(rows_first[:, : spec.first])
+            return result.view(-1, heads, dim)
+        result = torch.empty(b, rows, heads, dim, dtype=q.dtype, device=q.device)
+        result.view(b, rows, kvh, group, dim).copy_(rows_first)
+        return result.view(-1, heads, dim).index_select(0, spec.real)

@@ -90,21 +90,30 @@ def replace_linears(model: nn.Module, make: Callable[[nn.Linear], nn.Module], sk
     return len(swaps)
 
 
+# float32 products on the CPU (MKL) get at least this many rows: MKL sums a product of one row, and of 2-3 rows, in
+# other orders than one of >= 4 rows (which agree), so a token's logits would depend on how many rows its step had.
+MIN_FLOAT32_ROWS = 4
+
+
 class Linear(nn.Linear):
-    """nn.Linear (same parameters and names) that rounds the row count of bf16/fp16 inputs on the CPU up to a few sizes.
+    """nn.Linear (same parameters and names) that rounds the row count of its CPU inputs up to a few sizes.
 
     Why: torch runs half-precision CPU GEMMs through oneDNN, which builds and keeps a kernel (with its scratch and
     reordered weights) per distinct input shape. Each engine step has its own token count, so every new count cost
     memory that stayed: RSS grew ~380 MB over the first 1,000 requests of the default bf16 model. With the rows
-    rounded, the kernels are built once, during the first requests, and memory stays flat. The padded rows are zeros
-    and are sliced off (a row's result never depends on the other rows' values). fp32 (MKL) and CUDA are left alone.
+    rounded, the kernels are built once, during the first requests, and memory stays flat. float32 (MKL; here only
+    a tied lm_head, the other projections are packed: worker/model/packed.py) gets at least MIN_FLOAT32_ROWS too, so
+    a row's result never depends on the step's row count. The padded rows are zeros and are sliced off (a row's
+    result never depends on the other rows' values). CUDA is left alone.
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.shape[0]
-        if x.dtype == torch.float32 or x.device.type != "cpu" or x.dim() != 2:
+        if x.device.type != "cpu" or x.dim() != 2:
             return super().forward(x)
         padded_rows = bucket_rows(rows)
+        if x.dtype == torch.float32:
+            padded_rows = max(MIN_FLOAT32_ROWS, padded_rows)
         if padded_rows == rows:
             return super().forward(x)
         return super().forward(zero_padded(x, padded_rows))[:rows]
