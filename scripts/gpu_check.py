@@ -627,6 +627,60 @@ def check_speculation(report: Report, device: str, candidate: str = "flashinfer"
     report.record("speculation", ok, identical=same, accepted=accepted)
 
 
+def check_rows(
+    report: Report,
+    device: str,
+    candidate: str = "flashinfer",
+    prefix: int = 40,
+    positions: int = 8,
+    dtype: torch.dtype | None = None,
+) -> None:
+    """Row-exactness on `candidate`, the default model in `dtype` (None: its own, bf16): the logits after a token
+    computed as a decode of its own must be the same bits when it is one of a batch of decodes and when it is a draft
+    row of a verify chunk (what keeps 16-bit greedy output the same with speculation and the cache on and off; the
+    torch backend is built for it, tests/test_model_rows.py). Reports how many rows matched; ok only when all did."""
+    from radixcache.worker.model.llama import attention_options
+    from radixcache.worker.model.loader import load_checkpoint
+
+    loaded = load_checkpoint(ROOT / "worker" / "default_model", device=device, dtype=dtype)
+    model, mc = loaded.model, loaded.config
+    dtype = next(model.parameters()).dtype
+    ps, seqs, per_seq = 16, 4, -(-(prefix + 4 * positions + positions) // 16)
+    options = dict(num_heads=mc.num_heads, num_kv_heads=mc.num_kv_heads, head_dim=mc.head_dim, dtype=dtype)
+    backend = create_backend(candidate, device, attention=attention_options(mc), **options)
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(3, mc.vocab_size, (seqs, per_seq * ps), generator=g).tolist()
+
+    def logits_as(steps: list[list[tuple[int, int, int]]]) -> dict[tuple[int, int], torch.Tensor]:
+        pool = KVPool(KVShape(mc.num_layers, mc.num_kv_heads, mc.head_dim), page_size=ps, num_pages=seqs * per_seq,
+                      dtype=dtype, device=device)  # fmt: skip
+        out = {}
+        with torch.inference_mode():
+            for step in steps:
+                slices = [SequenceSlice(list(range(s * per_seq, (s + 1) * per_seq)), c, n) for s, c, n in step]
+                ids = torch.tensor([t for s, c, n in step for t in tokens[s][c : c + n]], device=device)
+                logits = model(ids, BatchLayout.build(slices, ps, device), pool, backend, all_logits=True).cpu()
+                rows = [(s, p) for s, c, n in step for p in range(c, c + n)]
+                out.update({row: logits[i] for i, row in enumerate(rows)})
+        return out
+
+    prefill = [[(s, 0, prefix + 4 * s)] for s in range(seqs)]
+    alone = logits_as(prefill + [[(0, prefix + j, 1)] for j in range(positions)])
+    ways = {
+        "in a batch of decodes": prefill
+        + [[(s, prefix + 4 * s + j, 1) for s in range(seqs)] for j in range(positions)],
+        "as a verify chunk's rows": prefill + [[(1, prefix + 4, 1), (0, prefix, positions), (2, prefix + 8, 1)]],
+    }
+    ok = True
+    for way, steps in ways.items():
+        got = logits_as(steps)
+        same = sum(torch.equal(got[(0, prefix + j)], alone[(0, prefix + j)]) for j in range(positions))
+        ok &= same == positions
+        report.line(f"{candidate}: {same}/{positions} rows {way} are the same bits as a decode alone  "
+                    f"{'ok' if same == positions else 'FAIL'}")  # fmt: skip
+        report.record("rows", same == positions, way=way, identical=same, rows=positions, dtype=dtype_name(dtype))
+
+
 # --- timings ---------------------------------------------------------------------------------------------------------
 def time_cuda(fn: Callable[[], Any], iters: int = 20) -> float:
     """Median seconds per call of fn over `iters` calls (after 3 warm-ups)."""
@@ -755,6 +809,9 @@ def main(argv: list[str] | None = None) -> int:
                                       deadline=deadline))  # fmt: skip
         section(report, "engine: default model, flashinfer vs torch, greedy", lambda: check_engine(report, "cuda"))
         section(report, "engine: speculation on vs off, flashinfer, greedy", lambda: check_speculation(report, "cuda"))
+        section(
+            report, "rows: a token as a decode alone, batched, a draft (flashinfer)", lambda: check_rows(report, "cuda")
+        )
         section(report, "kernels vs torch (float32), the rest of the matrix",
                 lambda: check_kernels(report, configs[1:], "cuda", flashinfer_backend, context=args.context or 8192,
                                       deadline=deadline, compile_note=False))  # fmt: skip

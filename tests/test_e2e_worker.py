@@ -27,7 +27,7 @@ TOKENS = "tok-alice alice\ntok-bob bob\ntok-ops ops admin\n"
 def worker(tmp_path_factory):
     tokens = tmp_path_factory.mktemp("auth") / "tokens.txt"
     tokens.write_text(TOKENS)
-    args = ["--page-size", str(PAGE), "--kv-pages", str(PAGES), "--max-step-tokens", "64", "--speculate", "8"]
+    args = ["--page-size", str(PAGE), "--kv-pages", str(PAGES), "--max-step-tokens", "64"]
     with WorkerProcess(*args, "--auth-tokens", str(tokens), "--metrics-port", "0") as w:
         yield w
         w.terminate()
@@ -227,7 +227,7 @@ def test_metrics(worker, alice):
 
 
 def test_a_retried_request_is_drafted_from_the_cache_and_counted_everywhere(worker, alice):
-    """`serve --speculate 8`: a retry's answer comes from drafts the tree holds, unchanged; the counts are
+    """`serve` speculates by default: a retry's answer comes from drafts the tree holds, unchanged; the counts are
     in the last message, GetCacheStats and /metrics; a request that opts out gets no draft."""
     assert alice.model_info()["speculate"] == 8
     prompt = ids(40, 21)

@@ -134,3 +134,16 @@ def test_fp8_pages_run_the_lifecycle_through_the_flashinfer_backend(gpu_check, m
     prefill = next(w for w in fake.lib.wrappers if type(w).kind == "prefill")
     assert prefill.backend == "fa2"
     assert gpu_check.FP8_SCALES != (1.0, 1.0)  # a dropped scale changes the result, so result.ok means they arrived
+
+
+def test_the_rows_check_passes_on_the_torch_backend_and_counts_rows(gpu_check, tmp_path) -> None:  # noqa: ANN001
+    """The row-exactness section, run here on the torch backend (which is built for it), in float32 (where a backend
+    that is not row-exact differs in every row, not only now and then): every row matches."""
+    report = gpu_check.Report(tmp_path)
+    try:
+        gpu_check.check_rows(report, "cpu", candidate="torch", prefix=20, positions=4, dtype=torch.float32)
+    finally:
+        report.close()
+    assert report.failures == 0
+    assert [r["identical"] for r in report.records] == [4, 4]
+    assert "torch: 4/4 rows in a batch of decodes are the same bits as a decode alone  ok" in report.lines

@@ -26,8 +26,7 @@ SYSTEM = "You are a terse assistant. Answer in one short line, and never use mor
 def worker(tmp_path_factory):
     tokens = tmp_path_factory.mktemp("auth") / "tokens.txt"
     tokens.write_text(TOKENS)
-    args = ["--kv-pages", "1024", "--http-port", "0", "--auth-tokens", str(tokens), "--max-message-mib", "1",
-            "--speculate", "8"]  # fmt: skip
+    args = ["--kv-pages", "1024", "--http-port", "0", "--auth-tokens", str(tokens), "--max-message-mib", "1"]
     with WorkerProcess(*args) as w:
         line = w.lines.get(timeout=30)
         assert line.startswith("openai api on "), line
@@ -148,7 +147,7 @@ def test_second_turn_reports_what_the_first_computed_as_cached(worker, client):
 
 
 def test_a_retried_chat_is_drafted_from_the_cache_and_speculate_false_opts_out(worker, client):
-    """With --speculate 8: a retried request's answer is drafted from the cache (OpenAI's Predicted
+    """The worker speculates by default: a retried request's answer is drafted from the cache (OpenAI's Predicted
     Outputs counts: usage.completion_tokens_details), the same text; the vendor field speculate=false opts out."""
     messages = chat("Describe a radix tree in one line.")
     first = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=24)

@@ -21,10 +21,11 @@ Per step, begin_step plans each distinct window of the model's layers (worker/at
 sliding layer through the layout's window table, `BatchLayout.windowed()`). Sequences that
 add at most BATCHED_ROWS tokens (decodes, verify chunks, short chunks) are attended to together: their pages' K and
 V are gathered whole, head-major, into [B, KVH, P * page_size, D] (one index_select of the rows; padding repeats a
-sequence's last page), their query rows padded to the most any has, with a position mask. Longer chunks are attended to one at a time, their query
-rows in blocks whose scores stay under SCORE_BLOCK_ELEMENTS, each block over the columns it can see. A sliding layer
-starts each sequence's gather at the first page its window needs, moved back to a span boundary by repeating that
-page (masked, never the pages before it, which may hold anything), so the slices fall at the same positions.
+sequence's last page), their query rows padded to the most any has, with a position mask. Longer chunks are
+attended to one at a time, their query rows in blocks of at most BLOCK_ROWS whose scores stay under
+SCORE_BLOCK_ELEMENTS, each block over the columns it can see. A sliding layer starts each sequence's gather at the
+first page its window needs, moved back to a span boundary by repeating that page (masked, never the pages before
+it, which may hold anything), so the slices fall at the same positions.
 Scores, softmax and the weighted sum run in float32 whatever the pool dtype; a soft cap (Gemma 2) is applied to the
 scores before the mask.
 
