@@ -48,10 +48,12 @@ from radixcache.worker.validation import (
     InvalidArgument,
     ModelLimits,
     PromptInput,
+    PromptSize,
     SamplingValues,
     chat_renderer,
     check_cache_key,
     check_prompt_input,
+    check_prompt_size,
     check_request_id,
     check_ttl,
     constraint,
@@ -268,6 +270,15 @@ class FrontCore:
     def abort(self, tenant: str, request_id: str) -> bool:
         """End the caller's own running request; False if it has none of that id."""
         return bool(self.ready().abort(engine_request_id(tenant, request_id)))
+
+    def check_prompt_size(self, size: PromptSize) -> None:
+        """Refuses (Refusal) a prompt that check_prompt_input would refuse by its size alone, from the size a front
+        read before parsing the request; see validation.check_prompt_size."""
+        self.ready()
+        try:
+            check_prompt_size(size, self.limits)
+        except InvalidArgument as e:
+            raise _invalid(e) from None
 
     # -- the other calls -------------------------------------------------------------------------------------
     async def tokenize(

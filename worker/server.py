@@ -123,7 +123,7 @@ class WorkerServer:
         server = grpc.aio.server(
             options=grpc_server_options(o.max_message_bytes),
             maximum_concurrent_rpcs=o.max_concurrent_rpcs,
-            interceptors=[UndecodableRequestInterceptor()],
+            interceptors=[UndecodableRequestInterceptor(before_parse=self.servicer.refusal_before_parse)],
         )
         pb_grpc.add_RadixCacheServicer_to_server(self.servicer, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)

@@ -26,6 +26,8 @@ from radixcache.worker.front import FrontCore, Refusal, RefusalKind
 from radixcache.worker.metrics import flatten_stats
 from radixcache.worker.pb_inputs import constraint_values, prompt_input, sampling_values
 from radixcache.worker.request import FinishReason, RequestOutput
+from radixcache.worker.validation import MAX_CHAT_MESSAGES
+from radixcache.worker.wire_prompt import prompt_size
 
 FINISH_REASONS = {
     FinishReason.STOP_TOKEN: pb.FINISH_REASON_STOP_TOKEN,
@@ -33,6 +35,16 @@ FINISH_REASONS = {
     FinishReason.LENGTH: pb.FINISH_REASON_LENGTH,
     FinishReason.ABORTED: pb.FINISH_REASON_ABORTED,
 }
+
+# The prompt RPCs (full method name -> request type): a big request's prompt size is checked before it is parsed.
+_SERVICE = pb.DESCRIPTOR.services_by_name["RadixCache"].full_name
+PROMPT_REQUESTS = {
+    f"/{_SERVICE}/{name}": request_type
+    for name, request_type in (
+        ("Generate", pb.GenerateRequest), ("Tokenize", pb.TokenizeRequest), ("PinPrefix", pb.PinPrefixRequest),
+        ("UnpinPrefix", pb.UnpinPrefixRequest),
+    )
+}  # fmt: skip
 
 # A refusal's gRPC status.
 STATUS = {
@@ -110,6 +122,22 @@ class RadixCacheServicer(pb_grpc.RadixCacheServicer):
 
     def _tenant(self, context: grpc.aio.ServicerContext) -> str:
         return self.core.tenant(context.invocation_metadata())
+
+    def refusal_before_parse(
+        self, method: str, raw: bytes, context: grpc.aio.ServicerContext
+    ) -> tuple[grpc.StatusCode, str] | None:
+        """decode_guard's hook for big requests: a prompt RPC's caller is authenticated and its prompt's size
+        checked from the wire bytes, so a prompt too big to fit is refused without being parsed (see wire_prompt).
+        None: parse the request and handle it as usual (which checks everything again)."""
+        request_type = PROMPT_REQUESTS.get(method)
+        if request_type is None or self.core.engine is None:
+            return None
+        try:
+            self._tenant(context)
+            self.core.check_prompt_size(prompt_size(raw, request_type.DESCRIPTOR, most_messages=MAX_CHAT_MESSAGES))
+        except Refusal as r:
+            return STATUS[r.kind], r.message
+        return None
 
     # -- Generate ------------------------------------------------------------------------------------------------
     @refusals_as_status

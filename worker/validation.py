@@ -119,6 +119,20 @@ class PromptInput:
 
 
 @dataclass(frozen=True)
+class PromptSize:
+    """A prompt's size as read before its request is parsed (gRPC: off the wire bytes), for `check_prompt_size`.
+
+    kind: "text" or "messages" (None: not known; nothing is checked). text_bytes: the text's UTF-8 size.
+    messages: how many chat messages; content_bytes: their content's UTF-8 size in all.
+    """
+
+    kind: str | None
+    text_bytes: int = 0
+    messages: int = 0
+    content_bytes: int = 0
+
+
+@dataclass(frozen=True)
 class SamplingValues:
     """A request's sampling fields as sent; None (or empty) = unset, which takes SamplingParams' default."""
 
@@ -188,9 +202,7 @@ def chat_messages(messages: Sequence[Mapping[str, Any]], limits: ModelLimits) ->
     """[{"role", "content", ...}] checked (count, roles, content type, total size) and copied for the template."""
     if not messages:
         raise InvalidArgument("messages must hold at least one message")
-    most = min(MAX_CHAT_MESSAGES, limits.max_prompt_tokens)
-    if len(messages) > most:
-        raise InvalidArgument(f"messages must hold at most {most} messages, got {len(messages)}")
+    check_message_count(len(messages), limits)
     out = []
     chars = 0
     for i, m in enumerate(messages):
@@ -208,6 +220,19 @@ def chat_messages(messages: Sequence[Mapping[str, Any]], limits: ModelLimits) ->
         if _over(chars, limits)
         else sum(_utf8_size(m["content"], f"messages[{i}].content") for i, m in enumerate(out))
     )
+    check_content_bytes(size, limits)
+    return out
+
+
+def check_message_count(count: int, limits: ModelLimits) -> None:
+    """At most MAX_CHAT_MESSAGES messages, and fewer than the context has tokens."""
+    most = min(MAX_CHAT_MESSAGES, limits.max_prompt_tokens)
+    if count > most:
+        raise InvalidArgument(f"messages must hold at most {most} messages, got {count}")
+
+
+def check_content_bytes(size: int, limits: ModelLimits) -> None:
+    """Chat messages' content of `size` UTF-8 bytes in all can fit the context."""
     if _over(size, limits):
         raise ContextOverflow(
             f"messages hold at least {size} bytes of content; a prompt that fits the context "
@@ -215,7 +240,6 @@ def chat_messages(messages: Sequence[Mapping[str, Any]], limits: ModelLimits) ->
             "tokenizer",
             limits.context_length,
         )
-    return out
 
 
 def _message_fields(message: Mapping[str, Any], name: str) -> None:
@@ -308,6 +332,21 @@ def check_prompt_input(prompt: PromptInput, tokenizer: TokenizerLike | None, lim
     if not text:
         raise InvalidArgument("text must not be empty")
     num_bytes = len(text) if _over(len(text), limits) else _utf8_size(text, "text")  # characters <= bytes
+    return check_text_bytes(num_bytes, limits)
+
+
+def check_prompt_size(size: PromptSize, limits: ModelLimits) -> None:
+    """The size rules of check_prompt_input, on sizes alone: a prompt refused here would be refused there with the
+    same error, only later (after megabytes were parsed and decoded). Passing says nothing: check it in full."""
+    if size.kind == "text":
+        check_text_bytes(size.text_bytes, limits)
+    elif size.kind == "messages":
+        check_message_count(size.messages, limits)
+        check_content_bytes(size.content_bytes, limits)
+
+
+def check_text_bytes(num_bytes: int, limits: ModelLimits) -> int:
+    """A text of `num_bytes` UTF-8 bytes can fit the context; returns the fewest tokens it can have."""
     at_least = _at_least_tokens(num_bytes, limits)
     if at_least > limits.max_prompt_tokens:
         raise ContextOverflow(
