@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import multiprocessing
 import statistics
 import threading
 import time
@@ -22,6 +23,27 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 KiB, MiB = 1 << 10, 1 << 20
+
+
+def _probe_loop(host, http_port, grpc_target, every_s, http, pid, stop, ready, results) -> None:
+    """HealthProbe's child process: probes until `stop`, then sends (http_ms, grpc_ms, peak_rss_mb) back."""
+    http_ms: list[float] = []
+    grpc_ms: list[float] = []
+    peak = 0.0
+    with grpc.insecure_channel(grpc_target) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        ready.set()
+        while not stop.is_set():
+            if http:
+                http_ms.append(http_health_ms(host, http_port))
+            t0 = time.perf_counter()
+            with contextlib.suppress(grpc.RpcError):
+                stub.Check(health_pb2.HealthCheckRequest(), timeout=5)
+            grpc_ms.append((time.perf_counter() - t0) * 1000)
+            if pid is not None:
+                peak = max(peak, rss_mb(pid))
+            stop.wait(every_s)
+    results.send((http_ms, grpc_ms, peak))
 
 
 def rss_mb(pid: int) -> float:
@@ -192,8 +214,12 @@ def http_health_ms(host: str, port: int, timeout: float = 5.0) -> float:
 
 @dataclass
 class HealthProbe:
-    """Probes both healths every `every_s` from a thread while an attack runs; `stop()` -> self with the figures.
-    http=False: gRPC health only (while every HTTP connection slot is meant to be taken)."""
+    """Probes both healths every `every_s` from a child process while an attack runs; `stop()` -> self with the
+    figures. http=False: gRPC health only (while every HTTP connection slot is meant to be taken).
+
+    A process of its own, not a thread beside the attackers: their loops hold this process's GIL for milliseconds at
+    a time (writing 64 KiB header chunks, sending 16 MB bodies), and a probe thread waiting for it measured the
+    attackers instead of the worker (186 ms in the same run where the worker's own loop had no slow callback)."""
 
     host: str
     http_port: int
@@ -206,30 +232,25 @@ class HealthProbe:
     pid: int | None = None
 
     def __post_init__(self) -> None:
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-
-    def _loop(self) -> None:
-        with grpc.insecure_channel(self.grpc_target) as channel:
-            stub = health_pb2_grpc.HealthStub(channel)
-            while not self._stop.is_set():
-                if self.http:
-                    self.http_ms.append(http_health_ms(self.host, self.http_port))
-                t0 = time.perf_counter()
-                with contextlib.suppress(grpc.RpcError):
-                    stub.Check(health_pb2.HealthCheckRequest(), timeout=5)
-                self.grpc_ms.append((time.perf_counter() - t0) * 1000)
-                if self.pid is not None:
-                    self.peak_rss_mb = max(self.peak_rss_mb, rss_mb(self.pid))
-                self._stop.wait(self.every_s)
+        context = multiprocessing.get_context("spawn")  # no fork of a process that holds gRPC's threads
+        self._stop = context.Event()
+        self._results, child_end = context.Pipe(duplex=False)
+        self._ready = context.Event()
+        args = (self.host, self.http_port, self.grpc_target, self.every_s, self.http, self.pid)
+        self._process = context.Process(
+            target=_probe_loop, args=(*args, self._stop, self._ready, child_end), daemon=True
+        )
 
     def start(self) -> HealthProbe:
-        self._thread.start()
+        self._process.start()
+        self._ready.wait(60)  # probing: the attack may begin
         return self
 
     def stop(self) -> HealthProbe:
         self._stop.set()
-        self._thread.join(10)
+        if self._results.poll(30):
+            self.http_ms, self.grpc_ms, self.peak_rss_mb = self._results.recv()
+        self._process.join(10)
         return self
 
     def summary(self) -> dict[str, float]:

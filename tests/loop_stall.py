@@ -1,7 +1,7 @@
 """How long a worker's event loop stalls while huge requests arrive: a health probe's latency under 15 MiB prompts.
 
 `measure_loop_stall(target, seconds=...)` sends huge Generate / Tokenize / PinPrefix requests (a 15 MiB text, and a
-conversation of the same size) back to back from sender threads, while the calling thread checks
+conversation of the same size) back to back from sender threads (in a child process), while the calling thread checks
 grpc.health.v1.Health every few milliseconds. Health is served on the same asyncio loop as every RPC, so its
 latency is how long the loop could not serve anyone. tests/test_wire_fuzz.py runs a short one, `make soak` a
 long one, and `python tests/loop_stall.py HOST:PORT` measures any running worker.
@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import multiprocessing
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -70,43 +71,23 @@ def measure_loop_stall(
     probe_every_s: float = 0.005,
     metadata: tuple = (),
 ) -> StallReport:
-    """Sends huge requests for `seconds` from `senders` threads while probing health; see the module docstring."""
-    requests = huge_requests(payload_mib)
-    # A local subchannel pool: each channel its own TCP connection (gRPC shares one between channels with the same
-    # target and options), so the probe is another client, not a call queued behind 15 MiB frames on one socket.
-    options = [
-        ("grpc.max_send_message_length", 64 * MiB),
-        ("grpc.max_receive_message_length", 64 * MiB),
-        ("grpc.use_local_subchannel_pool", 1),
-    ]
-    statuses: collections.Counter[str] = collections.Counter()
-    lock = threading.Lock()
-    stop = threading.Event()
-    with grpc.insecure_channel(target, options=options) as probe_channel:
+    """Sends huge requests for `seconds` from `senders` threads of a child process while probing health from this
+    one; see the module docstring. The senders have a process of their own: threads beside the probe would hold its
+    GIL and be measured with the worker."""
+    context = multiprocessing.get_context("spawn")  # no fork of a process that holds gRPC's threads
+    stop = context.Event()
+    ready = context.Event()
+    results, child_end = context.Pipe(duplex=False)
+    with grpc.insecure_channel(target, options=_OPTIONS) as probe_channel:
         health = health_pb2_grpc.HealthStub(probe_channel)
         idle = sorted(_probe_ms(health, 5.0) for _ in range(20))
-
-        def send(offset: int) -> None:
-            with grpc.insecure_channel(target, options=options) as ch:  # its own connection, like another client
-                i = offset
-                while not stop.is_set():
-                    method, payload = requests[i % len(requests)]
-                    i += 1
-                    try:
-                        if method == "Generate":
-                            for _ in ch.unary_stream(SERVICE + method)(payload, timeout=60, metadata=metadata):
-                                pass
-                        else:
-                            ch.unary_unary(SERVICE + method)(payload, timeout=60, metadata=metadata)
-                        status = "OK"
-                    except grpc.RpcError as e:
-                        status = e.code().name
-                    with lock:
-                        statuses[status] += 1
-
-        threads = [threading.Thread(target=send, args=(k,), daemon=True) for k in range(senders)]
-        for t in threads:
-            t.start()
+        process = context.Process(
+            target=_send_huge_requests,
+            args=(target, payload_mib, senders, tuple(metadata), stop, ready, child_end),
+            daemon=True,
+        )
+        process.start()
+        ready.wait(60)
         worst, probes = 0.0, 0
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
@@ -114,8 +95,8 @@ def measure_loop_stall(
             probes += 1
             time.sleep(probe_every_s)
         stop.set()
-        for t in threads:
-            t.join(120)
+        statuses = results.recv() if results.poll(180) else {}
+        process.join(30)
     return StallReport(
         max_loop_stall_ms=round(worst, 1),
         idle_probe_ms=round(idle[len(idle) // 2], 2),
@@ -123,6 +104,49 @@ def measure_loop_stall(
         big_requests=sum(statuses.values()),
         statuses=dict(statuses),
     )
+
+
+# A local subchannel pool: each channel its own TCP connection (gRPC shares one between channels with the same
+# target and options), so the probe is another client, not a call queued behind 15 MiB frames on one socket.
+_OPTIONS = [
+    ("grpc.max_send_message_length", 64 * MiB),
+    ("grpc.max_receive_message_length", 64 * MiB),
+    ("grpc.use_local_subchannel_pool", 1),
+]
+
+
+def _send_huge_requests(target, payload_mib, senders, metadata, stop, ready, results) -> None:
+    """measure_loop_stall's child process: `senders` threads send huge requests back to back until `stop`, then
+    the statuses they got are sent back."""
+    requests = huge_requests(payload_mib)
+    statuses: collections.Counter[str] = collections.Counter()
+    lock = threading.Lock()
+
+    def send(offset: int) -> None:
+        with grpc.insecure_channel(target, options=_OPTIONS) as ch:  # its own connection, like another client
+            i = offset
+            while not stop.is_set():
+                method, payload = requests[i % len(requests)]
+                i += 1
+                try:
+                    if method == "Generate":
+                        for _ in ch.unary_stream(SERVICE + method)(payload, timeout=60, metadata=metadata):
+                            pass
+                    else:
+                        ch.unary_unary(SERVICE + method)(payload, timeout=60, metadata=metadata)
+                    status = "OK"
+                except grpc.RpcError as e:
+                    status = e.code().name
+                with lock:
+                    statuses[status] += 1
+
+    threads = [threading.Thread(target=send, args=(k,), daemon=True) for k in range(senders)]
+    for t in threads:
+        t.start()
+    ready.set()
+    for t in threads:
+        t.join(120)
+    results.send(dict(statuses))
 
 
 def main() -> None:
