@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 
 import httpx
+from client_priority import lower_this_threads_priority
 
 JSON = {"Content-Type": "application/json"}
 HUGE_N = 1180591620717411303424
@@ -152,6 +153,7 @@ def send_all(base_url: str, hostile: list[Hostile], *, seconds: float, senders: 
     needed = len(hostile) * at_least_rounds
 
     def send(offset: int) -> None:
+        lower_this_threads_priority()
         with httpx.Client(base_url=base_url, timeout=120) as http:
             for i in itertools.count(offset):
                 with lock:

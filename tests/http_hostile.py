@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from client_priority import lower_this_threads_priority
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 KiB, MiB = 1 << 10, 1 << 20
@@ -160,7 +161,7 @@ async def hold_connections(
 
 
 class Attack:
-    """Attack rounds on a fresh event loop in a daemon thread: `make()` returns one round's coroutine; rounds repeat
+    """Attack rounds on a fresh event loop in a daemon thread at an attacker's priority (client_priority): `make()` returns one round's coroutine; rounds repeat
     until `at_least_s` have passed (one round when 0). start(), then result(): the last round's result (re-raises
     its error); `rounds` counts them, `outputs` holds every round's result."""
 
@@ -173,6 +174,8 @@ class Attack:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
+        lower_this_threads_priority()
+
         async def rounds() -> Any:
             start, out = time.monotonic(), None
             while self.rounds == 0 or time.monotonic() - start < self._at_least_s:

@@ -20,6 +20,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 import grpc
+from client_priority import lower_this_threads_priority
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from radixcache.v1 import radixcache_pb2 as pb
@@ -73,7 +74,7 @@ def measure_loop_stall(
 ) -> StallReport:
     """Sends huge requests for `seconds` from `senders` threads of a child process while probing health from this
     one; see the module docstring. The senders have a process of their own: threads beside the probe would hold its
-    GIL and be measured with the worker."""
+    GIL and be measured with the worker, and they run nicer (client_priority) so their CPU is not either."""
     context = multiprocessing.get_context("spawn")  # no fork of a process that holds gRPC's threads
     stop = context.Event()
     ready = context.Event()
@@ -118,6 +119,7 @@ _OPTIONS = [
 def _send_huge_requests(target, payload_mib, senders, metadata, stop, ready, results) -> None:
     """measure_loop_stall's child process: `senders` threads send huge requests back to back until `stop`, then
     the statuses they got are sent back."""
+    lower_this_threads_priority()  # the senders' CPU is not the worker's stall
     requests = huge_requests(payload_mib)
     statuses: collections.Counter[str] = collections.Counter()
     lock = threading.Lock()
