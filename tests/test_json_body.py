@@ -156,3 +156,24 @@ def test_a_large_body_breaking_a_limit_early_is_refused_by_its_first_mib():
     late = json.dumps({"content": text, "messages": [1, 2, 3, 4]}).encode()
     with pytest.raises(BodyError, match="messages must hold at most 3"):
         asyncio.run(parse_body([late[i : i + 65536] for i in range(0, len(late), 65536)], shape))
+
+
+def test_a_string_longer_than_any_field_allows_is_refused_while_parsed_naming_it():
+    """A 15 MiB prompt used to be parsed whole (~240 slices) before validation refused it: HTTP health waited
+    behind those slices (100-300 ms). Characters are counted decoded, so escapes do not count twice."""
+    shape = BodyShape(max_depth=8, max_items=100, rules=SHAPE.rules, max_string_chars=1000)
+    # 2,000 source characters (escaped backslashes), 1,000 decoded: at the limit
+    at_limit = {"messages": [{"role": "user", "content": "\\n" * 500}]}
+    assert slow_parse(json.dumps(at_limit), shape) == at_limit
+    assert slow_parse(json.dumps({"m": "\u00e9" * 1000}), shape) == {"m": "\u00e9" * 1000}
+    for body, param in (({"messages": [{"role": "user", "content": "x" * 1001}]}, "messages[0].content"),
+                        ({"messages": [{"content": [{"text": "y" * 5000}]}]}, "messages[0].content[0].text"),
+                        ({"k" * 1001: 1}, None)):  # fmt: skip
+        with pytest.raises(BodyError, match="more than 1000 characters") as e:
+            slow_parse(json.dumps(body), shape)
+        assert e.value.limit and e.value.param == param
+    slices: list[int] = []
+    huge = json.dumps({"messages": [{"content": "x" * (15 << 20)}]})
+    with pytest.raises(BodyError, match="more than 1000 characters"):
+        slow_parse(huge, shape, slices=slices)
+    assert len(slices) <= 2  # refused in its first slice of characters, not after 240

@@ -15,7 +15,8 @@ single 30-100 ms call; 1,000 nested arrays raise RecursionError. So:
 - any other body is parsed here, in slices: at most SLICE_ITEMS values, or SLICE_CHARS characters of one string,
   between two yields to the loop, so no slice holds the GIL for more than about a millisecond. It stops at the
   first limit broken: nesting deeper than `max_depth`, more than `max_items` values and keys in all, an array at a
-  limited path (messages, tools, stop, ...) longer than its rule allows. A hostile body is therefore refused after
+  limited path (messages, tools, stop, ...) longer than its rule allows, a string longer than `max_string_chars`
+  (a 15 MiB prompt is refused after that many characters, not parsed whole). A hostile body is therefore refused after
   work bounded by the limits, not by its size, and the parsed value of an accepted one is bounded too, so what
   comes after (pydantic, validation) is cheap. Sizes in bytes (a schema's) are validation's to check, on the value.
 
@@ -80,6 +81,8 @@ class BodyShape:
     max_depth: int  # objects and arrays nested in one another, the body itself included
     max_items: int  # values (scalars, strings, objects, arrays) and object keys in all
     rules: Mapping[tuple[str, ...], ArrayRule] = field(default_factory=dict)
+    # A string (key or value) of more characters than this is refused as soon as its parse passes it (None: any).
+    max_string_chars: int | None = None
 
 
 async def parse_body(body: bytes | bytearray | Sequence[bytes], shape: BodyShape) -> Any:
@@ -304,6 +307,7 @@ class _Parser:
         text, end = self.text, len(self.text)
         start = pos + 1
         pieces: list[str] = []
+        chars, most = 0, self.shape.max_string_chars
         while True:
             window = min(start + self.slice_chars, end)
             stop = _PIECE.match(text, start, window).end()
@@ -317,6 +321,11 @@ class _Parser:
             piece = text[start:stop]
             if "\\" in piece:
                 piece = scanstring(text, start)[0] if closed else scanstring(f'"{piece}"', 1)[0]
+            chars += len(piece)
+            if most is not None and chars > most:
+                name = self._field(len(self.stack))
+                message = f"{name or 'the request body'} is a string of more than {most} characters, longer than any"
+                raise BodyError(f"{message} field of a request this model can serve", name or None, limit=True)
             if closed and not pieces:
                 return piece, stop + 1
             pieces.append(piece)

@@ -14,13 +14,15 @@ from typing import Any
 from radixcache.worker.openai.errors import bad_request
 from radixcache.worker.openai.json_body import ArrayRule, BodyShape
 from radixcache.worker.openai.protocol import ChatCompletionRequest, ChatMessageIn, CompletionRequest, Tool
-from radixcache.worker.request import MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS
+from radixcache.worker.request import MAX_CONSTRAINT_CHARS, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS
 from radixcache.worker.tool_calls import TOOL_CHOICE_MODES, ToolChoice, ToolSpec, template_tools
 from radixcache.worker.validation import (
     MAX_CHAT_MESSAGES,
     MAX_CONTENT_PARTS,
     MAX_JSON_DEPTH,
     MAX_JSON_ITEMS,
+    MAX_SCHEMA_BYTES,
+    MAX_TOOL_ARGUMENTS_BYTES,
     MAX_TOOL_CALLS,
     MAX_TOOLS,
     InvalidArgument,
@@ -57,8 +59,18 @@ def body_shape(limits: ModelLimits) -> BodyShape:
 
 
 def shape_of(limits: ModelLimits, rules: dict[tuple[str, ...], ArrayRule]) -> BodyShape:
-    """A body shape with validation's depth and value-count limits (every route's) and a route's array rules."""
-    return BodyShape(max_depth=MAX_JSON_DEPTH, max_items=MAX_JSON_ITEMS + limits.context_length, rules=rules)
+    """A body shape with validation's depth, value-count and string-length limits (every route's) and a route's
+    array rules. No string is longer than a prompt the context holds or a constraint, tool schema or tool call's
+    arguments (validation's largest non-prompt strings), so a longer one is refused while it is parsed."""
+    longest = None
+    if limits.max_prompt_bytes is not None:  # characters <= UTF-8 bytes, so a longer string cannot fit
+        longest = max(limits.max_prompt_bytes, MAX_CONSTRAINT_CHARS, MAX_SCHEMA_BYTES, MAX_TOOL_ARGUMENTS_BYTES)
+    return BodyShape(
+        max_depth=MAX_JSON_DEPTH,
+        max_items=MAX_JSON_ITEMS + limits.context_length,
+        rules=rules,
+        max_string_chars=longest,
+    )
 
 
 @dataclass(frozen=True)
