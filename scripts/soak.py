@@ -12,8 +12,9 @@ requests are preempted; two tenants; the OpenAI HTTP API on a free port), then, 
    a foreign Host, lone surrogates, ...) from two threads, round-robin, each checked against the answer it must
    get, while header floods and slowloris / idle connections (tests/http_hostile.py) run at the same time and
    both healths (gRPC and HTTP GET /health) are probed every 50 ms; first the same probe on the idle worker;
-4. >= 5,000 fuzzed calls (tests/wire_fuzz.py), then the longest health-probe latency while 15 MiB requests arrive
-   (tests/loop_stall.py);
+4. >= 5,000 fuzzed calls (tests/wire_fuzz.py), then the longest health-probe latency while huge requests arrive
+   (tests/loop_stall.py): 3.5 MiB ones (the largest the default 4 MiB message limit lets through to be parsed and
+   refused), then 15 MiB ones (refused by gRPC's core), half of --stall-seconds each;
 5. once idle: leases, pages and the worker's log.
 Bounded: fixed counts, each phase with a time limit. The LAST line printed is one JSON object:
 {"requests", "cancelled", "leaked_leases", "unknown_or_internal", "rss_growth_mb", "max_loop_stall_ms",
@@ -139,8 +140,12 @@ def main() -> int:
                 f"health {http['health']} (idle {http['idle_health']}), RSS {http['rss_mb']}")  # fmt: skip
             fuzz = run_wire_fuzz(worker.target, count=args.fuzz, seconds=1200, seed=args.seed, metadata=ALICE)
             say(f"fuzz: {fuzz.calls} calls, statuses {dict(fuzz.statuses)}")
-            stall = measure_loop_stall(worker.target, seconds=args.stall_seconds, metadata=ALICE)
-            say(f"loop stall: {stall}")
+            half = args.stall_seconds / 2
+            parsed = measure_loop_stall(worker.target, seconds=half, payload_mib=3.5, metadata=ALICE)
+            say(f"loop stall, 3.5 MiB requests (under the 4 MiB message limit: parsed, then refused): {parsed}")
+            over = measure_loop_stall(worker.target, seconds=half, payload_mib=15.0, metadata=ALICE)
+            say(f"loop stall, 15 MiB requests (over it: refused by gRPC's core): {over}")
+            stall_ms = max(parsed.max_loop_stall_ms, over.max_loop_stall_ms)
             leaks = {t: wait_idle(worker.target, t) for t in [*TOKENS, ADMIN]}
             rss_end = rss_mb(pid)
             worker.terminate()
@@ -152,14 +157,14 @@ def main() -> int:
     broken = report.broken + warm.broken + [f"fuzz: {u}" for u in fuzz.unexpected]
     broken += [f"http: {w}" for w in http["http_wrong_answers"]]
     front_max = max(http["health"]["grpc_health_max_ms"], http["health"]["http_health_max_ms"])
-    max_health_stall_ms = max(stall.max_loop_stall_ms, front_max)
+    max_health_stall_ms = max(stall_ms, front_max)
     result = {
         "requests": report.requests + warm.requests,
         "cancelled": report.cancelled + warm.cancelled,
         "leaked_leases": leaked,
         "unknown_or_internal": report.unknown_or_internal + warm.unknown_or_internal + fuzz.unknown_or_internal,
         "rss_growth_mb": round(rss_after - rss_before, 1),
-        "max_loop_stall_ms": stall.max_loop_stall_ms,
+        "max_loop_stall_ms": stall_ms,
         "http_requests": http["http_requests"],
         "http_5xx": http["http_5xx"],
         "max_health_stall_ms": max_health_stall_ms,

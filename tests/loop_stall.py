@@ -1,12 +1,14 @@
-"""How long a worker's event loop stalls while huge requests arrive: a health probe's latency under 15 MiB prompts.
+"""How long a worker's event loop stalls while huge requests arrive: a health probe's latency under huge prompts.
 
-`measure_loop_stall(target, seconds=...)` sends huge Generate / Tokenize / PinPrefix requests (a 15 MiB text, and a
-conversation of the same size) back to back from sender threads (in a child process), while the calling thread checks
+`measure_loop_stall(target, seconds=..., payload_mib=15)` sends huge Generate / Tokenize / PinPrefix requests (a
+text of payload_mib, and a conversation of the same size) back to back from sender threads (in a child process), while the calling thread checks
 grpc.health.v1.Health every few milliseconds. Health is served on the same asyncio loop as every RPC, so its
 latency is how long the loop could not serve anyone. tests/test_wire_fuzz.py runs a short one, `make soak` a
 long one, and `python tests/loop_stall.py HOST:PORT` measures any running worker.
 
 Requests are serialized once and sent as raw bytes, so the client's own work stays out of the measurement.
+Requests under the worker's --max-message-mib are parsed (off the loop) and refused by their size; bigger ones are
+refused by gRPC's core (RESOURCE_EXHAUSTED) before Python sees them.
 """
 
 from __future__ import annotations
@@ -152,7 +154,7 @@ def _send_huge_requests(target, payload_mib, senders, metadata, stop, ready, res
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description="Measure a worker's loop stall while 15 MiB requests arrive.")
+    p = argparse.ArgumentParser(description="Measure a worker's loop stall while huge requests arrive.")
     p.add_argument("target", help="HOST:PORT of a running worker")
     p.add_argument("--seconds", type=float, default=10.0)
     p.add_argument("--payload-mib", type=float, default=15.0)

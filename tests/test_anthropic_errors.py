@@ -16,7 +16,7 @@ BODY = {"model": "fake", "max_tokens": 5, "messages": [{"role": "user", "content
 
 @pytest.fixture(scope="module")
 def worker():
-    with ThreadedWorker(FakeEngine(step_s=0.001), http_port=0, auth_tokens=TOKENS, max_message_bytes=64 << 10) as w:
+    with ThreadedWorker(FakeEngine(step_s=0.001), http_port=0, auth_tokens=TOKENS, max_body_bytes=64 << 10) as w:
         w.root = f"http://127.0.0.1:{w.server.http_port}"
         yield w
 

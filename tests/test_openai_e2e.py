@@ -26,7 +26,7 @@ SYSTEM = "You are a terse assistant. Answer in one short line, and never use mor
 def worker(tmp_path_factory):
     tokens = tmp_path_factory.mktemp("auth") / "tokens.txt"
     tokens.write_text(TOKENS)
-    args = ["--kv-pages", "1024", "--http-port", "0", "--auth-tokens", str(tokens), "--max-message-mib", "1"]
+    args = ["--kv-pages", "1024", "--http-port", "0", "--auth-tokens", str(tokens), "--max-body-mib", "1"]
     with WorkerProcess(*args) as w:
         line = w.lines.get(timeout=30)
         assert line.startswith("openai api on "), line

@@ -12,6 +12,7 @@ import time
 import urllib.request
 
 import grpc
+import httpx
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -134,6 +135,23 @@ def test_oversized_message_is_resource_exhausted():
         with pytest.raises(grpc.RpcError) as e:
             c.generate_text("x" * 100_000, max_tokens=1)
         assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED  # gRPC's own check of the receive limit
+        assert c.generate_text("ok", max_tokens=1).text == "a"
+
+
+def test_by_default_grpc_refuses_a_message_over_4_mib_and_http_takes_16_mib_bodies():
+    """gRPC's own 4 MiB default: a bigger message is refused by gRPC's core before Python copies it (a 15 MiB one
+    cost the event loop 100+ ms in grpc's receive copy with the old 16 MiB default). HTTP bodies, parsed in
+    slices, keep 16 MiB: the same 5 MiB prompt reaches validation there (400 naming the field, not 413)."""
+    with ThreadedWorker(FakeEngine(), http_port=0) as w, Client(w.target) as c:
+        with pytest.raises(grpc.RpcError) as e:
+            c.generate_text("x" * (5 << 20), max_tokens=1)
+        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        with pytest.raises(grpc.RpcError) as e:
+            c.generate_text("x" * (3 << 20), max_tokens=1)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # parsed, then refused by its size
+        body = {"model": "fake", "max_tokens": 1, "messages": [{"role": "user", "content": "x" * (5 << 20)}]}
+        r = httpx.post(f"http://127.0.0.1:{w.server.http_port}/v1/chat/completions", json=body, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "messages[0].content", r.text[:300]
         assert c.generate_text("ok", max_tokens=1).text == "a"
 
 
@@ -496,8 +514,8 @@ def test_prompts_are_tokenized_off_the_loop_and_oversized_ones_never(worker):
         return plain_encode(text, add_special_tokens)
 
     tokenizer.encode = spy
-    huge = "x" * (15 << 20)
-    chat = [{"role": "user", "content": huge[: 5 << 20]}] * 3
+    huge = "x" * (3 << 20)  # under the default message limit (4 MiB): gRPC lets it through to the worker
+    chat = [{"role": "user", "content": huge[: 1 << 20]}] * 3
     with Client(worker.target) as c:
         calls = [
             lambda: c.generate_text(huge),

@@ -226,7 +226,13 @@ def parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     s.add_argument("--grace-period", type=float, default=30.0, help="seconds to drain streams on SIGTERM")
     s.add_argument("--max-concurrent-rpcs", type=int, default=1024)
-    s.add_argument("--max-message-mib", type=int, default=16, help="largest request/response message, MiB")
+    s.add_argument(
+        "--max-message-mib",
+        type=int,
+        default=4,
+        help="largest gRPC message, MiB (default 4, gRPC's own: larger ones are refused RESOURCE_EXHAUSTED)",
+    )
+    s.add_argument("--max-body-mib", type=int, default=16, help="largest HTTP request body, MiB (default 16: 413)")
     s.add_argument("--log-level", default="INFO")
     return p
 
@@ -425,6 +431,7 @@ def main(argv: list[str]) -> int:
         metrics_host=args.metrics_host,
         grace_period=args.grace_period,
         max_message_bytes=args.max_message_mib << 20,
+        max_body_bytes=args.max_body_mib << 20,
         max_concurrent_rpcs=args.max_concurrent_rpcs,
         http_port=args.http_port,
         http_max_connections=args.http_max_connections,
