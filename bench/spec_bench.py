@@ -291,13 +291,14 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--reps", type=int, default=2, help="off-on-on-off repetitions per figure")
     parser.add_argument("--models", default="embedded,125m", help="comma-separated: embedded, 125m")
+    parser.add_argument("--dtype", default=None, help="the embedded model's dtype (default: its checkpoint's, bf16)")
     parser.add_argument("--quick", action="store_true", help="3 sessions, 3 unique prompts, 1 repetition")
     args = parser.parse_args()
     if args.quick:
         args.sessions, args.unique, args.reps = 3, 3, 1
     torch.set_num_threads(args.threads)
     trace = json.loads(TRACE.read_text())
-    embedded = load_checkpoint(default_model_path())
+    embedded = load_checkpoint(default_model_path(), dtype=args.dtype)
     models: dict[str, Any] = {}
     for name in args.models.split(","):
         if name == "embedded":
