@@ -161,9 +161,10 @@ async def hold_connections(
 
 
 class Attack:
-    """Attack rounds on a fresh event loop in a daemon thread at an attacker's priority (client_priority): `make()` returns one round's coroutine; rounds repeat
-    until `at_least_s` have passed (one round when 0). start(), then result(): the last round's result (re-raises
-    its error); `rounds` counts them, `outputs` holds every round's result."""
+    """Attack rounds on a fresh event loop in a daemon thread at an attacker's priority (client_priority): `make()`
+    returns one round's coroutine; rounds repeat until `at_least_s` have passed (one round when 0). start(), then
+    result(): the last round's result (re-raises its error); `rounds` counts them, `outputs` holds every round's
+    result."""
 
     def __init__(self, make: Callable[[], Coroutine[Any, Any, Any]], *, at_least_s: float = 0.0) -> None:
         self._make, self._at_least_s = make, at_least_s

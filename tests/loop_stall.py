@@ -1,10 +1,10 @@
 """How long a worker's event loop stalls while huge requests arrive: a health probe's latency under huge prompts.
 
 `measure_loop_stall(target, seconds=..., payload_mib=15)` sends huge Generate / Tokenize / PinPrefix requests (a
-text of payload_mib, and a conversation of the same size) back to back from sender threads (in a child process), while the calling thread checks
-grpc.health.v1.Health every few milliseconds. Health is served on the same asyncio loop as every RPC, so its
-latency is how long the loop could not serve anyone. tests/test_wire_fuzz.py runs a short one, `make soak` a
-long one, and `python tests/loop_stall.py HOST:PORT` measures any running worker.
+text of payload_mib, and a conversation of the same size) back to back from sender threads (in a child process),
+while the calling thread checks grpc.health.v1.Health every few milliseconds. Health is served on the same asyncio
+loop as every RPC, so its latency is how long the loop could not serve anyone. tests/test_wire_fuzz.py runs a short
+one, `make soak` a long one, and `python tests/loop_stall.py HOST:PORT` measures any running worker.
 
 Requests are serialized once and sent as raw bytes, so the client's own work stays out of the measurement.
 Requests under the worker's --max-message-mib are parsed (off the loop) and refused by their size; bigger ones are

@@ -16,8 +16,8 @@ single 30-100 ms call; 1,000 nested arrays raise RecursionError. So:
   between two yields to the loop, so no slice holds the GIL for more than about a millisecond. It stops at the
   first limit broken: nesting deeper than `max_depth`, more than `max_items` values and keys in all, an array at a
   limited path (messages, tools, stop, ...) longer than its rule allows, a string longer than `max_string_chars`
-  (a 15 MiB prompt is refused after that many characters, not parsed whole). A hostile body is therefore refused after
-  work bounded by the limits, not by its size, and the parsed value of an accepted one is bounded too, so what
+  (a 15 MiB prompt is refused after that many characters, not parsed whole). A hostile body is therefore refused
+  after work bounded by the limits, not by its size, and the parsed value of an accepted one is bounded too, so what
   comes after (pydantic, validation) is cheap. Sizes in bytes (a schema's) are validation's to check, on the value.
 
 Measured (2-core development machine, CPU time per slice, tests/test_json_body.py's bodies at full size): 16 MB of
