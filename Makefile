@@ -56,9 +56,11 @@ soak: setup
 
 # For a machine with CUDA: flashinfer against the torch backend on the configurations users hit, the default model
 # served both ways, then timings (~8 min at most); table + logs under $OUT (default ./gpu-check-out). Without CUDA it
-# runs the CPU parts and exits 0. No venv needed there: it runs with the machine's python3 (BENCHMARKS.md, GPU).
+# runs the CPU parts and exits 0. No venv needed there: it installs the package (no dependencies) into the machine's
+# python3 and runs there (BENCHMARKS.md, GPU).
 gpu-check:
-	PYTHONPATH=$${PYTHONPATH:+$$PYTHONPATH:}. $(PYTHON) scripts/gpu_check.py
+	$(PYTHON) -m pip install -q --no-deps --no-build-isolation -e .
+	$(PYTHON) scripts/gpu_check.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache .hypothesis

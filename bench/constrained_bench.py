@@ -26,11 +26,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 from common import LLAMA_125M, REPO  # noqa: E402
 
-from radixcache.worker.engine import Engine, EngineConfig  # noqa: E402
+from radixcache.worker.engine.engine import Engine, EngineConfig  # noqa: E402
+from radixcache.worker.engine.request import Constraint, Request, SamplingParams  # noqa: E402
+from radixcache.worker.engine.structured import GrammarCache  # noqa: E402
 from radixcache.worker.model.config import ModelConfig  # noqa: E402
 from radixcache.worker.model.loader import load_checkpoint, random_model  # noqa: E402
-from radixcache.worker.request import Constraint, Request, SamplingParams  # noqa: E402
-from radixcache.worker.structured import GrammarCache  # noqa: E402
 
 DEFAULT_MODEL = REPO / "worker" / "default_model"
 

@@ -38,9 +38,9 @@ from common import (  # noqa: E402
     write_json,
 )
 
-from radixcache.worker.engine import Engine, EngineConfig  # noqa: E402
+from radixcache.worker.engine.engine import Engine, EngineConfig  # noqa: E402
+from radixcache.worker.engine.request import Request, SamplingParams  # noqa: E402
 from radixcache.worker.model.loader import load_checkpoint  # noqa: E402
-from radixcache.worker.request import Request, SamplingParams  # noqa: E402
 
 # Every duration here is CPU time of this thread (the engine steps on it: Engine.step without a thread): on a shared
 # machine a busy neighbour then costs only the memory bandwidth it takes, not the time slices it takes too. --clock

@@ -20,10 +20,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 from common import LLAMA_125M  # noqa: E402
 
-from radixcache.worker.engine import Engine, EngineConfig  # noqa: E402
+from radixcache.worker.engine.engine import Engine, EngineConfig  # noqa: E402
+from radixcache.worker.engine.request import Request, SamplingParams  # noqa: E402
 from radixcache.worker.model.config import ModelConfig  # noqa: E402
 from radixcache.worker.model.loader import random_model  # noqa: E402
-from radixcache.worker.request import Request, SamplingParams  # noqa: E402
 
 CONFIG_125M = ModelConfig.from_hf_config({"architectures": ["LlamaForCausalLM"], **LLAMA_125M})
 

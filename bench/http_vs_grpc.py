@@ -259,16 +259,16 @@ def front_cost(repeats: int = 300) -> dict[str, float]:
     streamed delta (parse, map, first events) and per streamed token (serialize), the Responses and Messages APIs
     vs chat completions, best of 3. Independent of the network and of the engine: steadier than TTFT on a busy
     machine."""
-    from radixcache.worker.anthropic import output as anthropic_output
-    from radixcache.worker.anthropic.protocol import MessagesRequest
-    from radixcache.worker.anthropic.requests import parse_messages
-    from radixcache.worker.openai.protocol import ChatCompletionRequest
-    from radixcache.worker.openai.requests import parse_chat
-    from radixcache.worker.openai.responses import ChatResponder
-    from radixcache.worker.openai.responses_input import parse_responses
-    from radixcache.worker.openai.responses_output import ResponsesResponder, sse
-    from radixcache.worker.openai.responses_protocol import ResponsesRequest
-    from radixcache.worker.request import FinishReason, RequestOutput
+    from radixcache.worker.engine.request import FinishReason, RequestOutput
+    from radixcache.worker.http.anthropic import output as anthropic_output
+    from radixcache.worker.http.anthropic.protocol import MessagesRequest
+    from radixcache.worker.http.anthropic.requests import parse_messages
+    from radixcache.worker.http.openai.protocol import ChatCompletionRequest
+    from radixcache.worker.http.openai.requests import parse_chat
+    from radixcache.worker.http.openai.responses import ChatResponder
+    from radixcache.worker.http.openai.responses_input import parse_responses
+    from radixcache.worker.http.openai.responses_output import ResponsesResponder, sse
+    from radixcache.worker.http.openai.responses_protocol import ResponsesRequest
 
     messages = conversation(random.Random(0), 32)
     outputs = [

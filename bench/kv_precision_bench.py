@@ -36,10 +36,10 @@ from radixcache.kv_dtypes import KV_DTYPES, QUANTIZED_KV_DTYPES  # noqa: E402
 from radixcache.pool import KVPool, KVShape, kv_bytes_per_token  # noqa: E402
 from radixcache.worker.attention import BatchLayout, SequenceSlice, create_backend  # noqa: E402
 from radixcache.worker.attention.torch_backend import TorchAttentionBackend  # noqa: E402
-from radixcache.worker.engine import Engine, EngineConfig  # noqa: E402
+from radixcache.worker.engine.engine import Engine, EngineConfig  # noqa: E402
+from radixcache.worker.engine.request import Request, SamplingParams  # noqa: E402
 from radixcache.worker.model.config import ModelConfig  # noqa: E402
 from radixcache.worker.model.loader import random_model  # noqa: E402
-from radixcache.worker.request import Request, SamplingParams  # noqa: E402
 
 CONFIG_125M = ModelConfig.from_hf_config({"architectures": ["LlamaForCausalLM"], **LLAMA_125M})
 clock = time.thread_time  # CPU time of this thread: robust to the other sessions' time slices

@@ -12,7 +12,7 @@ from __future__ import annotations
 # Ray's llm extra, which a radixcache cluster does not).
 from ray.llm._internal.serve.routing_policies.prefix_aware.prefix_aware_router import PrefixCacheAffinityRouter
 
-from radixcache.worker.request import Request
+from radixcache.worker.engine.request import Request
 
 CODE_POINT_BASE = 0x4E00  # token id i -> chr(base + i): printable, one code point each for ids below ~20,000
 

@@ -16,9 +16,9 @@ import json
 import random
 from pathlib import Path
 
-from radixcache.worker.engine import Engine, EngineConfig
+from radixcache.worker.engine.engine import Engine, EngineConfig
+from radixcache.worker.engine.request import Request, SamplingParams
 from radixcache.worker.model.loader import load_checkpoint
-from radixcache.worker.request import Request, SamplingParams
 
 
 def rss_mb() -> float:

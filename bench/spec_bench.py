@@ -40,10 +40,10 @@ import torch  # noqa: E402
 from common import LLAMA_125M  # noqa: E402
 
 from radixcache.worker.cli import default_model_path  # noqa: E402
-from radixcache.worker.engine import Engine, EngineConfig  # noqa: E402
+from radixcache.worker.engine.engine import Engine, EngineConfig  # noqa: E402
+from radixcache.worker.engine.request import Constraint, Request, RequestOutput, SamplingParams  # noqa: E402
 from radixcache.worker.model.config import ModelConfig  # noqa: E402
 from radixcache.worker.model.loader import load_checkpoint, random_model  # noqa: E402
-from radixcache.worker.request import Constraint, Request, RequestOutput, SamplingParams  # noqa: E402
 
 TRACE = Path(__file__).resolve().parent / "traces" / "agentic.json"
 CONFIG_125M = ModelConfig.from_hf_config({"architectures": ["LlamaForCausalLM"], **LLAMA_125M})

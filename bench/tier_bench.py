@@ -240,7 +240,7 @@ def crashes(ckpt: Path, tmp: Path, kills: int) -> dict:
     from radixcache.client import Client
     from radixcache.page_data import PageData
     from radixcache.store import DiskStore
-    from radixcache.worker.engine_tiers import PAGE_CODEC
+    from radixcache.worker.engine.tiers import PAGE_CODEC
 
     rng = random.Random(17)
     work = [random_tokens(rng, 256) for _ in range(5)]  # 80 pages: over the pool (48), within the disk bound (85)
@@ -325,7 +325,7 @@ def timed(fn, spent: list[float]):
 def ready_delay_in_process(loaded, folder: Path, pairs: int = 5) -> dict:
     """What the tier adds before a worker could say "listening on", the model already loaded: Engine(...) + start()
     with the tier over a populated folder minus without, alternating; the median and every pair."""
-    from radixcache.worker.engine import Engine, EngineConfig
+    from radixcache.worker.engine.engine import Engine, EngineConfig
 
     delays = []
     for _ in range(pairs):
@@ -343,9 +343,9 @@ def ready_delay_in_process(loaded, folder: Path, pairs: int = 5) -> dict:
 def spill_cost(ckpt: Path, tmp: Path) -> dict:
     import torch
 
-    from radixcache.worker.engine import Engine, EngineConfig
+    from radixcache.worker.engine.engine import Engine, EngineConfig
+    from radixcache.worker.engine.request import Request, SamplingParams
     from radixcache.worker.model.loader import load_checkpoint
-    from radixcache.worker.request import Request, SamplingParams
 
     torch.set_num_threads(1)
     loaded = load_checkpoint(ckpt)

@@ -32,10 +32,10 @@ import time
 
 import torch
 
-from radixcache.worker.engine import Engine, EngineConfig
+from radixcache.worker.engine.engine import Engine, EngineConfig
+from radixcache.worker.engine.request import Request, SamplingParams
 from radixcache.worker.model.config import ModelConfig
 from radixcache.worker.model.loader import random_model
-from radixcache.worker.request import Request, SamplingParams
 
 WINDOW = 512
 PAGE = 16

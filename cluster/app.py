@@ -169,7 +169,7 @@ APP_ARGS = {
 def options_from_args(args: dict[str, Any]) -> ClusterOptions:
     """ClusterOptions from a Serve config's `args` (APP_ARGS names them, each optional); ValueError names a bad or
     unknown one. Reads the tokens file."""
-    from radixcache.worker.auth import load_token_file
+    from radixcache.worker.front.auth import load_token_file
 
     unknown = set(args) - set(APP_ARGS)
     if unknown:

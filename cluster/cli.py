@@ -74,7 +74,7 @@ def main(argv: list[str]) -> int:
 
     from radixcache.cluster.app import ClusterOptions, build_app, grpc_options
     from radixcache.cluster.policy import RoutingThresholds
-    from radixcache.worker.auth import load_token_file
+    from radixcache.worker.front.auth import load_token_file
 
     try:
         tokens, admins = load_token_file(args.auth_tokens) if args.auth_tokens else (None, set())

@@ -1,6 +1,6 @@
 """A replica's cache events and load, published to the cluster's EventHub actor, across restarts of the hub.
 
-The replica runs the worker's own CacheEventHub (worker/cache_events.py: the engine thread only records, the
+The replica runs the worker's own CacheEventHub (worker/events/hub.py: the engine thread only records, the
 replica's asyncio loop hashes and fans out) and adds `RayHubPublisher` to it: each batch becomes the hub's neutral
 tuples (see cluster.hub.Event) and is sent to the EventHub with a fire-and-forget actor call, in order, never blocking
 the loop. After lost records the CacheEventHub resets its publishers with a snapshot, which reaches the EventHub as

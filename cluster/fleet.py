@@ -1,4 +1,4 @@
-"""FleetEngine: the engine interface (worker/engine_api.py's EngineLike) over N Ray Serve replicas.
+"""FleetEngine: the engine interface (worker/engine/api.py's EngineLike) over N Ray Serve replicas.
 
 The front core of a single worker runs unchanged on top of it (DESIGN.md, "Fronts, engine, hosts"): it validates,
 tokenizes, compiles constraints and streams exactly as on one worker, while each call here goes through a
@@ -20,10 +20,10 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from radixcache.worker.engine_api import DuplicateRequestError, EngineStats, ModelFacts
-from radixcache.worker.request import Constraint, ErrorKind, FinishReason, Request, RequestOutput
-from radixcache.worker.structured import GrammarCache
-from radixcache.worker.validation import check_engine_request
+from radixcache.worker.engine.api import DuplicateRequestError, EngineStats, ModelFacts
+from radixcache.worker.engine.checks import check_engine_request
+from radixcache.worker.engine.request import Constraint, ErrorKind, FinishReason, Request, RequestOutput
+from radixcache.worker.engine.structured import GrammarCache
 
 log = logging.getLogger("radixcache.cluster")
 

@@ -1,7 +1,7 @@
 """Ingress: the `radixcache.v1.RadixCache` contract behind Ray Serve's gRPC proxy, and the OpenAI-compatible HTTP
 API behind its HTTP proxy, for a whole fleet.
 
-Both fronts run exactly as on one worker, over one front core (worker/front.py) whose engine is a FleetEngine: Ray
+Both fronts run exactly as on one worker, over one front core (worker/front/core.py) whose engine is a FleetEngine: Ray
 Serve's gRPC proxy calls a method of this deployment named after the RPC, with the request message and a
 RayServegRPCContext, and the single worker's RadixCacheServicer serves it, writing its messages and aborting
 through `ServeCallContext`, which carries them to the proxy; the OpenAI app is served through Serve's HTTP proxy
@@ -60,9 +60,9 @@ class Ingress:
     ) -> None:
         from radixcache.cluster.fleet import FleetEngine, remote_apart
         from radixcache.cluster.fleet_events import FleetEvents, ReplicaTarget
-        from radixcache.worker.auth import Authenticator
-        from radixcache.worker.front import FrontCore
-        from radixcache.worker.servicer import RadixCacheServicer
+        from radixcache.worker.front.auth import Authenticator
+        from radixcache.worker.front.core import FrontCore
+        from radixcache.worker.grpc.servicer import RadixCacheServicer
 
         facts = await replicas.model_facts.remote()
         tokenizer = await replicas.tokenizer.remote()
@@ -74,7 +74,7 @@ class Ingress:
         self.cache_events = FleetEvents(self.fleet.replica_ids, lambda rid: remote_apart(stream, ReplicaTarget(rid)))
 
     def __serve_build_asgi_app__(self) -> Any:
-        from radixcache.worker.openai.app import create_app
+        from radixcache.worker.http.app import create_app
 
         return create_app(self.core)
 
@@ -106,7 +106,7 @@ class Ingress:
         return await self._unary("GetModelInfo", request, grpc_context)
 
     async def GetCacheStats(self, request: pb.GetCacheStatsRequest, grpc_context: Any) -> pb.CacheStats:
-        from radixcache.worker.servicer import cache_stats_message
+        from radixcache.worker.grpc.servicer import cache_stats_message
 
         total = await self._unary("GetCacheStats", request, grpc_context)  # authenticated: it raised otherwise
         view = self.core.stats_view(grpc_context.invocation_metadata())  # a tenant sees its own figures
@@ -126,7 +126,7 @@ class Ingress:
     async def Abort(self, request: pb.AbortRequest, grpc_context: Any) -> pb.AbortResponse:
         """As on one worker; a request this ingress replica does not relay may stream through another one (Serve's
         proxies spread calls over the ingress replicas): then every engine replica is asked."""
-        from radixcache.worker.front import engine_request_id
+        from radixcache.worker.front.core import engine_request_id
 
         response = await self._unary("Abort", request, grpc_context)
         if not response.aborted:
@@ -137,8 +137,8 @@ class Ingress:
     async def SubscribeCacheEvents(self, request: Any, grpc_context: Any) -> AsyncIterator[Any]:
         """Every replica's cache events, each batch tagged with its replica_id (cluster.fleet_events); an admin
         token is required, as on one worker."""
-        from radixcache.worker.front import Refusal
-        from radixcache.worker.servicer import STATUS
+        from radixcache.worker.front.core import Refusal
+        from radixcache.worker.grpc.servicer import STATUS
 
         metadata = grpc_context.invocation_metadata()
         try:

@@ -20,8 +20,8 @@ import logging
 import time
 from collections.abc import Callable
 
-from radixcache.worker.engine_api import EngineLoad
-from radixcache.worker.request import ErrorKind, FinishReason, RequestOutput
+from radixcache.worker.engine.api import EngineLoad
+from radixcache.worker.engine.request import ErrorKind, FinishReason, RequestOutput
 
 log = logging.getLogger("radixcache.cluster")
 

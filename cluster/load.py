@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
-from radixcache.worker.engine_api import EngineLoad
+from radixcache.worker.engine.api import EngineLoad
 
 REPORT_PERIOD_S = 0.5  # how often a replica reports its load (its liveness to the hub, too)
 

@@ -17,8 +17,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from radixcache.cluster.lifecycle import Drain, HealthCheck
-from radixcache.worker.engine_stream import EngineStream
-from radixcache.worker.request import Request, RequestOutput, SamplingParams
+from radixcache.worker.engine.request import Request, RequestOutput, SamplingParams
+from radixcache.worker.engine.stream import EngineStream
 
 log = logging.getLogger("radixcache.cluster")
 
@@ -57,7 +57,7 @@ class EngineReplica:
         registering again whenever the hub is new (events_feed.HubLink)."""
         from radixcache.cluster.events_feed import HubLink, RayHubPublisher
         from radixcache.cluster.hub import get_or_create_hub
-        from radixcache.worker.cache_events import CacheEventHub
+        from radixcache.worker.events.hub import CacheEventHub
 
         self.events = CacheEventHub(self.engine)
         self.link = HubLink(
@@ -94,7 +94,7 @@ class EngineReplica:
             raise LookupError(f"the cache events of {target.replica_id} were asked of {self.replica_id}")
         if self.events is None:
             raise RuntimeError("this replica publishes no cache events")
-        from radixcache.worker.events_proto import batch_to_proto
+        from radixcache.worker.events.proto import batch_to_proto
 
         async with contextlib.aclosing(self.events.subscribe()) as batches:
             async for batch in batches:
@@ -140,7 +140,7 @@ class EngineReplica:
         return self.engine.tokenizer
 
     async def model_facts(self) -> Any:
-        """The replica's ModelFacts (worker/engine_api.py), pickled to the ingress."""
+        """The replica's ModelFacts (worker/engine/api.py), pickled to the ingress."""
         return self.facts
 
     async def whoami(self) -> str:
@@ -153,7 +153,7 @@ def _zmq_publisher(endpoint: str, page_size: int) -> Any:
     with its rank in the deployment as data_parallel_rank (an indexer tells the fleet's replicas apart)."""
     from ray import serve
 
-    from radixcache.worker.kv_events_zmq import ZmqKvEventPublisher, rank_endpoint
+    from radixcache.worker.events.zmq_publisher import ZmqKvEventPublisher, rank_endpoint
 
     rank = serve.get_replica_context().rank
     return ZmqKvEventPublisher(rank_endpoint(endpoint, rank.local_rank), page_size, data_parallel_rank=rank.rank)

@@ -27,7 +27,7 @@ from radixcache.cluster.fleet_events import ReplicaTarget
 from radixcache.cluster.policy import Candidate, LoadWeights, Policy, RoutingThresholds
 from radixcache.cluster.view import FleetView
 from radixcache.events import page_hashes
-from radixcache.worker.request import Request
+from radixcache.worker.engine.request import Request
 
 log = logging.getLogger("radixcache.cluster")
 

@@ -21,7 +21,7 @@ from radixcache.cluster.hub import Poll
 from radixcache.cluster.index import PrefixIndex
 from radixcache.cluster.load import REPORT_PERIOD_S, LoadView
 from radixcache.cluster.reuse import ReuseTracker
-from radixcache.worker.engine_api import EngineLoad
+from radixcache.worker.engine.api import EngineLoad
 
 log = logging.getLogger("radixcache.cluster")
 

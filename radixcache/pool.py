@@ -395,7 +395,7 @@ class KVPool:
         slots_needed: int,
     ) -> KVPool:
         """A pool whose sliding layers (`window_layers`) are paged apart, with `slots_needed` window slots (what
-        every running window can need, see worker/step.py) but never more than pages: `num_pages` pages exactly, or
+        every running window can need, see worker/engine/step.py) but never more than pages: `num_pages` pages exactly, or
         as many as `budget_bytes` holds once the window slots are paid for (more than an all-global pool holds).
         When every layer slides (Mistral), pages cost nothing but their window parts: the whole budget goes to
         slots, and the pool gets ALL_SLIDING_PAGES_PER_SLOT page ids per slot (the prefix tree's reach)."""

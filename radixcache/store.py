@@ -1,7 +1,7 @@
 """DiskStore: pages below memory, one file each under a folder named by the model's fingerprint.
 
 Layout: `<folder>/ns-<16 hex: BLAKE2b-64 of the namespace>/<16 hex: the page hash>.kv`. `folder` is
-`DIR/<fingerprint>` (worker/fingerprint.py): every worker of one fingerprint may share it, and nothing outside it is
+`DIR/<fingerprint>` (worker/engine/fingerprint.py): every worker of one fingerprint may share it, and nothing outside it is
 ever read. One file per page:
 
     magic "RCKVPG01" | page hash u64 | parent hash u64 (0: none) | namespace length u32 | tokens length u32 |

@@ -38,7 +38,6 @@ short contexts (it checks this script's own logic), then it says there is no CUD
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import itertools
 import json
 import logging
@@ -57,28 +56,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def register_worker_package() -> None:
-    """Make `radixcache.worker` importable from worker/ when the project is not installed."""
-    sys.path.insert(0, str(ROOT))
-    import radixcache
-
-    try:
-        import radixcache.worker  # noqa: F401 (installed, or already mapped)
-
-        return
-    except ImportError:
-        pass
-    spec = importlib.util.spec_from_file_location(
-        "radixcache.worker", ROOT / "worker" / "__init__.py", submodule_search_locations=[str(ROOT / "worker")]
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["radixcache.worker"] = module
-    radixcache.worker = module
-    spec.loader.exec_module(module)
-
-
-register_worker_package()
+try:
+    import radixcache.worker  # noqa: F401  (the installed package: `make gpu-check` installs it editable first)
+except ImportError:
+    sys.exit("radixcache is not installed: run `make gpu-check`, or `pip install --no-deps -e .` first")
 
 import torch  # noqa: E402
 
@@ -473,7 +454,7 @@ _request_ids = itertools.count()
 
 
 def greedy_tokens(engine: Any, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
-    from radixcache.worker.request import Request, SamplingParams
+    from radixcache.worker.engine.request import Request, SamplingParams
 
     base = next(_request_ids)
     ids = [f"r{base}-{i}" for i in range(len(prompts))]
@@ -504,7 +485,7 @@ def check_engine(
 ) -> None:
     """The shipped default model served by `candidate` and by torch, pages at `kv_dtype`: the same greedy tokens
     for every request."""
-    from radixcache.worker.engine import Engine, EngineConfig
+    from radixcache.worker.engine.engine import Engine, EngineConfig
     from radixcache.worker.model.loader import load_checkpoint
 
     path = ROOT / "worker" / "default_model"
@@ -546,7 +527,7 @@ def check_tiers(report: Report, device: str) -> None:
     """Section 6: see the module docstring."""
     import tempfile
 
-    from radixcache.worker.engine import Engine, EngineConfig
+    from radixcache.worker.engine.engine import Engine, EngineConfig
     from radixcache.worker.model.loader import load_checkpoint
 
     loaded = load_checkpoint(ROOT / "worker" / "default_model", device=device)
@@ -600,7 +581,7 @@ def time_host(fn: Callable[[], Any], iters: int = 50) -> float:
 def check_speculation(report: Report, device: str, candidate: str = "flashinfer", max_tokens: int = 32) -> None:
     """Speculative decoding on `candidate`: verification chunks (1 + k tokens over a cached prefix) in the same
     batch as plain decodes; the default model's greedy tokens with --speculate 8 equal those with it off."""
-    from radixcache.worker.engine import Engine, EngineConfig
+    from radixcache.worker.engine.engine import Engine, EngineConfig
     from radixcache.worker.model.loader import load_checkpoint
 
     path = ROOT / "worker" / "default_model"

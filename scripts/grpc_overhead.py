@@ -60,7 +60,7 @@ def run_grpc(target: str, work: list[list[int]], max_tokens: int, concurrent: bo
 def run_engine(
     engine, work: list[list[int]], max_tokens: int, concurrent: bool, salt: str
 ) -> tuple[float, list[float]]:
-    from radixcache.worker.request import Request, SamplingParams
+    from radixcache.worker.engine.request import Request, SamplingParams
 
     sampling = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     ttfts: list[float] = []
@@ -102,7 +102,7 @@ def main() -> int:
     args = ap.parse_args()
 
     from radixcache.worker.cli import load_model, parser
-    from radixcache.worker.engine import Engine, EngineConfig
+    from radixcache.worker.engine.engine import Engine, EngineConfig
 
     serve_args = ["--page-size", "16", "--kv-memory", "256MiB", "--device", "cpu"]
     model_args = ("--model", args.model) if args.model else ("--random-model",)

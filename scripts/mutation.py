@@ -46,10 +46,10 @@ TARGETS: dict[str, tuple[list[str], list[str]]] = {
     # test_wire_promises (a real model behind a real server: several seconds a mutant, and each survivor waits out
     # its cancel/deadline bounds) is left out: on one core it made each worker target a run of hours. The scores of
     # these targets are therefore lower bounds; the wire tests still run in `make test`.
-    "validation": (["worker/validation.py"], ["test_validation.py", "test_server_fake.py"]),
-    "sequence": (["worker/sequence.py"], ["test_sequence.py", "test_sampling.py", "test_engine.py"]),
+    "validation": (["worker/front/validation.py"], ["test_validation.py", "test_server_fake.py"]),
+    "sequence": (["worker/engine/sequence.py"], ["test_sequence.py", "test_sampling.py", "test_engine.py"]),
     "scheduler": (
-        ["worker/scheduler.py"],
+        ["worker/engine/scheduler.py"],
         [
             "test_scheduler.py",
             "test_engine.py",
@@ -59,7 +59,10 @@ TARGETS: dict[str, tuple[list[str], list[str]]] = {
         ],
     ),
     # SubscribeCacheEvents: test_servicer_wire and test_events_worker (whose subprocess tests never see a mutant).
-    "servicer": (["worker/servicer.py"], ["test_servicer_wire.py", "test_server_fake.py", "test_events_worker.py"]),
+    "servicer": (
+        ["worker/grpc/servicer.py"],
+        ["test_servicer_wire.py", "test_server_fake.py", "test_events_worker.py"],
+    ),
 }
 WORKER_TARGETS = {"validation", "sequence", "scheduler", "servicer"}
 NOT_MUTATED = ["radixcache/v1/*", "radixcache/cli.py", "radixcache/__main__.py"]  # stubs and the dispatcher
@@ -91,7 +94,7 @@ def prepare(target: str) -> Path:
     """Copy the sources and tests into WORK/target and write its mutmut configuration.
 
     worker/ is copied to radixcache/worker/, where the installed package has it: mutmut names a mutant after its
-    file's path and matches it against the module the tests imported (radixcache.worker.validation).
+    file's path and matches it against the module the tests imported (radixcache.worker.front.validation).
     """
     mutate, tests = TARGETS[target]
     here = WORK / target

@@ -12,7 +12,7 @@ from typing import Any
 from worker_harness import ThreadedWorker
 
 from radixcache.worker.cli import default_model_path
-from radixcache.worker.engine import Engine, EngineConfig
+from radixcache.worker.engine.engine import Engine, EngineConfig
 from radixcache.worker.model.loader import load_checkpoint
 
 MODEL = "fake"  # the name ThreadedWorker describes the engine with

@@ -23,8 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
-from radixcache.worker.engine_api import DuplicateRequestError, RequestTooLargeError
-from radixcache.worker.request import ErrorKind, FinishReason, Request, RequestOutput
+from radixcache.worker.engine.api import DuplicateRequestError, RequestTooLargeError
+from radixcache.worker.engine.request import ErrorKind, FinishReason, Request, RequestOutput
 
 BOS, EOS, OFFSET = 1, 2, 3
 SLOW_PREFILL, FAILS_AFTER_ONE_TOKEN, NO_CAPACITY = "SLOW", "BOOM", "FULL"  # markers of scripted prompts

@@ -9,8 +9,8 @@ from typing import Literal
 import pytest
 from agent_fixtures import MODEL, fixture, tools_worker
 
-from radixcache.worker.openai.responses_input import parse_responses
-from radixcache.worker.openai.responses_protocol import ResponsesRequest
+from radixcache.worker.http.openai.responses_input import parse_responses
+from radixcache.worker.http.openai.responses_protocol import ResponsesRequest
 
 agents = pytest.importorskip("agents")  # the test extra installs openai-agents
 

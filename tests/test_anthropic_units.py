@@ -7,15 +7,15 @@ import json
 
 import pytest
 
-from radixcache.worker.anthropic.errors import error_body, overflow_message, refusal_error
-from radixcache.worker.anthropic.output import MessagesResponder
-from radixcache.worker.anthropic.protocol import CacheCreation, MessagesRequest
-from radixcache.worker.anthropic.requests import parse_messages
-from radixcache.worker.front import Refusal, RefusalKind
-from radixcache.worker.openai.errors import APIError
-from radixcache.worker.request import FinishReason, RequestOutput
-from radixcache.worker.tool_calls import CLOSE
-from radixcache.worker.validation import ContextOverflow
+from radixcache.worker.engine.request import FinishReason, RequestOutput
+from radixcache.worker.front.core import Refusal, RefusalKind
+from radixcache.worker.front.tool_calls import CLOSE
+from radixcache.worker.front.validation import ContextOverflow
+from radixcache.worker.http.anthropic.errors import error_body, overflow_message, refusal_error
+from radixcache.worker.http.anthropic.output import MessagesResponder
+from radixcache.worker.http.anthropic.protocol import CacheCreation, MessagesRequest
+from radixcache.worker.http.anthropic.requests import parse_messages
+from radixcache.worker.http.openai.errors import APIError
 
 TOOL = {
     "name": "add",

@@ -8,8 +8,8 @@ import pytest
 from helpers import FakeClock
 
 from radixcache.cluster.lifecycle import HANDED_BACK, Drain, HealthCheck
-from radixcache.worker.engine_api import EngineLoad
-from radixcache.worker.request import ErrorKind, FinishReason, RequestOutput
+from radixcache.worker.engine.api import EngineLoad
+from radixcache.worker.engine.request import ErrorKind, FinishReason, RequestOutput
 
 
 def load(busy: int, steps: int) -> EngineLoad:

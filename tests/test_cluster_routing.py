@@ -26,7 +26,7 @@ from radixcache.cluster.policy import (
 )
 from radixcache.cluster.reuse import ReuseTracker
 from radixcache.cluster.view import FleetView
-from radixcache.worker.engine_api import EngineLoad
+from radixcache.worker.engine.api import EngineLoad
 
 
 def test_match_counts_leading_cached_pages_per_namespace():

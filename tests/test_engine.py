@@ -10,8 +10,8 @@ import threading
 import pytest
 from engine_fixtures import SLIDING, tiny_model
 
-from radixcache.worker.engine import Engine, EngineConfig, RequestTooLargeError
-from radixcache.worker.request import FinishReason, Request, RequestOutput, SamplingParams
+from radixcache.worker.engine.engine import Engine, EngineConfig, RequestTooLargeError
+from radixcache.worker.engine.request import FinishReason, Request, RequestOutput, SamplingParams
 
 
 class Collector:
@@ -257,7 +257,7 @@ def test_rejections_happen_before_anything_is_allocated(model):
 
 
 def test_a_failing_request_does_not_disturb_its_batch_mates(model, monkeypatch):
-    import radixcache.worker.step as engine_module
+    import radixcache.worker.engine.step as engine_module
 
     real = engine_module.sample_row
 

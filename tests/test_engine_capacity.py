@@ -11,8 +11,8 @@ from engine_fixtures import tiny_model
 from test_engine import Collector, run_alone
 
 from radixcache.cache import PinBudgetError
-from radixcache.worker.engine import Engine, EngineConfig
-from radixcache.worker.request import FinishReason, Request, RequestOutput, SamplingParams
+from radixcache.worker.engine.engine import Engine, EngineConfig
+from radixcache.worker.engine.request import FinishReason, Request, RequestOutput, SamplingParams
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Every host implements the typed engine interface (worker/engine_api.py), and the front core works over each.
+"""Every host implements the typed engine interface (worker/engine/api.py), and the front core works over each.
 
 The same scenario runs through the front core over the single worker's Engine and over the cluster's FleetEngine
 (its Serve handle replaced by an in-process one over a real EngineReplica, so no Ray cluster is needed): a host
@@ -20,12 +20,12 @@ from engine_fixtures import tiny_model
 from radixcache.cluster.fleet import FleetEngine
 from radixcache.cluster.lifecycle import Drain, HealthCheck
 from radixcache.cluster.replica import EngineReplica
-from radixcache.worker.engine import Engine, EngineConfig
-from radixcache.worker.engine_api import ENGINE_FACTS, ENGINE_METHODS, EngineLike, EngineStats
-from radixcache.worker.front import FrontCore, Refusal, RefusalKind, engine_request_id
-from radixcache.worker.request import FinishReason
+from radixcache.worker.engine.api import ENGINE_FACTS, ENGINE_METHODS, EngineLike, EngineStats
+from radixcache.worker.engine.engine import Engine, EngineConfig
+from radixcache.worker.engine.request import FinishReason
+from radixcache.worker.front.core import FrontCore, Refusal, RefusalKind, engine_request_id
+from radixcache.worker.front.validation import PromptInput, SamplingValues
 from radixcache.worker.server import describe
-from radixcache.worker.validation import PromptInput, SamplingValues
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 from engine_fixtures import tiny_model
 
-from radixcache.worker.engine import Engine, EngineConfig
-from radixcache.worker.request import FinishReason, Request, RequestOutput, SamplingParams
-from radixcache.worker.sampling import apply_penalties
+from radixcache.worker.engine.engine import Engine, EngineConfig
+from radixcache.worker.engine.request import FinishReason, Request, RequestOutput, SamplingParams
+from radixcache.worker.engine.sampling import apply_penalties
 
 
 @pytest.fixture(scope="module")

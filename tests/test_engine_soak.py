@@ -13,8 +13,8 @@ from engine_fixtures import tiny_model
 from test_engine import Collector, run_alone
 
 from radixcache.cache import PinBudgetError
-from radixcache.worker.engine import Engine, EngineConfig
-from radixcache.worker.request import FinishReason, Request, SamplingParams
+from radixcache.worker.engine.engine import Engine, EngineConfig
+from radixcache.worker.engine.request import FinishReason, Request, SamplingParams
 
 
 def test_random_traffic_with_aborts_pins_and_flushes_leaks_nothing():

@@ -16,9 +16,9 @@ from engine_fixtures import SLIDING, tiny_model
 
 from radixcache.keys import decode
 from radixcache.worker.cli import default_model_path
-from radixcache.worker.engine import Engine, EngineConfig
+from radixcache.worker.engine.engine import Engine, EngineConfig
+from radixcache.worker.engine.request import Constraint, FinishReason, Request, RequestOutput, SamplingParams
 from radixcache.worker.model.loader import load_checkpoint
-from radixcache.worker.request import Constraint, FinishReason, Request, RequestOutput, SamplingParams
 
 GREEDY = SamplingParams(max_tokens=24, ignore_eos=True)
 

@@ -28,10 +28,10 @@ from radixcache.client import Client
 from radixcache.event_log import EventLog
 from radixcache.events import PageIndex, page_hashes
 from radixcache.v1 import radixcache_pb2 as pb
-from radixcache.worker.cache_events import EVENTS, RESET, SNAPSHOT
-from radixcache.worker.engine import Engine, EngineConfig
-from radixcache.worker.events_proto import event_from_proto
-from radixcache.worker.request import Request, SamplingParams
+from radixcache.worker.engine.engine import Engine, EngineConfig
+from radixcache.worker.engine.request import Request, SamplingParams
+from radixcache.worker.events.hub import EVENTS, RESET, SNAPSHOT
+from radixcache.worker.events.proto import event_from_proto
 
 ADMIN, TENANT = "adm-token", "alice-token"
 TOKENS = {ADMIN: "ops", TENANT: "alice"}
@@ -353,7 +353,7 @@ def test_two_workers_report_the_same_page_hashes_and_the_events_command_prints_t
 
 
 def test_tokens_files_mark_admins_and_stay_backward_compatible(tmp_path) -> None:
-    from radixcache.worker.auth import Authenticator, load_token_file, load_tokens
+    from radixcache.worker.front.auth import Authenticator, load_token_file, load_tokens
 
     text = tmp_path / "tokens.txt"
     text.write_text("# token tenant [admin]\nt1 alice\nt2 ops admin\n")
@@ -379,7 +379,7 @@ def test_records_lost_inside_the_worker_reset_every_reader() -> None:
     """When the loop falls max_pending records behind the engine, subscribers get RESET + a snapshot and publishers
     a full reset, and both are exact again afterwards."""
     from radixcache.cache import PrefixCache
-    from radixcache.worker.cache_events import CacheEventHub
+    from radixcache.worker.events.hub import CacheEventHub
 
     class Engine_:  # the engine's part the hub uses; `call` runs on the caller's thread under the engine's lock
         page_size = 2
@@ -460,7 +460,7 @@ def test_records_lost_inside_the_worker_reset_every_reader() -> None:
 
 def test_each_rank_publishes_on_its_own_port_and_tags_its_batches() -> None:
     """vLLM's data-parallel rule, which a cluster's replicas follow: rank r on the port + r, data_parallel_rank r."""
-    from radixcache.worker.kv_events_zmq import ZmqKvEventPublisher, rank_endpoint
+    from radixcache.worker.events.zmq_publisher import ZmqKvEventPublisher, rank_endpoint
 
     assert rank_endpoint("tcp://*:5557", 0) == "tcp://*:5557"
     assert rank_endpoint("tcp://*:5557", 3) == "tcp://*:5560"
@@ -489,7 +489,7 @@ def test_each_rank_publishes_on_its_own_port_and_tags_its_batches() -> None:
 
 
 def test_endpoint_prefixes_say_bind_or_connect_and_otherwise_vllms_rule_holds() -> None:
-    from radixcache.worker.kv_events_zmq import parse_endpoint
+    from radixcache.worker.events.zmq_publisher import parse_endpoint
 
     assert parse_endpoint("bind+tcp://127.0.0.1:5557") == ("tcp://127.0.0.1:5557", True)
     assert parse_endpoint("connect+tcp://*:5557") == ("tcp://*:5557", False)
@@ -499,7 +499,7 @@ def test_endpoint_prefixes_say_bind_or_connect_and_otherwise_vllms_rule_holds() 
 
 
 def test_with_auth_tokens_publishing_over_tcp_needs_curve_or_insecure_and_the_refusal_names_the_flags(tmp_path):
-    from radixcache.worker.kv_events_zmq import CurveKeys, check_security
+    from radixcache.worker.events.zmq_publisher import CurveKeys, check_security
     from radixcache.worker.server import ServerOptions, WorkerServer
 
     flags = "--kv-events-curve-secret.*--kv-events-curve-clients.*--kv-events-insecure"
@@ -523,7 +523,7 @@ def test_with_auth_tokens_publishing_over_tcp_needs_curve_or_insecure_and_the_re
 def test_with_curve_only_subscribers_holding_an_allowed_key_read_the_events(tmp_path) -> None:
     import zmq.auth
 
-    from radixcache.worker.kv_events_zmq import CurveKeys
+    from radixcache.worker.events.zmq_publisher import CurveKeys
 
     for name in ("worker", "router", "stranger", "clients"):
         (tmp_path / name).mkdir()

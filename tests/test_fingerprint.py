@@ -1,4 +1,4 @@
-"""worker/fingerprint.py: every part that changes K/V changes the fingerprint; nothing else does."""
+"""worker/engine/fingerprint.py: every part that changes K/V changes the fingerprint; nothing else does."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from engine_fixtures import tiny_model
 
 from radixcache.pool import KVPool, KVShape
-from radixcache.worker.fingerprint import fingerprint, fingerprint_parts, store_folder, weights_digest
+from radixcache.worker.engine.fingerprint import fingerprint, fingerprint_parts, store_folder, weights_digest
 from radixcache.worker.model.loader import random_model
 
 

@@ -19,8 +19,8 @@ from radixcache.pool import KVPool, KVShape
 from radixcache.worker.attention import BatchLayout, SequenceSlice, create_backend
 from radixcache.worker.attention.base import AttentionOptions, BackendUnavailableError
 from radixcache.worker.attention.torch_backend import TorchAttentionBackend
-from radixcache.worker.engine import Engine, EngineConfig
-from radixcache.worker.request import Request, SamplingParams
+from radixcache.worker.engine.engine import Engine, EngineConfig
+from radixcache.worker.engine.request import Request, SamplingParams
 
 GEOMETRY = {"num_heads": 4, "num_kv_heads": 2, "head_dim": 64, "dtype": torch.bfloat16}  # the default model's
 

@@ -1,13 +1,13 @@
-"""The memory of generated token ids (worker/generated.py): a history that sends a reply back is tokenized with the
+"""The memory of generated token ids (worker/front/generated.py): a history that sends a reply back is tokenized with the
 ids the model wrote, at that message's place only, and the memory stays inside its bounds per tenant."""
 
 from __future__ import annotations
 
 from engine_fixtures import byte_tokenizer
 
-from radixcache.worker.generated import GeneratedTokens, encode_rendered
+from radixcache.worker.front.generated import GeneratedTokens, encode_rendered
+from radixcache.worker.front.validation import ModelLimits, PromptInput, render_prompt
 from radixcache.worker.model.tokenizer import Tokenizer
-from radixcache.worker.validation import ModelLimits, PromptInput, render_prompt
 
 TEMPLATE = (
     "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% for c in m.tool_calls or [] %}"

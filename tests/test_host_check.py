@@ -1,10 +1,10 @@
-"""worker/openai/host_check.py: which Host names the HTTP front answers (DNS rebinding), by bind address and flag."""
+"""worker/http/host_check.py: which Host names the HTTP front answers (DNS rebinding), by bind address and flag."""
 
 from __future__ import annotations
 
 import pytest
 
-from radixcache.worker.openai.host_check import allowed_hosts, host_allowed, host_name
+from radixcache.worker.http.host_check import allowed_hosts, host_allowed, host_name
 
 
 @pytest.mark.parametrize(

@@ -106,8 +106,8 @@ def test_an_unknown_int8_kernel_is_refused():
 
 
 def test_int8_engine_decodes_greedily():
-    from radixcache.worker.engine import Engine, EngineConfig
-    from radixcache.worker.request import Request, SamplingParams
+    from radixcache.worker.engine.engine import Engine, EngineConfig
+    from radixcache.worker.engine.request import Request, SamplingParams
 
     loaded = load_checkpoint(MODEL_DIR, dtype="float32", weights="int8")
     engine = Engine(loaded, EngineConfig(page_size=16, kv_pages=64))

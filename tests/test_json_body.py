@@ -1,4 +1,4 @@
-"""worker/openai/json_body.py: the same value as json.loads for any JSON, the body shape's limits enforced while
+"""worker/http/json_body.py: the same value as json.loads for any JSON, the body shape's limits enforced while
 parsing (naming the field), and long bodies parsed in slices that yield to the event loop."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixcache.worker.openai import json_body
-from radixcache.worker.openai.json_body import ArrayRule, BodyError, BodyShape, parse_body
+from radixcache.worker.http import json_body
+from radixcache.worker.http.json_body import ArrayRule, BodyError, BodyShape, parse_body
 
 ANY = BodyShape(max_depth=10_000, max_items=10**9)
 SHAPE = BodyShape(

@@ -16,8 +16,8 @@ from radixcache.client import Client
 from radixcache.events import page_hashes
 from radixcache.keys import encode
 from radixcache.kv_dtypes import KV_DTYPES, QUANTIZED_KV_DTYPES
-from radixcache.worker.engine import Engine, EngineConfig
-from radixcache.worker.request import Request, SamplingParams
+from radixcache.worker.engine.engine import Engine, EngineConfig
+from radixcache.worker.engine.request import Request, SamplingParams
 
 PARAMS = SamplingParams(max_tokens=4, ignore_eos=True)
 

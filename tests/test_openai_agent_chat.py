@@ -12,7 +12,7 @@ import openai
 import pytest
 from agent_fixtures import ADD, MODEL, fixture, tools_worker
 
-from radixcache.worker.generated import GeneratedTokens
+from radixcache.worker.front.generated import GeneratedTokens
 
 
 @pytest.fixture(scope="module")

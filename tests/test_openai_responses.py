@@ -201,8 +201,8 @@ def test_bad_requests_get_400_naming_the_field(served, fields, param):
 
 
 def test_the_text_is_what_was_generated_but_the_whitespace_around_calls():
-    from radixcache.worker.openai.responses_output import ResponsesResponder
-    from radixcache.worker.request import FinishReason, RequestOutput
+    from radixcache.worker.engine.request import FinishReason, RequestOutput
+    from radixcache.worker.http.openai.responses_output import ResponsesResponder
 
     def run(*pieces: str, finish: FinishReason = FinishReason.LENGTH) -> ResponsesResponder:
         responder = ResponsesResponder(response_id="r", model="m", echo={}, parse_tools=True, closes_at_stop=False)

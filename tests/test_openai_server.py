@@ -99,7 +99,7 @@ def test_too_large_for_the_kv_pool_is_413(worker):
 def test_a_streamed_response_closes_its_engine_stream_on_the_event_loop(worker, monkeypatch):
     # EngineStream.close must run on its loop (it touches an asyncio.Queue); a plain-function BackgroundTask would
     # run it in a worker thread, one thread hop per response.
-    from radixcache.worker.engine_stream import EngineStream
+    from radixcache.worker.engine.stream import EngineStream
 
     threads: list[threading.Thread] = []
     close = EngineStream.close

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from radixcache.worker.tool_calls import ToolCallParser, parse_tool_calls, rebase_refs
+from radixcache.worker.front.tool_calls import ToolCallParser, parse_tool_calls, rebase_refs
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}\n</tool_call>'
 

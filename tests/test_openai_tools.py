@@ -99,10 +99,10 @@ def test_tools_and_tool_history_reach_the_template_as_hugging_face_passes_them()
     """With a Qwen2.5-like template: `tools` is the template variable, tool-call arguments arrive as objects."""
     from engine_fixtures import byte_tokenizer
 
+    from radixcache.worker.front.validation import ModelLimits, PromptInput, render_prompt
+    from radixcache.worker.http.openai.protocol import ChatMessageIn
+    from radixcache.worker.http.openai.requests import chat_messages
     from radixcache.worker.model.tokenizer import Tokenizer
-    from radixcache.worker.openai.protocol import ChatMessageIn
-    from radixcache.worker.openai.requests import chat_messages
-    from radixcache.worker.validation import ModelLimits, PromptInput, render_prompt
 
     template = (
         "{% if tools %}<tools>{% for t in tools %}{{ t | tojson }}{% endfor %}</tools>{% endif %}"

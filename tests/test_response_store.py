@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from array import array
 
-from radixcache.worker.openai.response_store import ResponseStore, StoredResponse
+from radixcache.worker.http.openai.response_store import ResponseStore, StoredResponse
 
 
 def stored(response_id: str, tokens: int = 10) -> StoredResponse:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from radixcache.worker.request import FinishReason, Request, SamplingParams
-from radixcache.worker.sampling import filtered_probs, new_generator, sample_row, token_logprob
-from radixcache.worker.sequence import Sequence
+from radixcache.worker.engine.request import FinishReason, Request, SamplingParams
+from radixcache.worker.engine.sampling import filtered_probs, new_generator, sample_row, token_logprob
+from radixcache.worker.engine.sequence import Sequence
 
 LOGITS = torch.log(torch.tensor([0.5, 0.2, 0.15, 0.1, 0.05]))
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from radixcache.cache import PrefixCache
 from radixcache.pool import KVPool, KVShape
-from radixcache.worker.request import FinishReason, Request, SamplingParams
-from radixcache.worker.scheduler import Chunk, Scheduler
-from radixcache.worker.sequence import Sequence
+from radixcache.worker.engine.request import FinishReason, Request, SamplingParams
+from radixcache.worker.engine.scheduler import Chunk, Scheduler
+from radixcache.worker.engine.sequence import Sequence
 
 PAGE = 4
 

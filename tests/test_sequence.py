@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import time
 
-from radixcache.worker.request import ErrorKind, FinishReason, Request, SamplingParams, TokenLogprob
-from radixcache.worker.sequence import Sequence, stop_prefix_at_end
+from radixcache.worker.engine.request import ErrorKind, FinishReason, Request, SamplingParams, TokenLogprob
+from radixcache.worker.engine.sequence import Sequence, stop_prefix_at_end
 
 PARTIAL = 50  # a token whose bytes are half of a character: no text until the next token or a flush
 REPLACEMENT = "\ufffd"  # what a flush makes of bytes that never became a character

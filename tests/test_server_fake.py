@@ -25,7 +25,7 @@ from worker_harness import ThreadedWorker, wait_until
 from radixcache.client import AsyncClient, Chat, Client
 from radixcache.v1 import radixcache_pb2 as pb
 from radixcache.v1 import radixcache_pb2_grpc as pb_grpc
-from radixcache.worker.request import FinishReason
+from radixcache.worker.engine.request import FinishReason
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -8,8 +8,8 @@ import random
 import pytest
 
 from radixcache.memory import parse_size
-from radixcache.worker.auth import Authenticator, load_token_file, load_tokens
 from radixcache.worker.cli import char_tokenizer
+from radixcache.worker.front.auth import Authenticator, load_token_file, load_tokens
 
 
 def test_load_tokens_json_and_lines(tmp_path):
@@ -79,7 +79,7 @@ def test_char_tokenizer_round_trips_any_ids():
 def test_rate_limited_warning_says_how_many_it_held_back(caplog):
     import logging
 
-    from radixcache.worker.decode_guard import RateLimitedWarning
+    from radixcache.worker.front.refusal_log import RateLimitedWarning
 
     now = [100.0]
     warning = RateLimitedWarning(logging.getLogger("test.rate"), interval=10.0, clock=lambda: now[0])
@@ -95,8 +95,8 @@ def test_rate_limited_warning_says_how_many_it_held_back(caplog):
 def test_model_info_names_each_layers_attention_and_the_window(config, kinds, window):
     from engine_fixtures import SLIDING, tiny_model
 
-    from radixcache.worker.engine import Engine, EngineConfig
-    from radixcache.worker.engine_api import ModelFacts
+    from radixcache.worker.engine.api import ModelFacts
+    from radixcache.worker.engine.engine import Engine, EngineConfig
     from radixcache.worker.server import describe
 
     engine = Engine(tiny_model(**(SLIDING if config == "sliding" else {})), EngineConfig(page_size=4, kv_pages=16))

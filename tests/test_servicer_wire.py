@@ -1,4 +1,4 @@
-"""What worker/servicer.py promises a gRPC client, field by field and status by status (issue 16: each of these
+"""What worker/grpc/servicer.py promises a gRPC client, field by field and status by status (issue 16: each of these
 tests kills mutants that test_server_fake.py let survive; see docs/MUTATION.md).
 
 A ScriptedEngine (FakeEngine plus exact replies and refusals) sits behind a real server on 127.0.0.1, so every
@@ -22,16 +22,16 @@ from radixcache.cache import PinBudgetError, PrefixCache
 from radixcache.events import page_hashes
 from radixcache.v1 import radixcache_pb2 as pb
 from radixcache.v1 import radixcache_pb2_grpc as pb_grpc
-from radixcache.worker.engine_api import DuplicateRequestError, RequestTooLargeError
-from radixcache.worker.request import (
+from radixcache.worker.engine.api import DuplicateRequestError, RequestTooLargeError
+from radixcache.worker.engine.request import (
     Constraint,
     ErrorKind,
     FinishReason,
     RequestOutput,
     TokenLogprob,
 )
-from radixcache.worker.servicer import RadixCacheServicer
-from radixcache.worker.structured import ConstraintError
+from radixcache.worker.engine.structured import ConstraintError
+from radixcache.worker.grpc.servicer import RadixCacheServicer
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -21,12 +21,12 @@ from worker_harness import ThreadedWorker
 from radixcache.client import Client
 from radixcache.client.client import generate_request
 from radixcache.worker.cli import default_model_path
-from radixcache.worker.engine import Engine, EngineConfig
+from radixcache.worker.engine.engine import Engine, EngineConfig
+from radixcache.worker.engine.request import Constraint, ErrorKind, FinishReason, Request, SamplingParams
+from radixcache.worker.engine.structured import ConstraintError, GrammarCache
+from radixcache.worker.grpc.pb_inputs import constraint_values
 from radixcache.worker.model.loader import load_checkpoint, random_model
 from radixcache.worker.model.packed import PackedLinear
-from radixcache.worker.pb_inputs import constraint_values
-from radixcache.worker.request import Constraint, ErrorKind, FinishReason, Request, SamplingParams
-from radixcache.worker.structured import ConstraintError, GrammarCache
 
 REQUESTS = 20  # per schema / regex / grammar, sampled with different seeds
 FREE = 5  # the same prompt unconstrained, per schema / regex / grammar: none of them validates

@@ -11,9 +11,9 @@ import pytest
 from engine_fixtures import tiny_model
 
 from radixcache.events import PagesRemoved, PagesStored
-from radixcache.worker.engine import Engine, EngineConfig
+from radixcache.worker.engine.engine import Engine, EngineConfig
+from radixcache.worker.engine.request import Request, RequestOutput, SamplingParams
 from radixcache.worker.model.loader import random_model
-from radixcache.worker.request import Request, RequestOutput, SamplingParams
 
 GREEDY = SamplingParams(max_tokens=8, ignore_eos=True)
 PAGE = 4
@@ -328,8 +328,8 @@ def test_tier_flags_are_checked_before_the_model_loads(tmp_path: Path) -> None:
 def test_stats_and_prometheus_split_hits_by_tier(model, tmp_path: Path) -> None:
     from prometheus_client import generate_latest
 
+    from radixcache.worker.grpc.servicer import cache_stats_message
     from radixcache.worker.metrics import WorkerMetrics
-    from radixcache.worker.servicer import cache_stats_message
 
     engine = engine_on(model, tmp_path)
     prompt = prompts(1, 40, seed=14)[0]

@@ -1,4 +1,4 @@
-"""Tool use as every front maps it (worker/tool_calls.py, worker/openai/requests.py): OpenAI's tool_choice shapes
+"""Tool use as every front maps it (worker/front/tool_calls.py, worker/http/openai/requests.py): OpenAI's tool_choice shapes
 (allowed_tools, parallel_tool_calls false), the grammar each choice compiles to, a call cut by max_tokens, and
 OpenAI's strict-schema rule. The frameworks' own request bodies are in tests/fixtures/ (issue 28's defects)."""
 
@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from radixcache.worker.openai.errors import APIError
-from radixcache.worker.openai.protocol import ChatCompletionRequest
-from radixcache.worker.openai.requests import parse_chat
-from radixcache.worker.openai.responses import ChatResponder
-from radixcache.worker.request import FinishReason, RequestOutput
-from radixcache.worker.tool_calls import CLOSE, ToolCallParser, ToolChoice, ToolSpec, partial_call
-from radixcache.worker.validation import InvalidArgument, check_strict_schema
+from radixcache.worker.engine.request import FinishReason, RequestOutput
+from radixcache.worker.front.tool_calls import CLOSE, ToolCallParser, ToolChoice, ToolSpec, partial_call
+from radixcache.worker.front.validation import InvalidArgument, check_strict_schema
+from radixcache.worker.http.openai.errors import APIError
+from radixcache.worker.http.openai.protocol import ChatCompletionRequest
+from radixcache.worker.http.openai.requests import parse_chat
+from radixcache.worker.http.openai.responses import ChatResponder
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SPECS = [ToolSpec("get_weather", parameters={"type": "object"}), ToolSpec("get_time", parameters={"type": "object"})]

@@ -13,9 +13,8 @@ from tokenizers import models, normalizers, pre_tokenizers
 
 from radixcache.worker.cli import char_tokenizer
 from radixcache.worker.default_model import __file__ as default_model_file
-from radixcache.worker.model.tokenizer import Tokenizer, bytes_per_token_bound
-from radixcache.worker.request import Constraint
-from radixcache.worker.validation import (
+from radixcache.worker.engine.request import Constraint
+from radixcache.worker.front.validation import (
     DEFAULT_MAX_TOKENS,
     MAX_SCHEMA_BYTES,
     MAX_TOOL_ARGUMENTS_BYTES,
@@ -35,6 +34,7 @@ from radixcache.worker.validation import (
     tokenize_prompt,
     tool_call_arguments,
 )
+from radixcache.worker.model.tokenizer import Tokenizer, bytes_per_token_bound
 
 DEFAULT_TOKENIZER = Tokenizer.from_dir(default_model_file.rsplit("/", 1)[0])
 LIMITS = ModelLimits.of(DEFAULT_TOKENIZER, vocab_size=DEFAULT_TOKENIZER.vocab_size, context_length=512)

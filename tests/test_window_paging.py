@@ -13,9 +13,9 @@ import pytest
 from engine_fixtures import SLIDING, tiny_model
 from test_engine import Collector, assert_clean
 
-from radixcache.worker.engine import Engine, EngineConfig
-from radixcache.worker.request import Request, SamplingParams
-from radixcache.worker.step import build_pool, window_slots_needed
+from radixcache.worker.engine.engine import Engine, EngineConfig
+from radixcache.worker.engine.request import Request, SamplingParams
+from radixcache.worker.engine.step import build_pool, window_slots_needed
 
 WINDOW = SLIDING["sliding_window"]  # 8
 GREEDY = SamplingParams(max_tokens=32, ignore_eos=True)

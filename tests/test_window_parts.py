@@ -301,7 +301,7 @@ def test_a_vllm_subscriber_reads_the_window_group_as_vllm_declares_it():
     import msgpack
     from vllm_kv_events import current
 
-    from radixcache.worker.kv_events_vllm import event_batch, vllm_event
+    from radixcache.worker.events.vllm_format import event_batch, vllm_event
 
     cache = windowed(num_pages=16, page_size=4, window=8, slots=4)
     log = EventLog(4, strict=True, window=8)

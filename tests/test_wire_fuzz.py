@@ -17,7 +17,7 @@ from worker_harness import ThreadedWorker
 
 from radixcache.client import Client
 from radixcache.worker.cli import load_model, parser
-from radixcache.worker.engine import Engine, EngineConfig
+from radixcache.worker.engine.engine import Engine, EngineConfig
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -26,8 +26,8 @@ from radixcache.client import Client
 from radixcache.v1 import radixcache_pb2 as pb
 from radixcache.v1 import radixcache_pb2_grpc as pb_grpc
 from radixcache.worker.cli import load_model, parser
-from radixcache.worker.engine import Engine, EngineConfig
-from radixcache.worker.request import Request, RequestOutput, SamplingParams
+from radixcache.worker.engine.engine import Engine, EngineConfig
+from radixcache.worker.engine.request import Request, RequestOutput, SamplingParams
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -1,5 +1,5 @@
 """A big gRPC request's prompt size is read off its wire bytes and an oversized prompt refused before the request
-is parsed (worker/wire_prompt.py; a 15 MiB text parsed and decoded held the GIL 5-25 ms per request), with the
+is parsed (worker/grpc/wire_prompt.py; a 15 MiB text parsed and decoded held the GIL 5-25 ms per request), with the
 error the parsed request would get; what the reader cannot follow is parsed and checked as before."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from worker_harness import ThreadedWorker
 from radixcache.client import Client
 from radixcache.v1 import radixcache_pb2 as pb
 from radixcache.worker.cli import load_model, parser
-from radixcache.worker.engine import Engine, EngineConfig
-from radixcache.worker.validation import (
+from radixcache.worker.engine.engine import Engine, EngineConfig
+from radixcache.worker.front.validation import (
     InvalidArgument,
     ModelLimits,
     PromptInput,
@@ -22,7 +22,7 @@ from radixcache.worker.validation import (
     check_prompt_input,
     check_prompt_size,
 )
-from radixcache.worker.wire_prompt import prompt_size
+from radixcache.worker.grpc.wire_prompt import prompt_size
 
 GENERATE = "/radixcache.v1.RadixCache/Generate"
 

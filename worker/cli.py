@@ -17,7 +17,7 @@ from typing import Any
 
 from radixcache.kv_dtypes import KV_DTYPES
 from radixcache.memory import parse_size
-from radixcache.worker.engine_config import DEFAULT_SPECULATE, DEMOTE_DTYPES, MAX_SPECULATE, WINDOW_PAGING
+from radixcache.worker.engine.config import DEFAULT_SPECULATE, DEMOTE_DTYPES, MAX_SPECULATE, WINDOW_PAGING
 
 log = logging.getLogger("radixcache.serve")
 
@@ -340,7 +340,7 @@ def load_model(args: argparse.Namespace) -> tuple[Any, str, str]:
 def build_engine(args: argparse.Namespace) -> tuple[Any, Any]:
     """Load the model, start and warm up the engine as the options ask: (Engine, ModelFacts). Also what each
     replica of `radixcache cluster` runs."""
-    from radixcache.worker.engine import Engine, EngineConfig
+    from radixcache.worker.engine.engine import Engine, EngineConfig
     from radixcache.worker.server import describe
 
     loaded, name, path = load_model(args)
@@ -377,7 +377,7 @@ def build_engine(args: argparse.Namespace) -> tuple[Any, Any]:
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv[1:])
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    from radixcache.worker.auth import load_token_file
+    from radixcache.worker.front.auth import load_token_file
     from radixcache.worker.server import ServerOptions, run_worker
 
     try:
@@ -397,7 +397,7 @@ def main(argv: list[str]) -> int:
               file=sys.stderr)  # fmt: skip
         return 2
     if args.kv_events_endpoint:  # fail before loading the model, not after
-        from radixcache.worker.kv_events_zmq import CurveKeys, check_available, check_security
+        from radixcache.worker.events.zmq_publisher import CurveKeys, check_available, check_security
 
         if args.kv_events_curve_secret:
             curve = CurveKeys(args.kv_events_curve_secret, args.kv_events_curve_clients)

@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from radixcache.worker.request import RequestOutput
+from radixcache.worker.engine.request import RequestOutput
 
 PAGE_STATES = ("free", "cached", "evictable", "pinned", "in_use")
 # The tiers below the pool, as CacheStats names their figures (radixcache.cache): copied through by name.

@@ -23,14 +23,14 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from radixcache.v1 import radixcache_pb2 as pb
 from radixcache.v1 import radixcache_pb2_grpc as pb_grpc
-from radixcache.worker.auth import Authenticator
-from radixcache.worker.decode_guard import UndecodableRequestInterceptor
-from radixcache.worker.engine_api import ModelFacts
-from radixcache.worker.front import FrontCore
-from radixcache.worker.generated import GeneratedTokens
+from radixcache.worker.engine.api import ModelFacts
+from radixcache.worker.front.auth import Authenticator
+from radixcache.worker.front.core import FrontCore
+from radixcache.worker.front.generated import GeneratedTokens
+from radixcache.worker.grpc.decode_guard import UndecodableRequestInterceptor
+from radixcache.worker.grpc.reflection import enable_reflection
+from radixcache.worker.grpc.servicer import RadixCacheServicer
 from radixcache.worker.metrics import WorkerMetrics
-from radixcache.worker.reflection import enable_reflection
-from radixcache.worker.servicer import RadixCacheServicer
 
 log = logging.getLogger("radixcache.serve")
 
@@ -63,8 +63,8 @@ class ServerOptions:
     http_max_connections: int = 512  # open HTTP connections at most; one more is answered 503
     http_head_timeout_s: float = 10.0  # an HTTP request's line and headers must arrive within this (else 408)
     http_allowed_hosts: tuple[str, ...] | None = None  # Host names HTTP answers (None: by the bind address)
-    # Agents' state (issue 28): the memory of generated token ids (worker/generated.py; 0: off) and the Responses
-    # API's stored responses per tenant (worker/openai/response_store.py; 0 responses: store nothing).
+    # Agents' state (issue 28): the memory of generated token ids (worker/front/generated.py; 0: off) and the Responses
+    # API's stored responses per tenant (worker/http/openai/response_store.py; 0 responses: store nothing).
     remember_generated_bytes: int = 64 * MiB
     responses_max: int = 1000
     responses_max_bytes: int = 64 * MiB
@@ -120,7 +120,7 @@ class WorkerServer:
         """Bind and start serving (health NOT_SERVING until attach()); returns the bound port."""
         o = self.options
         if o.kv_events_endpoint:  # refused before any port is bound
-            from radixcache.worker.kv_events_zmq import check_security
+            from radixcache.worker.events.zmq_publisher import check_security
 
             check_security(o.kv_events_endpoint, auth=o.auth_tokens is not None, curve=o.kv_events_curve,
                            insecure=o.kv_events_insecure)  # fmt: skip
@@ -148,9 +148,9 @@ class WorkerServer:
         await server.start()
         self._server = server
         if o.http_port is not None:
-            from radixcache.worker.openai.http_guard import HttpLimits  # fastapi/uvicorn: only when asked for
-            from radixcache.worker.openai.http_server import HttpServer
-            from radixcache.worker.openai.response_store import ResponseStore
+            from radixcache.worker.http.guard import HttpLimits  # fastapi/uvicorn: only when asked for
+            from radixcache.worker.http.openai.response_store import ResponseStore
+            from radixcache.worker.http.server import HttpServer
 
             limits = HttpLimits(max_connections=o.http_max_connections, head_timeout_s=o.http_head_timeout_s)
             store = ResponseStore(
@@ -184,13 +184,13 @@ class WorkerServer:
             if self.options.kv_events_endpoint:
                 raise ValueError("--kv-events-endpoint: this engine reports no cache events")
             return
-        from radixcache.worker.cache_events import CacheEventHub
+        from radixcache.worker.events.hub import CacheEventHub
 
         hub = CacheEventHub(engine)
         await hub.start()
         self.core.events = hub
         if self.options.kv_events_endpoint:
-            from radixcache.worker.kv_events_zmq import ZmqKvEventPublisher
+            from radixcache.worker.events.zmq_publisher import ZmqKvEventPublisher
 
             o = self.options
             publisher = ZmqKvEventPublisher(

@@ -6,7 +6,7 @@
 - `vote.Candidate` / `vote.vote`: earlier occurrences of a sequence's last tokens, and the draft their
   continuations agree on (hits, then match length, then recency).
 - `drafter.Drafter`: what the engine calls: `propose(seq, limit)` before a step, `verified(seq, drafted,
-  accepted)` after it. Verification itself is the engine's (worker/engine.py): the draft rides in the sequence's
+  accepted)` after it. Verification itself is the engine's (worker/engine/engine.py): the draft rides in the sequence's
   chunk, and each draft token is kept only if it equals the token the request's own sampler draws there.
 """
 

@@ -1,0 +1,201 @@
+"""The model side of an engine step (nano-vllm's ModelRunner): the KV pool, the attention backend, the forward pass
+over the scheduled chunks, the structured-output masks and sampling.
+
+Runs on the engine thread only (warm-up: the thread that starts the engine). It knows nothing of a request's
+lifecycle (worker/engine/engine.py) or of who holds which page (radixcache.cache, worker/engine/scheduler.py): it computes the
+chunks it is given into the pages their leases name, and appends the sampled token to a sequence.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from radixcache.cache import PrefixCache
+from radixcache.pool import KVPool, KVShape
+from radixcache.worker.attention import BatchLayout, SequenceSlice
+from radixcache.worker.attention.base import create_backend
+from radixcache.worker.engine.config import DEFAULT_KV_MEMORY, EngineConfig
+from radixcache.worker.engine.request import FinishReason
+from radixcache.worker.engine.sampling import apply_penalties, sample_row, token_logprob
+from radixcache.worker.engine.scheduler import Chunk
+from radixcache.worker.engine.sequence import Sequence
+from radixcache.worker.engine.structured import GrammarCache
+from radixcache.worker.engine.warmup import warm_up
+from radixcache.worker.model.llama import attention_options
+
+log = logging.getLogger("radixcache.engine")
+
+
+def window_paging(model_config: Any, config: EngineConfig) -> tuple[tuple[int, ...], int]:
+    """(the sliding layers, their window W) when their values are paged apart (radixcache.window_parts), else
+    ((), 0). kv_window_paging auto: whenever some layer slides and neither demotion nor a tier below memory (which
+    move whole pages) is on; "on" with those is refused by EngineConfig. Several windows: the largest (each layer
+    still reads only its own)."""
+    windows = attention_options(model_config).windows
+    sliding = tuple(i for i, w in enumerate(windows) if w is not None)
+    if not sliding or config.kv_window_paging == "off" or config.moves_whole_pages:
+        return (), 0
+    return sliding, max(w for w in windows if w is not None)
+
+
+def window_slots_needed(config: EngineConfig, window: int) -> int:
+    """Window slots that every running sequence's window can need at once: per sequence the pages of its last
+    W - 1 positions (+1 for a window that straddles a page, +1 for a partial hit's copy source, +2 for the pages its
+    step and draft start in), and the pages of a full step's new tokens and drafts. A quarter more, so that the tree
+    keeps idle windows to continue from. A pool with fewer pages than this gives every page its window part."""
+    ps = config.page_size
+    per_sequence = -(-(window - 1) // ps) + 4
+    step = -(-(config.max_step_tokens + config.max_running * config.speculate) // ps)
+    needed = config.max_running * per_sequence + step
+    return needed + needed // 4
+
+
+def build_pool(loaded: Any, config: EngineConfig) -> KVPool:
+    """The KV pool for `loaded`'s model on its device, at config.kv_dtype (auto: the model's dtype): kv_pages
+    exactly, or as many pages as kv_memory_bytes holds (scales included, so a smaller precision buys more pages).
+    A model with sliding layers gets them paged apart (window_paging), with window_slots_needed slots."""
+    param = next(loaded.model.parameters())
+    mc = loaded.config
+    shape = KVShape(layers=mc.num_layers, kv_heads=mc.num_kv_heads, head_dim=mc.head_dim)
+    kv_dtype = param.dtype if config.kv_dtype == "auto" else config.kv_dtype
+    sliding, window = window_paging(mc, config)
+    if sliding:
+        return KVPool.with_windows(
+            shape,
+            page_size=config.page_size,
+            num_pages=config.kv_pages,
+            budget_bytes=None if config.kv_pages is not None else config.kv_memory_bytes or DEFAULT_KV_MEMORY,
+            dtype=kv_dtype,
+            device=param.device,
+            window_layers=sliding,
+            slots_needed=window_slots_needed(config, window),
+        )
+    if config.kv_demote is not None:  # the same memory, split: kv_demote_share of it for demoted pages
+        per_page = KVPool.bytes_per_page(shape, config.page_size, kv_dtype)
+        budget = config.kv_pages * per_page if config.kv_pages is not None else config.kv_memory_bytes
+        return KVPool.with_demotion(
+            shape,
+            page_size=config.page_size,
+            budget_bytes=budget or DEFAULT_KV_MEMORY,
+            dtype=kv_dtype,
+            demote_dtype=config.kv_demote,
+            demote_share=config.kv_demote_share,
+            device=param.device,
+        )
+    if config.kv_pages is not None:
+        return KVPool(shape, page_size=config.page_size, num_pages=config.kv_pages, dtype=kv_dtype, device=param.device)
+    return KVPool.from_budget(
+        shape,
+        page_size=config.page_size,
+        budget_bytes=config.kv_memory_bytes or DEFAULT_KV_MEMORY,
+        dtype=kv_dtype,
+        device=param.device,
+    )
+
+
+class ModelStep:
+    """Forward and sample for the engine. `eos_ids`: the tokens that end a sequence (the model's and tokenizer's)."""
+
+    def __init__(self, loaded: Any, config: EngineConfig, eos_ids: set[int]) -> None:
+        self.model = loaded.model
+        self.model_config = mc = loaded.config
+        self.backend_choice = config.backend
+        param = next(self.model.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        self.page_size = config.page_size
+        self.pool = build_pool(loaded, config)
+        # the sliding layers' window when they are paged apart (0: every layer in the page)
+        self.window = window_paging(mc, config)[1] if self.pool.window is not None else 0
+        self.window_slots: Any = None  # set by the engine with window paging: pages -> their window slots
+        self.backend_options = dict(
+            num_heads=mc.num_heads,
+            num_kv_heads=mc.num_kv_heads,
+            head_dim=mc.head_dim,
+            dtype=self.dtype,
+            attention=attention_options(mc),
+            kv_dtype=self.pool.kv_dtype,
+        )
+        self.backend = create_backend(config.backend, self.device, **self.backend_options)
+        # Structured outputs: grammars compile on the submitting thread, masks are applied on the engine thread.
+        self.grammars = GrammarCache(loaded.tokenizer, mc.vocab_size, eos_ids)
+        self.context_length = mc.max_position_embeddings
+
+    def forward(self, chunks: list[Chunk]) -> torch.Tensor:
+        """float32 logits on the CPU, chunk.num_rows rows per chunk in chunk order (see `first_rows`): the
+        next-token distribution after its last new token, then after each of its draft tokens."""
+        ids: list[int] = []
+        slices = []
+        rows: list[int] = []
+        for c in chunks:
+            start = c.seq.num_computed
+            ids.extend(c.seq.tokens[start : start + c.num_new])
+            ids.extend(c.draft)
+            rows.extend(range(len(ids) - c.num_rows, len(ids)))
+            pages = c.seq.lease.pages
+            slots = self.window_slots(pages) if self.window_slots is not None else None
+            slices.append(SequenceSlice(pages, start, c.num_tokens, slots))
+        layout = BatchLayout.build(slices, self.page_size, self.device)
+        input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
+        wanted = torch.tensor(rows, device=self.device) if len(rows) > len(chunks) else None  # None: a row each
+        return self.model(input_ids, layout, self.pool, self.backend, rows=wanted).float().cpu()
+
+    @staticmethod
+    def first_rows(chunks: list[Chunk]) -> list[int]:
+        """Each chunk's first row in `forward`'s logits."""
+        out, row = [], 0
+        for c in chunks:
+            out.append(row)
+            row += c.num_rows
+        return out
+
+    def constrained_logits(self, chunks: list[Chunk], logits: torch.Tensor) -> dict[int, torch.Tensor]:
+        """Chunk index -> its first row's logits with the tokens its grammar forbids at -inf, for the constrained
+        chunks that sample this step (all masks of the batch in one call). Draft rows need the grammar state after
+        the accepted tokens: `constrained_row`."""
+        firsts = self.first_rows(chunks)
+        wanted = [i for i, c in enumerate(chunks) if c.seq.matcher is not None and c.samples]
+        if not wanted:
+            return {}
+        masked = self.grammars.mask_logits(logits, [firsts[i] for i in wanted], [chunks[i].seq.matcher for i in wanted])
+        return dict(zip(wanted, masked, strict=True))
+
+    def constrained_row(self, seq: Sequence, row: torch.Tensor) -> torch.Tensor | None:
+        """One row of logits masked by seq's grammar in its current state; None when seq is unconstrained."""
+        if seq.matcher is None:
+            return None
+        return self.grammars.mask_logits(row[None], [0], [seq.matcher])[0]
+
+    def sample(self, seq: Sequence, logits: torch.Tensor, allowed: torch.Tensor | None = None) -> None:
+        """Append seq's next token, sampled from `allowed` (the constrained logits) when given; logprobs stay those
+        of the model's logits. A sequence that reaches the context length ends with LENGTH."""
+        params = seq.request.sampling
+        base = logits if allowed is None else allowed
+        token = sample_row(apply_penalties(base, seq.generated, params), params, seq.generator)
+        logprob = token_logprob(logits, token, params.top_logprobs) if params.logprobs else None
+        seq.append_token(token, logprob)
+        if seq.finish_reason is None and len(seq.tokens) >= self.context_length:
+            seq.finish_reason = FinishReason.LENGTH
+
+    def warm_up(self, cache: PrefixCache) -> None:
+        """A short prefill, a decode and a mixed batch (worker/engine/warmup.py), so kernels compile before any request.
+        Under backend 'auto', a backend other than torch that fails them is replaced by torch, with a warning;
+        an explicit one raises RuntimeError."""
+        try:
+            warm_up(self.model, self.pool, cache, self.backend)
+        except Exception as exc:
+            if self.backend.name == "torch":
+                raise
+            if self.backend_choice != "auto":
+                raise RuntimeError(
+                    f"attention backend {self.backend.name!r} failed its start-up warm-up ({type(exc).__name__}: "
+                    f"{exc}); use backend 'auto' or 'torch'"
+                ) from exc
+            log.warning(
+                "attention backend %s failed its start-up warm-up (%s: %s); falling back to the torch backend",
+                self.backend.name, type(exc).__name__, exc, exc_info=True,
+            )  # fmt: skip
+            self.backend = create_backend("torch", self.device, **self.backend_options)
+            warm_up(self.model, self.pool, cache, self.backend)

@@ -1,0 +1,130 @@
+"""The engine's tiers below the KV pool: building them from EngineConfig, opening the disk store in the background,
+saving what memory holds at shutdown (the warm restart), and closing them.
+
+Start: the host-memory tier (kv_host_bytes) works from the first step. The disk store (kv_disk_dir) needs the
+fingerprint (worker/engine/fingerprint.py), whose weights digest reads the weight files: `open_disk` does that on a thread
+of its own after the engine started, so "listening on" is not delayed by it, then hands the open store to the
+engine thread (`submit`: through its inbox), which adds it below the host tier and restores the pins the last
+shutdown saved, before any other load. The store's scan of what earlier runs left goes on in the background; its
+pages are found by one stat each meanwhile. `ready` says when all of that is done.
+
+Stop (`close`, after the engine thread has ended): the pages memory holds and the disk lacks are queued (pinned first,
+then the most recently used, then the host tier's), the pins manifest is written, and the store writes its queue,
+all within the deadline; what does not make it is lost, never torn.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from radixcache.host_tier import HostTier
+from radixcache.page_data import PageData
+from radixcache.store import Codec, DiskStore
+from radixcache.tier import TierChain
+from radixcache.tiering import TierLink
+from radixcache.worker.engine.config import EngineConfig
+
+log = logging.getLogger("radixcache.engine")
+
+PAGE_CODEC = Codec(encode=lambda page: page.to_bytes(), decode=PageData.from_bytes)
+MIN_SAVE_S = 1.0  # a shutdown that drained up to its deadline still gets this long to save
+
+
+def build_tier_link(pool: Any, config: EngineConfig, notify: Callable[[], None]) -> TierLink | None:
+    """The cache's TierLink for `config`, with its host tier (if any); None when no tier is configured."""
+    if config.kv_disk_dir is None and config.kv_host_bytes is None:
+        return None
+    tiers = []
+    if config.kv_host_bytes is not None:
+        tiers.append(HostTier(config.kv_host_bytes, pin=pool.device.type == "cuda"))
+    through = config.kv_disk_dir is not None and config.kv_disk_write == "through"
+    return TierLink(pool, config.page_size, tiers=TierChain(tiers), notify=notify, write_through=through)
+
+
+class EngineTiers:
+    """One engine's tiers. `submit(fn)` runs fn on the engine thread; `pin(tokens, ns, ttl)` pins as the engine
+    does (within the budget, leaving what running requests were promised)."""
+
+    def __init__(
+        self,
+        link: TierLink,
+        config: EngineConfig,
+        submit: Callable[[Callable[[], None]], None],
+        pin: Callable[[list[int], str, float | None], int],
+    ) -> None:
+        self.link = link
+        self.config = config
+        self._submit = submit
+        self._pin = pin
+        self._opened = threading.Event()  # the disk store is part of the link (or there is none to open)
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self.error: str | None = None
+        if config.kv_disk_dir is None:
+            self._opened.set()
+
+    @property
+    def ready(self) -> bool:
+        """Every configured tier is open, the disk's index is rebuilt and the saved pins are restored."""
+        disk = self.link.disk
+        return self._opened.is_set() and (disk is None or disk.wait_ready(0)) and not self.link.restoring
+
+    def open_disk(self, loaded: Any, pool: Any, *, device: Any, backend: str) -> None:
+        """Compute the fingerprint and open the store on a background thread (once)."""
+        if self.config.kv_disk_dir is None or self._thread is not None:
+            return
+        self._thread = threading.Thread(
+            target=self._open, args=(loaded, pool, device, backend), name="radixcache-tier-open", daemon=True
+        )
+        self._thread.start()
+
+    def _open(self, loaded: Any, pool: Any, device: Any, backend: str) -> None:
+        from radixcache.worker.engine.fingerprint import fingerprint_parts, store_folder, weights_digest
+
+        c = self.config
+        try:
+            started = time.monotonic()
+            parts = fingerprint_parts(loaded, pool=pool, page_size=c.page_size, device=str(device), backend=backend)
+            digest = weights_digest(loaded, remember_in=c.kv_disk_dir)
+            folder = store_folder(c.kv_disk_dir, parts, digest)  # type: ignore[arg-type]
+            store = DiskStore(
+                folder, c.kv_disk_bytes, codec=PAGE_CODEC, queue_pages=c.kv_disk_queue_pages, kv_dtype=pool.kv_dtype
+            ).start()
+        except Exception as e:
+            self.error = f"{type(e).__name__}: {e}"
+            log.exception("the disk tier under %s could not be opened; serving without it", c.kv_disk_dir)
+            return
+        log.info("disk tier %s open after %.2f s (index rebuilt in the background)", folder, time.monotonic() - started)
+
+        def attach() -> None:  # engine thread: below the host tier, then the pins before any other load
+            if self._closed:
+                store.close(0)
+                return
+            self.link.add_disk(store)
+            restored = self.link.restore_pins(self._pin)
+            if restored:
+                log.info("restoring %d pinned prefixes from %s", restored, folder)
+            self._opened.set()
+
+        self._submit(attach)
+
+    def close(self, deadline: float | None) -> None:
+        """Save what memory holds to the disk (see the module docstring) and close every tier. Call once the engine
+        thread has stopped; `deadline` is time.monotonic()-based (None: take as long as it needs). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        link = self.link
+        end = max(deadline, time.monotonic() + MIN_SAVE_S) if deadline is not None else time.monotonic() + 3600.0
+        try:
+            link.pump(0.0)
+            if link.disk is not None:
+                saved = link.save(end)
+                log.info("saved %d pages of the KV cache to %s", saved, link.disk.folder)
+        except Exception:
+            log.exception("saving the KV cache to the disk tier failed")
+        link.close(max(0.0, end - time.monotonic()))

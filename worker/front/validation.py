@@ -1,0 +1,544 @@
+"""Decides what a request may contain, for every front (gRPC, OpenAI HTTP, in-process): plain Python values in,
+a validated prompt and SamplingParams out, InvalidArgument (naming the field and the allowed range) otherwise.
+
+Fronts translate their wire format into the plain values here (PromptInput, SamplingValues) and call, in order:
+1. the cheap checks, in microseconds to milliseconds and before anything is tokenized or allocated:
+   `check_request_id`, `check_prompt_input` (sizes: a text that cannot fit the context, too many messages, too much
+   chat content) and `sampling_params(values, prompt_tokens=None, ...)`;
+2. `tokenize_prompt` (the slow part: chat template + tokenizer; run it off the event loop);
+3. `sampling_params(values, prompt_tokens=len(ids), ...)` again, now with the exact prompt length.
+
+SamplingParams.__post_init__ holds the sampling rules that need nothing but the values (ranges, finiteness, counts);
+`sampling_params` adds the ones that need the model (vocabulary, context length), so each rule lives in one place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from radixcache.worker.engine.checks import (
+    ContextOverflow,
+    InvalidArgument,
+    check_prompt_length,
+    check_room,
+    check_token_ids,
+)
+from radixcache.worker.engine.request import MAX_CONSTRAINT_CHARS, MAX_SCHEMA_DEPTH, Constraint, SamplingParams
+from radixcache.worker.front.generated import Reply, encode_rendered
+
+CHAT_ROLES = ("system", "user", "assistant", "tool")
+MAX_REQUEST_ID_CHARS = 128
+MAX_CACHE_KEY_CHARS = 256  # a routing hint (prompt_cache_key): hashed per routing decision
+MAX_CHAT_MESSAGES = 1024  # (stop strings and stop token ids: request.py's SamplingParams has their limits)
+MAX_TOOLS = 128  # tool (function) definitions of one request, as OpenAI allows
+MAX_TOOL_CALLS = 64  # tool calls of one assistant message
+MAX_TOOL_ARGUMENTS_BYTES = 1 << 16  # one tool call's arguments as JSON
+MAX_CONTENT_PARTS = 64  # parts of one message's content (the HTTP front's [{"type": "text", "text": ...}, ...])
+MAX_SCHEMA_BYTES = MAX_CONSTRAINT_CHARS  # one tool's parameters as compact JSON (a response format: the constraint's)
+# A request body (HTTP) nests objects and arrays at most this deep (a schema inside it ~5 levels down), and holds at
+# most this many JSON values and keys beside its prompt's token ids; both are checked while it is parsed
+# (worker/http/json_body.py), so what a body costs to parse and validate is bounded by these, not by its size.
+MAX_JSON_DEPTH = 2 * MAX_SCHEMA_DEPTH  # a refused schema is named by its own check
+MAX_JSON_ITEMS = 1 << 15
+DEFAULT_MAX_TOKENS = SamplingParams().max_tokens
+
+
+class TokenizerLike(Protocol):
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
+
+    def apply_chat_template(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **variables: Any
+    ) -> str: ...
+
+
+@dataclass(frozen=True)
+class ModelLimits:
+    """What validation needs to know about the served model; build it once per model with `of()`.
+
+    max_bytes_per_token: at most this many UTF-8 bytes of input text become one token, so a text of B bytes encodes
+    to at least ceil(B / max_bytes_per_token) tokens. None when the tokenizer gives no such bound (then sizes are
+    only checked after tokenizing).
+    """
+
+    vocab_size: int
+    context_length: int
+    max_bytes_per_token: int | None = None
+
+    @classmethod
+    def of(cls, tokenizer: Any, *, vocab_size: int, context_length: int) -> ModelLimits:
+        bound = getattr(tokenizer, "max_bytes_per_token", None) if tokenizer is not None else None
+        return cls(vocab_size=vocab_size, context_length=context_length, max_bytes_per_token=bound)
+
+    @property
+    def max_prompt_tokens(self) -> int:
+        return self.context_length - 1  # leaves room for one generated token
+
+    @property
+    def max_prompt_bytes(self) -> int | None:
+        """The most UTF-8 bytes a text may have and still fit the context (None: unknown before tokenizing)."""
+        return None if self.max_bytes_per_token is None else self.max_prompt_tokens * self.max_bytes_per_token
+
+
+@dataclass(frozen=True)
+class PromptInput:
+    """A prompt as a front received it: exactly one of text, token ids or chat messages ({"role", "content"}).
+
+    tools: with messages, the tool (function) definitions the chat template renders, as Hugging Face's
+    apply_chat_template takes them ([{"type": "function", "function": {"name", "description", "parameters"}}]).
+    """
+
+    text: str | None = None
+    token_ids: Sequence[int] | None = None
+    messages: Sequence[Mapping[str, Any]] | None = None
+    tools: Sequence[Mapping[str, Any]] | None = None
+
+    @property
+    def kind(self) -> str | None:
+        given = [k for k in ("text", "token_ids", "messages") if getattr(self, k) is not None]
+        if len(given) > 1:
+            raise InvalidArgument(f"set exactly one of text, token_ids or messages; got {' and '.join(given)}")
+        return given[0] if given else None
+
+
+@dataclass(frozen=True)
+class PromptSize:
+    """A prompt's size as read before its request is parsed (gRPC: off the wire bytes), for `check_prompt_size`.
+
+    kind: "text" or "messages" (None: not known; nothing is checked). text_bytes: the text's UTF-8 size.
+    messages: how many chat messages; content_bytes: their content's UTF-8 size in all.
+    """
+
+    kind: str | None
+    text_bytes: int = 0
+    messages: int = 0
+    content_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class SamplingValues:
+    """A request's sampling fields as sent; None (or empty) = unset, which takes SamplingParams' default."""
+
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    stop: Sequence[str] = field(default_factory=tuple)
+    stop_token_ids: Sequence[int] = field(default_factory=tuple)
+    ignore_eos: bool | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    n: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    speculate: bool | None = None  # False: no draft tokens for this request
+
+
+def check_request_id(request_id: str) -> None:
+    if len(request_id) > MAX_REQUEST_ID_CHARS:
+        raise InvalidArgument(f"request_id must have at most {MAX_REQUEST_ID_CHARS} characters, got {len(request_id)}")
+    _utf8_size(request_id, "request_id")
+
+
+def check_cache_key(cache_key: str) -> None:
+    """A request's routing hint (Request.cache_key): at most MAX_CACHE_KEY_CHARS characters of valid Unicode."""
+    if len(cache_key) > MAX_CACHE_KEY_CHARS:
+        raise InvalidArgument(f"cache_key must have at most {MAX_CACHE_KEY_CHARS} characters, got {len(cache_key)}")
+    _utf8_size(cache_key, "cache_key")
+
+
+def check_ttl(ttl_seconds: float | None) -> None:
+    """A pin's lifetime: unset (no expiry) or a finite number of seconds > 0."""
+    if ttl_seconds is not None and not (ttl_seconds > 0 and math.isfinite(ttl_seconds)):
+        raise InvalidArgument(f"ttl_seconds must be > 0 and finite (or unset: no expiry), got {ttl_seconds}")
+
+
+def _utf8_size(text: str, name: str) -> int:
+    """len(text) in UTF-8; a lone surrogate (possible from JSON's \\ud800 escapes) is an InvalidArgument."""
+    try:
+        return len(text.encode("utf-8"))
+    except UnicodeEncodeError as e:
+        raise InvalidArgument(f"{name} is not valid Unicode: {e.reason} at character {e.start}") from None
+
+
+def _over(num_bytes: int, limits: ModelLimits) -> bool:
+    return limits.max_prompt_bytes is not None and num_bytes > limits.max_prompt_bytes
+
+
+def _at_least_tokens(num_bytes: int, limits: ModelLimits) -> int:
+    if limits.max_bytes_per_token is None:
+        return 1
+    return -(-num_bytes // limits.max_bytes_per_token)
+
+
+def chat_messages(messages: Sequence[Mapping[str, Any]], limits: ModelLimits) -> list[dict[str, Any]]:
+    """[{"role", "content", ...}] checked (count, roles, content type, total size) and copied for the template."""
+    if not messages:
+        raise InvalidArgument("messages must hold at least one message")
+    check_message_count(len(messages), limits)
+    out = []
+    chars = 0
+    for i, m in enumerate(messages):
+        role, content = m.get("role"), m.get("content")
+        if role not in CHAT_ROLES:
+            raise InvalidArgument(f"messages[{i}].role must be one of {', '.join(CHAT_ROLES)}; got {role!r}")
+        if not isinstance(content, str):
+            raise InvalidArgument(f"messages[{i}].content must be a string, got {type(content).__name__}")
+        _message_fields(m, f"messages[{i}]")
+        chars += len(content)
+        out.append(dict(m))
+    # Characters <= UTF-8 bytes: too many characters is too many bytes, without encoding megabytes to count them.
+    size = (
+        chars
+        if _over(chars, limits)
+        else sum(_utf8_size(m["content"], f"messages[{i}].content") for i, m in enumerate(out))
+    )
+    check_content_bytes(size, limits)
+    return out
+
+
+def check_message_count(count: int, limits: ModelLimits) -> None:
+    """At most MAX_CHAT_MESSAGES messages, and fewer than the context has tokens."""
+    most = min(MAX_CHAT_MESSAGES, limits.max_prompt_tokens)
+    if count > most:
+        raise InvalidArgument(f"messages must hold at most {most} messages, got {count}")
+
+
+def check_content_bytes(size: int, limits: ModelLimits) -> None:
+    """Chat messages' content of `size` UTF-8 bytes in all can fit the context."""
+    if _over(size, limits):
+        raise ContextOverflow(
+            f"messages hold at least {size} bytes of content; a prompt that fits the context "
+            f"({limits.max_prompt_tokens} tokens) holds at most {limits.max_prompt_bytes} bytes with this model's "
+            "tokenizer",
+            limits.context_length,
+        )
+
+
+def _message_fields(message: Mapping[str, Any], name: str) -> None:
+    """A message's fields beside role and content (tool use: name, tool_call_id, tool_calls) are valid text."""
+    for key in ("name", "tool_call_id"):
+        if isinstance(message.get(key), str):
+            _utf8_size(message[key], f"{name}.{key}")
+    calls = message.get("tool_calls") or ()
+    if len(calls) > MAX_TOOL_CALLS:
+        raise InvalidArgument(f"{name}.tool_calls must hold at most {MAX_TOOL_CALLS} tool calls, got {len(calls)}")
+    for j, call in enumerate(calls):
+        if isinstance(call.get("id"), str):
+            _utf8_size(call["id"], f"{name}.tool_calls[{j}].id")
+        function = call.get("function") or {}
+        if isinstance(function.get("name"), str):
+            _utf8_size(function["name"], f"{name}.tool_calls[{j}].function.name")
+        if "arguments" in function:  # JSON text, or the object it holds
+            _tool_arguments_size(_json_size(function["arguments"], f"{name}.tool_calls[{j}].function.arguments"),
+                                 f"{name}.tool_calls[{j}].function.arguments")  # fmt: skip
+
+
+def _tool_arguments_size(size: int, name: str) -> None:
+    if size > MAX_TOOL_ARGUMENTS_BYTES:
+        raise InvalidArgument(f"{name} must have at most {MAX_TOOL_ARGUMENTS_BYTES} bytes as JSON, got {size}")
+
+
+def tool_call_arguments(text: str, name: str) -> Any:
+    """A tool call's arguments (JSON text, as OpenAI sends them) as chat templates expect them: the object the text
+    holds, or the text itself when it is not JSON. Its size is checked before it is parsed."""
+    _tool_arguments_size(len(text), name)  # characters <= bytes: a cheap first bound
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):  # not JSON, or nested deeper than json.loads goes
+        return text
+
+
+def check_tools(tools: Sequence[Mapping[str, Any]]) -> None:
+    """Tool definitions: at most MAX_TOOLS, names and descriptions valid text, parameters at most MAX_SCHEMA_BYTES
+    of JSON."""
+    if len(tools) > MAX_TOOLS:
+        raise InvalidArgument(f"tools must hold at most {MAX_TOOLS} tools, got {len(tools)}")
+    for i, tool in enumerate(tools):
+        function = tool.get("function") or {}
+        for key in ("name", "description"):
+            if isinstance(function.get(key), str):
+                _utf8_size(function[key], f"tools[{i}].function.{key}")
+        if function.get("parameters") is not None:
+            size = _json_size(function["parameters"], f"tools[{i}].function.parameters")
+            if size > MAX_SCHEMA_BYTES:
+                raise InvalidArgument(
+                    f"tools[{i}].function.parameters must have at most {MAX_SCHEMA_BYTES} bytes as JSON, got {size}"
+                )
+
+
+def _json_size(value: Any, name: str) -> int:
+    """The UTF-8 size of `value` as compact JSON (a string as itself); a lone surrogate anywhere in it is an
+    InvalidArgument naming `name`."""
+    if isinstance(value, str):
+        return _utf8_size(value, name)
+    try:
+        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    except (TypeError, ValueError, RecursionError) as e:
+        raise InvalidArgument(f"{name} must be JSON: {e}") from None
+    return _utf8_size(text, name)
+
+
+def check_prompt_input(prompt: PromptInput, tokenizer: TokenizerLike | None, limits: ModelLimits) -> int:
+    """The cheap checks of a prompt, before any tokenizing: returns a lower bound on its length in tokens.
+
+    Rejects what is missing or empty, token ids outside the vocabulary, and anything whose size alone proves it
+    cannot fit the context (a text of B bytes has at least ceil(B / max_bytes_per_token) tokens).
+    """
+    kind = prompt.kind
+    if kind is None:
+        raise InvalidArgument("no input: set exactly one of text, token_ids or messages")
+    if kind != "token_ids" and tokenizer is None:
+        raise InvalidArgument(f"{kind}: this worker's model has no tokenizer; send token_ids instead")
+    if kind == "token_ids":
+        ids = prompt.token_ids or ()
+        if not ids:
+            raise InvalidArgument("token_ids.ids must hold at least one token")
+        check_prompt_length(len(ids), limits.context_length)
+        check_token_ids(ids, limits.vocab_size, "token_ids.ids")
+        return len(ids)
+    if kind == "messages":
+        chat_messages(prompt.messages or (), limits)
+        check_tools(prompt.tools or ())
+        return 1  # a template may drop or trim content: no tighter bound is certain
+    text = prompt.text or ""
+    if not text:
+        raise InvalidArgument("text must not be empty")
+    num_bytes = len(text) if _over(len(text), limits) else _utf8_size(text, "text")  # characters <= bytes
+    return check_text_bytes(num_bytes, limits)
+
+
+def check_prompt_size(size: PromptSize, limits: ModelLimits) -> None:
+    """The size rules of check_prompt_input, on sizes alone: a prompt refused here would be refused there with the
+    same error, only later (after megabytes were parsed and decoded). Passing says nothing: check it in full."""
+    if size.kind == "text":
+        check_text_bytes(size.text_bytes, limits)
+    elif size.kind == "messages":
+        check_message_count(size.messages, limits)
+        check_content_bytes(size.content_bytes, limits)
+
+
+def check_text_bytes(num_bytes: int, limits: ModelLimits) -> int:
+    """A text of `num_bytes` UTF-8 bytes can fit the context; returns the fewest tokens it can have."""
+    at_least = _at_least_tokens(num_bytes, limits)
+    if at_least > limits.max_prompt_tokens:
+        raise ContextOverflow(
+            f"text has at least {num_bytes} bytes, so at least {at_least} tokens with this model's tokenizer (at most "
+            f"{limits.max_bytes_per_token} bytes per token); the context allows at most {limits.max_prompt_tokens} "
+            f"prompt tokens (at most {limits.max_prompt_bytes} bytes)",
+            limits.context_length,
+        )
+    return at_least
+
+
+def render_prompt(
+    prompt: PromptInput,
+    tokenizer: TokenizerLike | None,
+    limits: ModelLimits,
+    replies: Mapping[int, Reply] | None = None,
+) -> tuple[list[int], str]:
+    """The token ids of a prompt, and the text they encode ("" for token ids). Slow: run it off the event loop.
+
+    Runs check_prompt_input first. Chat messages are rendered with the model's chat template plus the assistant's
+    generation prompt; the template writes the special tokens (BOS) itself, so the rendered text is encoded without
+    adding them again. `replies` (message index -> remembered generation, worker/front/generated.py): those assistant
+    turns keep the ids the model generated where the template wrote their exact text. Checks sizes only
+    (check_prompt_input), not the exact length against the context: Tokenize reports any length.
+    """
+    check_prompt_input(prompt, tokenizer, limits)
+    kind = prompt.kind
+    if kind == "token_ids":
+        return list(prompt.token_ids or ()), ""
+    assert tokenizer is not None  # check_prompt_input refuses text and messages without one
+    if kind == "text":
+        text = prompt.text or ""
+        return list(tokenizer.encode(text)), text
+    messages, render = chat_renderer(prompt, tokenizer, limits)
+    rendered = render_chat(render, messages)
+    return encode_rendered(tokenizer, rendered, render, messages, replies or {}), rendered
+
+
+def chat_renderer(
+    prompt: PromptInput, tokenizer: TokenizerLike, limits: ModelLimits
+) -> tuple[list[dict[str, Any]], Callable[[list[dict[str, Any]]], str]]:
+    """A chat prompt's checked messages, and the function that renders a conversation with the model's template
+    (generation prompt included, the prompt's tools as the template's `tools`)."""
+    messages = chat_messages(prompt.messages or (), limits)
+    variables = {"tools": list(prompt.tools)} if prompt.tools else {}
+
+    def render(conversation: list[dict[str, Any]]) -> str:
+        return tokenizer.apply_chat_template(conversation, add_generation_prompt=True, **variables)
+
+    return messages, render
+
+
+def render_chat(render: Callable[[list[dict[str, Any]]], str], messages: list[dict[str, Any]]) -> str:
+    """render(messages), the template's refusal as an InvalidArgument naming messages."""
+    try:
+        return render(messages)
+    except Exception as e:  # no template (ValueError), or the template rejects the conversation (TemplateError)
+        raise InvalidArgument(f"messages: the model's chat template cannot render them: {e}") from e
+
+
+def tokenize_prompt(
+    prompt: PromptInput,
+    tokenizer: TokenizerLike | None,
+    limits: ModelLimits,
+    replies: Mapping[int, Reply] | None = None,
+) -> tuple[list[int], str]:
+    """render_prompt, then the length check: the prompt must leave room for one generated token."""
+    ids, text = render_prompt(prompt, tokenizer, limits, replies)
+    check_prompt_length(len(ids), limits.context_length)
+    return ids, text
+
+
+async def tokenize_off_loop(
+    prompt: PromptInput,
+    tokenizer: TokenizerLike | None,
+    limits: ModelLimits,
+    *,
+    fit: bool = True,
+    replies: Mapping[int, Reply] | None = None,
+) -> tuple[list[int], str]:
+    """tokenize_prompt (fit: leave room to generate) or render_prompt, for a front's event loop: in a worker thread,
+    so a long text or chat template never stalls other streams; token ids are checked in place (nothing to
+    tokenize, and a thread hop would only add latency)."""
+    tokenize = tokenize_prompt if fit else render_prompt
+    if prompt.kind == "token_ids":
+        return tokenize(prompt, tokenizer, limits)
+    return await asyncio.get_running_loop().run_in_executor(None, tokenize, prompt, tokenizer, limits, replies)
+
+
+def sampling_params(values: SamplingValues, *, prompt_tokens: int | None, limits: ModelLimits) -> SamplingParams:
+    """SamplingParams from a request's sampling values; unset values take SamplingParams' defaults.
+
+    max_tokens unset: min(default, what is left of the context). max_tokens set beyond what is left: an error.
+    Cheap: call it before tokenizing with prompt_tokens=None (every rule but the room left in the context), and
+    again with the prompt's exact length.
+    """
+    room = limits.context_length - (prompt_tokens or 1)
+    if values.max_tokens is not None:
+        max_tokens = values.max_tokens
+        if max_tokens < 1:
+            raise InvalidArgument(f"max_tokens must be >= 1, got {max_tokens}")
+        if prompt_tokens is not None:
+            check_room(prompt_tokens, max_tokens, limits.context_length)
+    else:
+        max_tokens = min(DEFAULT_MAX_TOKENS, room)
+    kwargs: dict[str, Any] = {
+        "max_tokens": max_tokens,
+        "stop": tuple(values.stop),
+        "stop_token_ids": tuple(values.stop_token_ids),
+    }
+    for name in (
+        "temperature", "top_k", "top_p", "min_p", "seed", "ignore_eos", "logprobs", "top_logprobs", "n",
+        "presence_penalty", "frequency_penalty", "speculate",
+    ):  # fmt: skip
+        value = getattr(values, name)
+        if value is not None:
+            kwargs[name] = value
+    try:
+        params = SamplingParams(**kwargs)  # its messages already name the field and the range
+    except ValueError as e:
+        raise InvalidArgument(str(e)) from e
+    except TypeError as e:  # a value of the wrong type from a loosely typed front (e.g. JSON)
+        raise InvalidArgument(f"a sampling value has the wrong type: {e}") from e
+    # After SamplingParams has bounded their counts:
+    for i, s in enumerate(params.stop):
+        _utf8_size(s, f"stop[{i}]")
+    check_token_ids(params.stop_token_ids, limits.vocab_size, "stop_token_ids")
+    return params
+
+
+def constraint(kind: str | None, text: str = "") -> Constraint | None:
+    """A structured-output constraint from a front's plain values: kind one of request.CONSTRAINT_KINDS (None: no
+    constraint), text the JSON schema (JSON text), regex or grammar ("" for json_object).
+
+    Checks what needs no tokenizer (non-empty, size, the schema is JSON); whether it compiles is checked next by
+    Engine.compile_constraint (ConstraintError, also a ValueError), still before anything is allocated.
+    """
+    if kind is None:
+        return None
+    try:
+        wanted = Constraint(kind, text)  # first: it bounds the size
+    except ValueError as e:  # Constraint names the field and the limit
+        raise InvalidArgument(str(e)) from e
+    if kind == "json_schema":
+        try:
+            schema = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise InvalidArgument(f"json_schema is not valid JSON: {e}") from e
+        except RecursionError:
+            raise InvalidArgument("json_schema is nested too deeply") from None
+        if not isinstance(schema, (dict, bool)):
+            raise InvalidArgument(f"json_schema must be a JSON object, got a JSON {type(schema).__name__}")
+        depth = json_depth(schema, MAX_SCHEMA_DEPTH)
+        if depth > MAX_SCHEMA_DEPTH:
+            raise InvalidArgument(f"json_schema nests more than {MAX_SCHEMA_DEPTH} levels of objects and arrays")
+        if isinstance(schema, dict) and "x-guidance" in schema:
+            # The server's grammar options (one-line JSON layout, no free whitespace) hold for every request; a
+            # schema that asks for others is refused rather than silently served differently than it asks.
+            raise InvalidArgument('json_schema: "x-guidance" (grammar options) is set by the server, not the schema')
+    return wanted
+
+
+def json_depth(value: Any, limit: int) -> int:
+    """How deeply `value` (parsed JSON) nests lists and dicts (a scalar: 0, [] or {}: 1), counted up to limit + 1:
+    iterative, so a hostile depth costs no recursion and stops at the first path past the limit."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        deepest = max(deepest, depth)
+        if depth > limit:
+            return depth
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return deepest
+
+
+def check_strict_schema(schema: Any, owner: str) -> None:
+    """OpenAI's strict mode (`strict: true` on a json_schema response format or a function): every object schema
+    says `additionalProperties: false` and lists each of its properties in `required`. InvalidArgument naming the
+    rule and where it is broken, in OpenAI's words ("Invalid schema for response_format 'person': In
+    context=('properties', 'address'), ..."); `owner` names the schema ("response_format 'person'")."""
+
+    def visit(node: Any, context: tuple[Any, ...]) -> None:
+        if isinstance(node, list):
+            for i, item in enumerate(node):
+                visit(item, (*context, i))
+            return
+        if not isinstance(node, dict):
+            return
+        is_object = node.get("type") == "object" or (isinstance(node.get("type"), list) and "object" in node["type"])
+        if is_object or "properties" in node:
+            where = f"Invalid schema for {owner}: In context={context!r}"
+            if node.get("additionalProperties") is not False:
+                raise InvalidArgument(f"{where}, 'additionalProperties' is required to be supplied and to be false.")
+            properties = node.get("properties") or {}
+            required = node.get("required")
+            missing = [k for k in properties if not isinstance(required, list) or k not in required]
+            if missing:
+                raise InvalidArgument(
+                    f"{where}, 'required' is required to be supplied and to be an array including every key in "
+                    f"properties. Missing {missing[0]!r}."
+                )
+            extra = [k for k in required or () if k not in properties]
+            if extra:
+                raise InvalidArgument(f"{where}, 'required' names {extra[0]!r}, which is not in properties.")
+        for key in ("properties", "$defs", "definitions", "patternProperties"):
+            for name, sub in (node.get(key) or {}).items() if isinstance(node.get(key), dict) else ():
+                visit(sub, (*context, key, name))
+        for key in ("items", "prefixItems", "anyOf", "allOf", "oneOf", "not", "additionalProperties"):
+            if key in node:
+                visit(node[key], (*context, key))
+
+    visit(schema, ())

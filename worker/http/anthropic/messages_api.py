@@ -1,0 +1,138 @@
+"""Anthropic's Messages API over the front core: POST /v1/messages and POST /v1/messages/count_tokens, on the same
+HTTP app, port and tokens as the OpenAI routes (worker/http/app.py mounts them).
+
+A request's body becomes the front core's plain values (requests.py) and goes through the same admit as every other
+front: validation, tokenizing off the loop with the tenant's remembered replies, tool-call constraints, submit. Its
+outputs become a message or its event stream (output.py); its cache_control breakpoints become pins
+(cache_control.py), set while it runs and counted in its usage. Auth: `x-api-key: <key>` (Anthropic's header) or
+`Authorization: Bearer <key>`, the same keys and tenants as the OpenAI routes. Errors are Anthropic's shape
+(errors.py): the app's handlers write every APIError raised here that way.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.background import BackgroundTask
+
+from radixcache.worker.engine.request import FinishReason, RequestOutput
+from radixcache.worker.engine.stream import EngineStream
+from radixcache.worker.front.core import Refusal, RefusalKind
+from radixcache.worker.http.anthropic.cache_control import BreakpointPins
+from radixcache.worker.http.anthropic.errors import error_body, refusal_error
+from radixcache.worker.http.anthropic.output import MessagesResponder, sse
+from radixcache.worker.http.anthropic.protocol import CountTokensRequest, MessagesRequest, TokensCount
+from radixcache.worker.http.anthropic.requests import messages_body_shape, parse_messages, parse_prompt
+from radixcache.worker.http.openai.chat_api import OpenAIFront
+from radixcache.worker.http.openai.errors import APIError
+
+SHUT_DOWN = "the worker shut down before the reply was complete"
+
+
+class MessagesEndpoint:
+    """The two routes, over an OpenAIFront (its gates and body reading; the app's handlers shape the errors)."""
+
+    def __init__(self, front: OpenAIFront) -> None:
+        self.front = front
+
+    def tenant(self, request: Request) -> str:
+        """The caller's tenant from x-api-key, else from a bearer token: the same keys either way."""
+        key = request.headers.get("x-api-key")
+        credentials = [("authorization", f"Bearer {key}" if key else request.headers.get("authorization", ""))]
+        try:
+            return self.front.core.tenant(credentials)
+        except Refusal:
+            raise APIError(401, "invalid x-api-key (send x-api-key: <key> or Authorization: Bearer <key>)") from None
+
+    # -- routes ------------------------------------------------------------------------------------------------
+    async def create(self, request: Request) -> Response:
+        tenant = self.tenant(request)
+        engine = self.front.engine()
+        body = await self.front.body(request, MessagesRequest, messages_body_shape(self.front.core.limits))
+        self.front.check_model(body.model)
+        parsed = parse_messages(body)
+        message_id = "msg_" + uuid.uuid4().hex
+        core = self.front.core
+        try:
+            stream = await core.admit(
+                tenant, message_id, parsed.prompt, parsed.sampling, parsed.constraint,
+                remember=False if parsed.prewarm else None,  # a pre-warm's one token is no reply to remember
+            )  # fmt: skip
+        except Refusal as r:
+            raise refusal_error(r, constraint_param=parsed.constraint_param) from None
+        tokenizer = engine.tokenizer
+        try:  # the stream is open: whatever fails now must close it
+            pins = BreakpointPins(core, tenant, parsed.breakpoints, stream.request.prompt_ids)
+            responder = MessagesResponder(
+                message_id=message_id, model=self.front.model_name,
+                parse_tools=parsed.tool_choice.parses(parsed.specs), closes_at_stop=bool(parsed.tool_choice.stop()),
+                stop_sequences=parsed.stop_sequences, prewarm=parsed.prewarm,
+                generated_text=lambda: tokenizer.decode(stream.generated[0]),
+            )  # fmt: skip
+        except BaseException:
+            stream.close()
+            raise
+        if parsed.stream:
+            return self._sse(stream, responder, pins)
+        return await self._whole(request, stream, responder, pins)
+
+    async def count_tokens(self, request: Request) -> Response:
+        tenant = self.tenant(request)
+        self.front.engine()
+        body = await self.front.body(request, CountTokensRequest, messages_body_shape(self.front.core.limits))
+        self.front.check_model(body.model)
+        prompt, _, _, _ = parse_prompt(body)
+        try:
+            ids, _ = await self.front.core.tokenize(prompt, tenant=tenant)  # the ids a request would submit
+        except Refusal as r:
+            raise refusal_error(r) from None
+        return JSONResponse(TokensCount(input_tokens=len(ids)).model_dump())
+
+    # -- the way through --------------------------------------------------------------------------------------
+    @staticmethod
+    def _failure(out: RequestOutput) -> APIError:
+        if out.finish_reason is FinishReason.ABORTED:
+            return refusal_error(Refusal(RefusalKind.UNAVAILABLE, SHUT_DOWN))
+        return refusal_error(Refusal.of_failure(out.error_kind, f"the request failed: {out.error}"))
+
+    async def _whole(
+        self, request: Request, stream: EngineStream, responder: MessagesResponder, pins: BreakpointPins
+    ) -> Response:
+        async def done() -> None:
+            if responder.finish_reason is FinishReason.ABORTED:  # the worker stopped: not a whole reply
+                raise refusal_error(Refusal(RefusalKind.UNAVAILABLE, SHUT_DOWN))
+            responder.finish(await pins.creation(responder.cached_tokens))
+
+        try:
+            return await self.front._whole(request, stream, responder, done)
+        finally:
+            pins.cancel()
+
+    def _sse(self, stream: EngineStream, responder: MessagesResponder, pins: BreakpointPins) -> StreamingResponse:
+        async def events() -> AsyncIterator[str]:
+            try:
+                async for out in stream:
+                    if out.finish_reason in (FinishReason.ERROR, FinishReason.ABORTED):
+                        failure = self._failure(out)
+                        yield sse(error_body(failure.status, failure.message))
+                        return
+                    for event in responder.add(out):
+                        yield sse(event)
+                responder.finish(await pins.creation(responder.cached_tokens))
+                for event in responder.last_events():
+                    yield sse(event)
+            finally:
+                stream.close()
+                pins.cancel()
+
+        async def close_stream() -> None:  # as in the chat stream: a client gone before the generator started
+            stream.close()
+            pins.cancel()
+
+        return StreamingResponse(
+            events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"},
+            background=BackgroundTask(close_stream),
+        )  # fmt: skip
