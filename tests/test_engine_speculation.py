@@ -295,7 +295,7 @@ def test_a_constrained_request_is_only_drafted_what_its_grammar_allows(model):
     params = SamplingParams(max_tokens=30, temperature=0.8, seed=5)
     engine = engine_with(model, 8)
     cuts = []  # (what the drafter found, what the grammar let through) for constrained sequences
-    propose, inner = engine.scheduler.propose, engine.drafter.propose
+    propose, inner = engine.scheduler.propose, engine.speculator.drafter.propose
     found: dict[int, list[int]] = {}
 
     def spy_inner(seq, limit):
@@ -309,7 +309,7 @@ def test_a_constrained_request_is_only_drafted_what_its_grammar_allows(model):
             assert seq.matcher.accepts_prefix(draft) == len(draft), "a draft the grammar refuses"
         return draft
 
-    engine.drafter.propose, engine.scheduler.propose = spy_inner, spy
+    engine.speculator.drafter.propose, engine.scheduler.propose = spy_inner, spy
     waves = [
         [Request("json", p, params, constraint=schema("n"))],
         [
