@@ -569,4 +569,4 @@ class Engine:
 
     def _sample(self, seq: Sequence, logits: torch.Tensor, allowed: torch.Tensor | None = None) -> None:
         self.runner.sample(seq, logits, allowed)
-        self._counts(seq).generated_tokens += 1
+        self.counts[seq.request.namespace].generated_tokens += 1

@@ -47,24 +47,21 @@ class TenantCounts:
 COUNTERS = tuple(f.name for f in fields(TenantCounts))
 
 
-class TenantTable:
-    """namespace -> its TenantCounts, made on first use (`table[ns].preemptions += 1`). Engine thread only."""
+class TenantTable(dict[str, TenantCounts]):
+    """namespace -> its TenantCounts, made on first use (`table[ns].preemptions += 1`). Engine thread only.
 
-    def __init__(self) -> None:
-        self._by: dict[str, TenantCounts] = {}
+    A dict, so the lookup on every sampled token stays a C one; `get` and `of` create nothing."""
 
-    def __getitem__(self, namespace: str) -> TenantCounts:
-        counts = self._by.get(namespace)
-        if counts is None:
-            counts = self._by[namespace] = TenantCounts()
+    def __missing__(self, namespace: str) -> TenantCounts:
+        counts = self[namespace] = TenantCounts()
         return counts
 
     def of(self, namespace: str) -> TenantCounts:
         """A copy of one tenant's counts (zeros for a tenant never seen, which is not added to the table)."""
-        counts = self._by.get(namespace)
+        counts = self.get(namespace)
         return TenantCounts() if counts is None else TenantCounts(**{k: getattr(counts, k) for k in COUNTERS})
 
     def total(self) -> TenantCounts:
         """The worker's counts: every tenant's added up, counter by counter."""
-        everyone = list(self._by.values())
+        everyone = list(self.values())
         return TenantCounts(**{k: sum(getattr(c, k) for c in everyone) for k in COUNTERS})

@@ -28,7 +28,7 @@ from radixcache.worker.speculation.drafter import Drafter
 from radixcache.worker.speculation.sequence import DraftedSequence
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # one per drafted sequence each step: not frozen (a frozen __init__ costs ~5x)
 class Verdict:
     """What one step's check of one sequence's draft found: tokens drafted, and how many were accepted."""
 

@@ -50,7 +50,7 @@ class StepPlan:
     failed: list[Failure]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # one per waiting sequence each step: not frozen (a frozen __init__ costs ~5x)
 class Waiting:
     """A waiting sequence, and how many of its tokens the cache holds now (in memory; a tier load may add more)."""
 
