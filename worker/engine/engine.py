@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any
+from typing import TypeVar
 
 import torch
 
@@ -60,6 +60,7 @@ from radixcache.worker.speculation import Speculator
 __all__ = ["DuplicateRequestError", "Engine", "EngineConfig", "EngineStats", "RequestTooLargeError"]
 
 log = logging.getLogger("radixcache.engine")
+T = TypeVar("T")
 
 
 def _wake() -> None:
@@ -77,7 +78,7 @@ class NoText:
 
 
 class Engine:
-    """One worker's engine (implements worker.engine_api.EngineLike)."""
+    """One worker's engine (implements EngineLike, worker/engine/api.py)."""
 
     def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None) -> None:
         self.config = config or EngineConfig()
@@ -284,11 +285,11 @@ class Engine:
         loop). Raises ConstraintError (a ValueError) naming the problem. submit() compiles too, on a cache miss."""
         self.runner.grammars.compile(constraint)
 
-    def call(self, fn: Callable[[], Any]) -> Any:
+    def call(self, fn: Callable[[], T]) -> T:
         """Run fn on the engine thread (where the cache lives) and return its result."""
         if self._thread is None:
             return fn()
-        future: Future = Future()
+        future: Future[T] = Future()
 
         def run() -> None:
             try:
