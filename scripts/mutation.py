@@ -49,7 +49,7 @@ TARGETS: dict[str, tuple[list[str], list[str]]] = {
     "validation": (["worker/front/validation.py"], ["test_validation.py", "test_server_fake.py"]),
     "sequence": (["worker/engine/sequence.py"], ["test_sequence.py", "test_sampling.py", "test_engine.py"]),
     "scheduler": (
-        ["worker/engine/scheduler.py"],
+        ["worker/engine/scheduler/*"],
         [
             "test_scheduler.py",
             "test_engine.py",

@@ -18,6 +18,7 @@ from radixcache.keys import decode
 from radixcache.worker.cli import default_model_path
 from radixcache.worker.engine.engine import Engine, EngineConfig
 from radixcache.worker.engine.request import Constraint, FinishReason, Request, RequestOutput, SamplingParams
+from radixcache.worker.engine.tenant_counts import COUNTERS
 from radixcache.worker.model.loader import load_checkpoint
 
 GREEDY = SamplingParams(max_tokens=24, ignore_eos=True)
@@ -295,7 +296,7 @@ def test_a_constrained_request_is_only_drafted_what_its_grammar_allows(model):
     params = SamplingParams(max_tokens=30, temperature=0.8, seed=5)
     engine = engine_with(model, 8)
     cuts = []  # (what the drafter found, what the grammar let through) for constrained sequences
-    propose, inner = engine.scheduler.propose, engine.drafter.propose
+    propose, inner = engine.scheduler.propose, engine.speculator.drafter.propose
     found: dict[int, list[int]] = {}
 
     def spy_inner(seq, limit):
@@ -309,7 +310,7 @@ def test_a_constrained_request_is_only_drafted_what_its_grammar_allows(model):
             assert seq.matcher.accepts_prefix(draft) == len(draft), "a draft the grammar refuses"
         return draft
 
-    engine.drafter.propose, engine.scheduler.propose = spy_inner, spy
+    engine.speculator.drafter.propose, engine.scheduler.propose = spy_inner, spy
     waves = [
         [Request("json", p, params, constraint=schema("n"))],
         [
@@ -376,3 +377,32 @@ def test_speculation_must_be_a_sane_number_of_tokens():
         EngineConfig(speculate=-1)
     with pytest.raises(ValueError, match="speculate must be in"):
         EngineConfig(speculate=1000)
+
+
+def test_every_counter_of_the_workers_stats_is_the_sum_of_its_tenants(model):
+    """Two tenants under pressure with speculation on: each counter (admissions, hits, preemptions, tokens, drafts)
+    is kept once, under its tenant; the worker's figure is the sum, and a tenant never sees another's."""
+    ps = prompts(4, length=16, seed=21)
+    need = sum(-(-(len(p) + 3 + GREEDY.max_tokens) // 4) for p in ps) * 2
+    engine = engine_with(model, 8, kv_pages=need // 3, max_step_tokens=64)
+
+    def wave(tag: str, tokens: Outputs | None = None) -> list[Request]:
+        out = []
+        for i, p in enumerate(ps):
+            tenant = "alice" if i % 2 else "bob"
+            out.append(Request(f"{tag}{i}", p, GREEDY, namespace=tenant))
+            if tokens is not None:
+                out.append(Request(f"{tag}c{i}", p + tokens.tokens()[(f"a{i}", 0)][:3], GREEDY, namespace=tenant))
+        return out
+
+    sink = run_waves(engine, [wave("a")])
+    run_waves(engine, [wave("b", sink)], sink)
+    everyone, alice, bob, nobody = (engine.stats(ns) for ns in (None, "alice", "bob", "carol"))
+    for name in COUNTERS:
+        assert getattr(everyone, name) == getattr(alice, name) + getattr(bob, name), name
+        assert getattr(nobody, name) == 0, name
+    for view in (alice, bob):  # each tenant drafted, was preempted and was served hits of its own
+        assert view.accepted_draft_tokens > 0 and view.draft_steps > 0 and view.cached_tokens > 0, view
+        assert view.finished_requests == 6 and view.generated_tokens == 6 * GREEDY.max_tokens
+    assert everyone.preemptions > 0
+    assert sum(o[-1].accepted_draft_tokens for o in sink.by.values()) == everyone.accepted_draft_tokens

@@ -8,6 +8,7 @@ from radixcache.pool import KVPool, KVShape
 from radixcache.worker.engine.request import FinishReason, Request, SamplingParams
 from radixcache.worker.engine.scheduler import Chunk, Scheduler
 from radixcache.worker.engine.sequence import Sequence
+from radixcache.worker.engine.tenant_counts import TenantCounts
 
 PAGE = 4
 
@@ -37,9 +38,9 @@ def make_seq(name: str, prompt, max_tokens: int = 8, namespace: str = "") -> Seq
 
 def advance(sched: Scheduler) -> list[Chunk]:
     """One engine step with a model that always answers token 7: compute the chunks, publish, sample, finish."""
-    chunks, failed = sched.schedule()
-    assert not failed
-    for chunk in chunks:
+    plan = sched.schedule()
+    assert not plan.failed
+    for chunk in plan.chunks:
         seq, samples = chunk.seq, chunk.samples
         seq.num_computed += chunk.num_new
         sched.published(seq)
@@ -47,7 +48,12 @@ def advance(sched: Scheduler) -> list[Chunk]:
             seq.append_token(7, None)
             if seq.finish_reason is not None:
                 sched.finish(seq)
-    return chunks
+    return plan.chunks
+
+
+def totals(sched: Scheduler) -> TenantCounts:
+    """The scheduler's counters summed over every tenant (what the worker's stats report)."""
+    return sched.counts.total()
 
 
 def run_to_end(sched: Scheduler, *seqs: Sequence) -> None:
@@ -128,7 +134,7 @@ def test_the_newest_request_is_preempted_and_counted_each_time():
         if not sched.has_work():
             break
     assert not sched.has_work()
-    assert "c" in victims and sched.preemptions == len(victims) >= 2
+    assert "c" in victims and totals(sched).preemptions == len(victims) >= 2
     assert all(s.finish_reason is FinishReason.LENGTH and s.num_generated == 12 for s in seqs)
     sched.cache.check(idle=True)
 
@@ -175,8 +181,8 @@ def test_pins_a_request_does_not_read_must_leave_room_for_all_it_may_need():
     stranger = make_seq("stranger", shared + list(range(300, 309)), max_tokens=7)  # same tokens, no pins to read
     for seq in (reader, too_big, stranger):
         sched.add(seq)
-    chunks, failed = sched.schedule()
-    refused = {seq.name: why for seq, why in failed}
+    plan = sched.schedule()
+    chunks, refused = plan.chunks, {f.seq.name: f.message for f in plan.failed}
     assert set(refused) == {"too_big", "stranger"}
     assert "need 7 pages and 2 of the 8 pages are pinned" in refused["too_big"]
     assert "need 6 pages and 4 of the 8 pages are pinned" in refused["stranger"]
@@ -263,22 +269,22 @@ def test_a_newcomer_needs_its_prompt_pages_plus_a_reserve_page_per_running_reque
         advance(sched)  # 8 prompt tokens + 1 sampled: it reserves 3 pages next step, 7 are left (2 cached)
         newcomer = make_seq("newcomer", prompt, max_tokens=1)
         sched.add(newcomer)
-        chunks, failed = sched.schedule()
-        assert not failed and ("newcomer" in planned(chunks)) is admitted, (len(prompt), prompt[0])
+        plan = sched.schedule()
+        assert not plan.failed and ("newcomer" in planned(plan.chunks)) is admitted, (len(prompt), prompt[0])
 
 
 def test_a_request_too_big_for_the_whole_pool_fails_with_its_page_count():
     sched = make_scheduler(num_pages=4)
     sched.add(make_seq("huge", range(100, 120), max_tokens=1))  # 20 tokens: 5 pages of 4
     sched.add(make_seq("small", range(200, 203), max_tokens=1))
-    chunks, failed = sched.schedule()
-    assert [(seq.name, why) for seq, why in failed] == [
+    plan = sched.schedule()
+    assert [(f.seq.name, f.message) for f in plan.failed] == [
         (
             "huge",
             "the KV cache cannot hold this request: prompt + max_tokens need 6 pages and 0 of the 4 pages are pinned (PinPrefix; at most 4 by --max-pinned)",
         )
     ]
-    assert planned(chunks) == {"small": 3}  # the next one is still served in the same step
+    assert planned(plan.chunks) == {"small": 3}  # the next one is still served in the same step
 
 
 def test_a_starving_request_that_does_not_fit_blocks_the_queue_behind_it():
@@ -299,12 +305,13 @@ def test_a_starving_request_that_does_not_fit_blocks_the_queue_behind_it():
 
 def test_statistics_count_first_admissions_cache_hits_and_hits_on_running_requests():
     sched = make_scheduler(num_pages=6)
-    assert (sched.prompt_tokens, sched.cached_tokens, sched.inflight_shared_tokens, sched.preemptions) == (0, 0, 0, 0)
+    assert totals(sched) == TenantCounts()
     seqs = [make_seq(name, range(base, base + 3), max_tokens=12) for name, base in (("a", 100), ("b", 200), ("c", 300))]
     run_to_end(sched, *seqs)
-    assert sched.preemptions >= 1
-    assert sched.prompt_tokens == 9  # a preempted request's recompute is not a new prompt
-    assert sched.cached_tokens == 0  # nor are the pages it finds again a hit: it was counted at its first admission
+    counts = totals(sched)
+    assert counts.preemptions >= 1
+    assert counts.prompt_tokens == 9  # a preempted request's recompute is not a new prompt
+    assert counts.cached_tokens == 0  # nor are the pages it finds again a hit: it was counted at its first admission
     prefix = list(range(500, 508))
     long_runner = make_seq("long_runner", prefix + [1], max_tokens=10)
     sched.add(long_runner)
@@ -314,7 +321,9 @@ def test_statistics_count_first_admissions_cache_hits_and_hits_on_running_reques
     other_tenant = make_seq("other_tenant", range(600, 609), max_tokens=1, namespace="t1")
     run_to_end(sched, reader, one_token, other_tenant)
     assert (reader.cached_tokens, one_token.cached_tokens, other_tenant.cached_tokens) == (8, 1, 0)
-    assert (sched.prompt_tokens, sched.cached_tokens, sched.inflight_shared_tokens) == (9 * 4 + 3, 9, 9)
+    counts = totals(sched)
+    assert (counts.prompt_tokens, counts.cached_tokens, counts.inflight_shared_tokens) == (9 * 4 + 3, 9, 9)
+    assert sched.counts.of("t1").prompt_tokens == 9 and sched.counts.of("t1").cached_tokens == 0  # its own only
     while sched.has_work():
         advance(sched)
     # a hit on a finished request's pages is not a hit on a running one, whoever else of the tenant runs
@@ -322,7 +331,8 @@ def test_statistics_count_first_admissions_cache_hits_and_hits_on_running_reques
     sched.add(unrelated)
     advance(sched)
     run_to_end(sched, make_seq("late_reader", prefix + [3], max_tokens=1))
-    assert (sched.cached_tokens, sched.inflight_shared_tokens) == (17, 9)
+    counts = totals(sched)
+    assert (counts.cached_tokens, counts.inflight_shared_tokens) == (17, 9)
 
 
 def test_requests_admitted_together_each_leave_a_page_to_grow_into():
@@ -332,7 +342,7 @@ def test_requests_admitted_together_each_leave_a_page_to_grow_into():
     sched.add(second)
     # both prompts fit (4 of 5 pages), but then two decodes would need a new page each with one left
     assert planned(advance(sched)) == {"first": 8}
-    assert sched.preemptions == 0
+    assert totals(sched).preemptions == 0
 
 
 def test_the_newest_request_steps_back_itself_when_it_cannot_grow():
@@ -340,19 +350,19 @@ def test_the_newest_request_steps_back_itself_when_it_cannot_grow():
         sched = make_scheduler(num_pages=num_pages)
         seqs = [make_seq(name, range(base, base + prompt_len), max_tokens=8) for name, base in (("a", 100), ("b", 200))]
         run_to_end(sched, *seqs)  # advance() asserts that nothing fails: the newest waits, it is not refused
-        assert sched.preemptions >= 1, num_pages
+        assert totals(sched).preemptions >= 1, num_pages
         assert all(s.finish_reason is FinishReason.LENGTH and s.num_generated == 8 for s in seqs)
 
 
 def prefilled(sched: Scheduler, parent: Sequence) -> None:
     """Compute parent's prompt in one step and give each of its pages distinct K/V, as the engine does before fork."""
     sched.add(parent)
-    chunks, failed = sched.schedule()
-    assert planned(chunks) == {parent.name: parent.num_prompt} and not failed
+    plan = sched.schedule()
+    assert planned(plan.chunks) == {parent.name: parent.num_prompt} and not plan.failed
     parent.num_computed += parent.num_prompt
     sched.published(parent)
     for j, page in enumerate(parent.lease.pages):
-        sched.pool.kv[:, page] = float(j + 1)
+        sched.pages.pool.kv[:, page] = float(j + 1)
     parent.append_token(7, None)
 
 
@@ -367,7 +377,7 @@ def test_a_fork_of_a_prompt_shorter_than_a_page_copies_its_slots():
     child = sample(parent, 1)
     assert sched.fork(parent, child)
     assert child.lease.pages != parent.lease.pages and child.published_tokens == 0
-    assert bool((sched.pool.kv[:, child.lease.pages[0], :, :2] == 1.0).all())
+    assert bool((sched.pages.pool.kv[:, child.lease.pages[0], :, :2] == 1.0).all())
     child.append_token(7, None)
     while sched.has_work():
         advance(sched)
@@ -385,14 +395,14 @@ def test_a_fork_shares_the_prompts_whole_pages_and_copies_only_its_partial_page(
     assert child in sched.running and child.num_computed == 10 and child.cached_tokens == 4
     assert child.lease.pages[:2] == parent.lease.pages[:2]  # the tree's pages, read by both
     assert len(child.lease.pages) == 3 and child.lease.pages[2] != parent.lease.pages[2]  # its own last page
-    assert bool((sched.pool.kv[:, child.lease.pages[2], :, :2] == 3.0).all())  # holding the two prompt slots
+    assert bool((sched.pages.pool.kv[:, child.lease.pages[2], :, :2] == 3.0).all())  # holding the two prompt slots
     assert child.published_tokens == 8  # the two whole pages are in the tree already
     assert sched.cache.stats().queried_tokens == queried  # not a lookup of its own: the request's was counted
     child.append_token(7, None)
     while sched.has_work():
         advance(sched)
     assert parent.num_generated == child.num_generated == 3
-    assert sched.prompt_tokens == 10
+    assert totals(sched).prompt_tokens == 10
     sched.cache.check(idle=True)
 
 
@@ -407,7 +417,7 @@ def test_a_fork_without_a_free_page_waits_first_in_line_and_computes_its_prompt_
     while sched.has_work():
         advance(sched)
     assert child.finish_reason is FinishReason.LENGTH and child.num_generated == 2
-    assert sched.prompt_tokens == 10  # the request's prompt, counted once for both samples
+    assert totals(sched).prompt_tokens == 10  # the request's prompt, counted once for both samples
     sched.cache.check(idle=True)
 
 
@@ -416,7 +426,7 @@ def test_a_preempted_request_can_be_ended_while_it_waits():
     seqs = [make_seq(name, range(base, base + 2), max_tokens=8) for name, base in (("a", 100), ("b", 200))]
     for seq in seqs:
         sched.add(seq)
-    while sched.preemptions == 0:
+    while totals(sched).preemptions == 0:
         advance(sched)
     victim = sched.waiting[0]
     sched.finish(victim, FinishReason.ABORTED)  # the client went away while it waited to be recomputed
@@ -445,7 +455,7 @@ def test_a_draft_takes_only_the_budget_left_and_pages_no_running_sequence_needs(
     while sched.has_work():
         chunks = advance(sched)
         drafts.append({c.seq.name: len(c.draft) for c in chunks})
-    assert sched.preemptions == 0
+    assert totals(sched).preemptions == 0
     assert drafts[1] == {"a": 0, "b": 0}  # both at a page's last slot, the 2 free pages are the reserve: no draft
     assert drafts[2] == {"a": 3, "b": 1}  # a new page each: a drafts into its free slots, b gets the budget left
     assert drafts[3] == {"a": 2, "b": 2} and drafts[4] == {"a": 1, "b": 1}
@@ -461,4 +471,4 @@ def test_a_draft_may_take_spare_pages_when_there_are_some():
     advance(sched)  # the prompt, then its first token
     (chunk,) = advance(sched)
     assert len(chunk.draft) == 8 and len(seq.lease.pages) == 3  # 1 + 8 tokens from position 3: pages 0..2
-    assert sched.preemptions == 0
+    assert totals(sched).preemptions == 0

@@ -11,7 +11,15 @@ import pytest
 from radixcache.cache import PrefixCache
 from radixcache.keys import TOKEN_BYTES, decode, encode
 from radixcache.tree import RadixTree
-from radixcache.worker.speculation import MIN_MATCH, CachedTokenIndex, Candidate, Drafter, OwnTokenIndex, vote
+from radixcache.worker.speculation import (
+    MIN_MATCH,
+    CachedTokenIndex,
+    Candidate,
+    Drafter,
+    OwnTokenIndex,
+    Speculator,
+    vote,
+)
 
 
 def tree_pages(tree: RadixTree) -> dict[int, tuple[str, list[int]]]:
@@ -140,3 +148,83 @@ def test_a_failed_draft_backs_off_1_3_7_then_15_chances_and_an_accepted_one_rese
     seq.draft_state.skip = 0
     drafter.verified(seq, 2, 1)
     assert seq.draft_state.failures == 0 and drafter.propose(seq, 2) == [4, 1]
+
+
+def drafted_sequence(tokens: list[int], *, max_tokens: int = 100, speculate: bool = True, matcher=None):
+    """A DraftedSequence without the engine: `num_prompt` tokens of prompt, nothing generated yet."""
+    sampling = SimpleNamespace(max_tokens=max_tokens, speculate=speculate)
+    return SimpleNamespace(
+        tokens=list(tokens), num_computed=len(tokens) - 1, draft_state=None, draft_tokens=0,
+        accepted_draft_tokens=0, request=SimpleNamespace(namespace="", sampling=sampling), matcher=matcher,
+        finish_reason=None, num_generated=0,
+    )  # fmt: skip
+
+
+class ScriptedSampler:
+    """The engine's sampler for one sequence: row i appends answers[i] (and ends the request at `ends_at`)."""
+
+    def __init__(self, seq, answers: list[int], ends_at: int | None = None) -> None:
+        self.seq, self.answers, self.ends_at, self.rows = seq, answers, ends_at, []
+
+    def __call__(self, i: int) -> None:
+        self.rows.append(i)
+        self.seq.tokens.append(self.answers[i])
+        if i == self.ends_at:
+            self.seq.finish_reason = "stop"
+
+
+class AskedDrafter(Drafter):
+    """A drafter that drafts as much as it is allowed (token 9), and remembers how much that was."""
+
+    def __init__(self) -> None:
+        super().__init__(None)
+        self.asked: list[int] = []
+
+    def propose(self, seq, limit: int) -> list[int]:
+        self.asked.append(limit)
+        return [9] * limit
+
+
+@pytest.mark.parametrize(
+    "answers,ends_at,accepted,rows",
+    [
+        ([5, 6, 9], None, 2, [0, 1, 2]),  # the third row disagrees: two accepted, the sampled 9 is the next token
+        ([5, 6, 7, 8], None, 3, [0, 1, 2, 3]),  # all accepted: the row after the last draft token samples too
+        ([4], None, 0, [0]),  # the first row disagrees: nothing accepted, the step is a plain decode
+        ([5, 6, 7], 1, 2, [0, 1]),  # the second token ends the request: accepted, never computed
+    ],
+)
+def test_verify_accepts_the_draft_as_far_as_the_sequences_own_sampler_agrees(answers, ends_at, accepted, rows):
+    seq = drafted_sequence([1, 2, 3])
+    sampler = ScriptedSampler(seq, answers, ends_at)
+    verdict = Speculator(Drafter(None), max_draft=8, context_length=100).verify(seq, [5, 6, 7], sampler)
+    assert (verdict.drafted, verdict.accepted) == (3, accepted) and sampler.rows == rows
+    assert seq.tokens == [1, 2, 3, *answers[: len(rows)]]  # only tokens the sampler drew
+    # an accepted token's K/V was computed by the step, except a last one: the next step starts after them
+    assert seq.num_computed == 2 + accepted - (ends_at is not None)
+    assert (seq.draft_tokens, seq.accepted_draft_tokens) == (3, accepted)
+
+
+def test_a_rejected_draft_backs_the_sequence_off():
+    seq = drafted_sequence([1, 2, 3, 4, 1, 2, 3])
+    speculator = Speculator(Drafter(None), max_draft=8, context_length=100)
+    draft = speculator.draft(seq, 8)
+    assert draft == [4, 1, 2]  # its own earlier tokens, up to the match's length
+    speculator.verify(seq, draft, ScriptedSampler(seq, [7]))
+    assert seq.draft_state.skip == 1 and speculator.draft(seq, 8) == []
+
+
+def test_a_draft_leaves_room_for_the_token_after_it_and_obeys_the_request():
+    drafter = AskedDrafter()
+    speculator = Speculator(drafter, max_draft=8, context_length=20)
+    assert speculator.draft(drafted_sequence(range(5)), 6) == [9] * 6  # the scheduler's limit
+    assert speculator.draft(drafted_sequence(range(5)), 50) == [9] * 8  # max_draft
+    assert len(speculator.draft(drafted_sequence(range(5), max_tokens=4), 50)) == 3  # + the token sampled after it
+    assert len(speculator.draft(drafted_sequence(range(17)), 50)) == 3  # the context's last slots
+    assert speculator.draft(drafted_sequence(range(19), max_tokens=1), 50) == []  # no room: the drafter is not asked
+    assert drafter.asked == [6, 8, 3, 3]
+    assert speculator.draft(drafted_sequence(range(5), speculate=False), 50) == []  # the request opted out
+    grammar = SimpleNamespace(accepts_prefix=lambda tokens: 2)
+    assert speculator.draft(drafted_sequence(range(5), matcher=grammar), 50) == [9, 9]  # what its grammar allows
+    with pytest.raises(ValueError, match="max_draft"):
+        Speculator(drafter, max_draft=0, context_length=20)

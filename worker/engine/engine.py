@@ -4,17 +4,13 @@ Threads: `submit`, `abort`, `stats` and the admin calls may come from any thread
 work to the engine thread through an inbox and never touch the cache themselves. `on_output` callbacks run on the
 engine thread and must not block. The typed interface (and its refusals) that fronts rely on: worker/engine/api.py.
 
-Who does what in one step: the Scheduler picks the chunks (and which pages they write), ModelStep (worker/engine/step.py)
-computes and samples them, the engine publishes completed pages, emits outputs and ends what finished (a finished
-request releases its lease, storing everything it computed). A request's n samples: worker/engine/samples.py.
-
-Speculation (EngineConfig.speculate > 0): the Drafter (worker/speculation) proposes draft tokens while the scheduler
-plans the step, and they are computed in the same forward pass, one logits row each. `_verify` then samples the
-sequence's next token from its first row exactly as without a draft (same penalties, grammar mask, logprobs and
-generator), and keeps going to the next row only while the token sampled equals the draft token there: every token
-emitted is one the request's own sampler drew, so the output is the same with speculation on or off. Only sampled
-tokens whose K/V the step computed count as computed, so only they are ever published; the K/V written for rejected
-draft tokens sits past num_computed and is overwritten by the next step.
+Who does what in one step (`_step`): the Scheduler (worker/engine/scheduler/) picks the chunks (and which pages they
+write), ModelStep (worker/engine/step.py) computes and samples them, the engine publishes completed pages, emits
+outputs and ends what finished (a finished request releases its lease, storing everything it computed). A request's
+n samples: worker/engine/samples.py. Speculation (EngineConfig.speculate > 0) is the Speculator's
+(worker/speculation/speculator.py): its draft rides in a sequence's chunk, and the step hands the chunk's rows to its
+`verify`, which accepts what the request's own sampler agrees with. Every counter is its tenant's
+(worker/engine/tenant_counts.py); the worker's stats are their sum.
 
 In process (tests, benchmarks), without the thread:
 
@@ -33,13 +29,13 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any
+from typing import TypeVar
 
 import torch
 
 from radixcache.cache import PrefixCache
-from radixcache.tier import MEDIUM_DISK, MEDIUM_HOST
 from radixcache.tiering import IDLE_WRITE_BUDGET_S
+from radixcache.worker.attention import AttentionBackend
 from radixcache.worker.engine.api import (
     DuplicateRequestError,
     EngineLoad,
@@ -53,16 +49,18 @@ from radixcache.worker.engine.request import Constraint, ErrorKind, FinishReason
 from radixcache.worker.engine.samples import RequestSamples
 from radixcache.worker.engine.scheduler import Chunk, Scheduler
 from radixcache.worker.engine.sequence import SeqStatus, Sequence
-from radixcache.worker.engine.step import ModelStep
-from radixcache.worker.engine.structured import ConstraintFailed
-from radixcache.worker.engine.tenant_counts import TenantCounts
+from radixcache.worker.engine.step import ChunkRows, ModelStep
+from radixcache.worker.engine.structured import ConstraintFailed, GrammarCache
+from radixcache.worker.engine.tenant_counts import TenantCounts, TenantTable
 from radixcache.worker.engine.tiers import EngineTiers, build_tier_link
+from radixcache.worker.model.loader import LoadedModel
 from radixcache.worker.model.tokenizer import IncrementalDetokenizer
-from radixcache.worker.speculation import DEFAULT_INDEX_TOKENS, CachedTokenIndex, Drafter
+from radixcache.worker.speculation import Speculator
 
 __all__ = ["DuplicateRequestError", "Engine", "EngineConfig", "EngineStats", "RequestTooLargeError"]
 
 log = logging.getLogger("radixcache.engine")
+T = TypeVar("T")
 
 
 def _wake() -> None:
@@ -80,9 +78,9 @@ class NoText:
 
 
 class Engine:
-    """One worker's engine (implements worker.engine_api.EngineLike)."""
+    """One worker's engine (implements EngineLike, worker/engine/api.py)."""
 
-    def __init__(self, loaded: Any, config: EngineConfig | None = None) -> None:
+    def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None) -> None:
         self.config = config or EngineConfig()
         self.model = loaded.model
         self.model_config = loaded.config
@@ -111,21 +109,23 @@ class Engine:
         # The tiers below the pool (worker/engine/tiers.py): None without --kv-disk / --kv-host-memory.
         self.tiers = None if link is None else EngineTiers(link, self.config, self._inbox.put, self._pin)
         self._loaded = loaded  # the fingerprint of the disk tier reads its weights' source
-        self.drafter: Drafter | None = None
+        self.speculator: Speculator | None = None
         if self.config.speculate > 0:
-            index = None
-            if self.config.cache_enabled:
-                pool_tokens = self.pool.num_pages * self.page_size
-                index = CachedTokenIndex(self.page_size, max_tokens=min(pool_tokens, DEFAULT_INDEX_TOKENS))
-                self.cache.add_observer(index)
-            self.drafter = Drafter(index)
+            self.speculator = Speculator.over(
+                self.cache if self.config.cache_enabled else None,
+                max_draft=self.config.speculate,
+                context_length=self.context_length,
+            )
+        self.counts = TenantTable()  # every request counter, once, under its tenant (the worker's: the sum)
         self.scheduler = Scheduler(
             self.cache,
             self.pool,
             max_step_tokens=self.config.max_step_tokens,
             max_running=self.config.max_running,
             aging_steps=self.config.aging_steps,
-            propose=self._propose if self.drafter is not None else None,
+            propose=self.speculator.draft if self.speculator is not None else None,
+            tiers=self.tiers,
+            counts=self.counts,
         )
         self._live_ids: set[str] = set()
         self._requests: dict[str, RequestSamples] = {}  # request id -> its samples (engine thread only)
@@ -133,17 +133,16 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._accepting = True
         self._stop_at: float | None = None  # set by shutdown: abort what is left after this moment
-        self._steps = self._finished = self._generated = 0
-        self._drafted = self._accepted = self._draft_steps = 0
+        self._steps = 0
 
     # --- facts the server needs -------------------------------------------------------------------------------
     @property
-    def backend(self) -> Any:
+    def backend(self) -> AttentionBackend:
         """The attention backend in use (after start(), the one that passed the warm-up)."""
         return self.runner.backend
 
     @property
-    def grammars(self) -> Any:
+    def grammars(self) -> GrammarCache:
         """The structured-output GrammarCache (worker/engine/structured.py)."""
         return self.runner.grammars
 
@@ -207,7 +206,7 @@ class Engine:
         while time.monotonic() < deadline:
             if self._thread is None:
                 self._drain_inbox(block=False)
-                self.cache.tier.pump()  # type: ignore[union-attr]
+                self.tiers.pump()
             if self.tiers.ready:
                 return True
             time.sleep(0.01)
@@ -221,8 +220,8 @@ class Engine:
             self._drain_inbox(block=False)
             if not self.scheduler.has_work():
                 return False
-            if not self.scheduler.can_step() and self.cache.tier is not None:
-                self.cache.tier.wait(0.05)  # every waiting request waits for its pages from a tier
+            if not self.scheduler.can_step() and self.tiers is not None:
+                self.tiers.wait(0.05)  # every waiting request waits for its pages from a tier
             self._step_guarded()
         return True
 
@@ -286,11 +285,11 @@ class Engine:
         loop). Raises ConstraintError (a ValueError) naming the problem. submit() compiles too, on a cache miss."""
         self.runner.grammars.compile(constraint)
 
-    def call(self, fn: Callable[[], Any]) -> Any:
+    def call(self, fn: Callable[[], T]) -> T:
         """Run fn on the engine thread (where the cache lives) and return its result."""
         if self._thread is None:
             return fn()
-        future: Future = Future()
+        future: Future[T] = Future()
 
         def run() -> None:
             try:
@@ -337,7 +336,7 @@ class Engine:
         return self.call(lambda: self.cache.unpin(token_ids, namespace))
 
     # --- the engine thread -----------------------------------------------------------------------------------
-    def _detokenizer(self) -> Any:
+    def _detokenizer(self) -> IncrementalDetokenizer | NoText:
         return IncrementalDetokenizer(self.tokenizer) if self.tokenizer is not None else NoText()
 
     def _add(self, samples: RequestSamples) -> None:
@@ -374,8 +373,7 @@ class Engine:
         waiting = samples.end(seq) if samples is not None else []
         if samples is not None and samples.done:
             self._requests.pop(seq.request_id, None)
-            self._finished += 1
-            self.scheduler.tenants[seq.request.namespace].finished_requests += 1
+            self._counts(seq).finished_requests += 1
             with self._ids_lock:
                 self._live_ids.discard(seq.request_id)
         self._emit(seq)
@@ -398,8 +396,8 @@ class Engine:
             with torch.inference_mode():
                 while True:
                     self._drain_inbox(block=not self.scheduler.can_step())
-                    if self.cache.tier is not None:  # the tiers' news (writes landed, loads arrived) while idle too
-                        self.cache.tier.pump(0.0 if self.scheduler.can_step() else IDLE_WRITE_BUDGET_S)
+                    if self.tiers is not None:  # the tiers' news (writes landed, loads arrived) while idle too
+                        self.tiers.pump(0.0 if self.scheduler.can_step() else IDLE_WRITE_BUDGET_S)
                     if self._stop_at is not None and (
                         not self.scheduler.has_work() or time.monotonic() >= self._stop_at
                     ):
@@ -443,22 +441,7 @@ class Engine:
 
     def _stats(self, namespace: str | None = None) -> EngineStats:
         sched = self.scheduler
-        if namespace is None:
-            counts = TenantCounts(
-                prompt_tokens=sched.prompt_tokens,
-                cached_tokens=sched.cached_tokens,
-                inflight_shared_tokens=sched.inflight_shared_tokens,
-                preemptions=sched.preemptions,
-                generated_tokens=self._generated,
-                finished_requests=self._finished,
-                host_hit_tokens=sched.tier_hit_tokens.get(MEDIUM_HOST, 0),
-                disk_hit_tokens=sched.tier_hit_tokens.get(MEDIUM_DISK, 0),
-                draft_tokens=self._drafted,
-                accepted_draft_tokens=self._accepted,
-                draft_steps=self._draft_steps,
-            )
-        else:
-            counts = sched.tenants.get(namespace) or TenantCounts()
+        counts = self.counts.total() if namespace is None else self.counts.of(namespace)
 
         def count(seqs: list[Sequence]) -> int:
             return len(seqs) if namespace is None else sum(seq.request.namespace == namespace for seq in seqs)
@@ -472,6 +455,10 @@ class Engine:
             kv_dtype=self.kv_dtype,
             kv_bytes_per_token=self.kv_bytes_per_token,
         )
+
+    def _counts(self, seq: Sequence) -> TenantCounts:
+        """The counters of seq's tenant (the only ones there are)."""
+        return self.counts[seq.request.namespace]
 
     def _load(self) -> EngineLoad:
         sched = self.scheduler
@@ -487,99 +474,69 @@ class Engine:
 
     # --- one step ----------------------------------------------------------------------------------------------
     def _step(self) -> None:
-        chunks, failed = self.scheduler.schedule()
-        for seq, message in failed:
-            self._end(seq, FinishReason.ERROR, message, ErrorKind.NO_CAPACITY)
-        if not chunks:
+        """Plan, compute, then advance every chunk; a failed forward pass is retried chunk by chunk."""
+        plan = self.scheduler.schedule()
+        for failure in plan.failed:
+            self._end(failure.seq, FinishReason.ERROR, failure.message, ErrorKind.NO_CAPACITY)
+        if not plan.chunks:
             return
         try:
-            logits = self.runner.forward(chunks)
+            logits = self.runner.forward(plan.chunks)
         except Exception:
-            if len(chunks) == 1:
-                log.exception("forward failed for %s", chunks[0].seq.name)
-                self._end(chunks[0].seq, FinishReason.ERROR, "internal error while computing this request")
+            if not self._forward_alone(plan.chunks):
                 return
-            # Find the culprit: rerun one by one, so one bad request does not fail its batch-mates.
-            for chunk in chunks:
-                try:
-                    self._advance([chunk], self.runner.forward([chunk]))
-                except Exception:
-                    log.exception("forward failed for %s", chunk.seq.name)
-                    self._end(chunk.seq, FinishReason.ERROR, "internal error while computing this request")
-            self._steps += 1
-            return
-        self._advance(chunks, logits)
+        else:
+            self._advance(plan.chunks, logits)
         self._steps += 1
 
+    def _forward_alone(self, chunks: list[Chunk]) -> bool:
+        """The batch's forward pass failed: find the culprit by computing each chunk alone, so one bad request does
+        not fail its batch-mates (a batch of one just fails). True when the step went on that way."""
+        if len(chunks) == 1:
+            log.exception("forward failed for %s", chunks[0].seq.name)
+            self._end(chunks[0].seq, FinishReason.ERROR, "internal error while computing this request")
+            return False
+        for chunk in chunks:
+            try:
+                self._advance([chunk], self.runner.forward([chunk]))
+            except Exception:
+                log.exception("forward failed for %s", chunk.seq.name)
+                self._end(chunk.seq, FinishReason.ERROR, "internal error while computing this request")
+        return True
+
     def _advance(self, chunks: list[Chunk], logits: torch.Tensor) -> None:
-        finite = torch.isfinite(logits).all(dim=-1).tolist()  # one pass for the batch, not one per row
-        allowed = self.runner.constrained_logits(chunks, logits)
-        for i, (chunk, row) in enumerate(zip(chunks, self.runner.first_rows(chunks), strict=True)):
+        """After the forward pass, chunk by chunk: what it computed counts, a chunk that reaches its sequence's end
+        samples, completed pages are published, a request's other samples fork from its first, and each sequence
+        emits or ends. A sequence whose sampling fails ends alone."""
+        for chunk, rows in zip(chunks, self.runner.rows(chunks, logits), strict=True):
             seq = chunk.seq
             try:
                 samples = chunk.samples  # before num_computed moves past the chunk
                 seq.num_computed += chunk.num_new
                 if samples:
-                    if chunk.draft:
-                        self._verify(seq, chunk.draft, logits[row : row + chunk.num_rows], finite[row:], allowed.get(i))
-                    else:
-                        if not finite[row]:
-                            raise FloatingPointError("non-finite logits")
-                        self._sample(seq, logits[row], allowed.get(i))
+                    self._take_tokens(seq, chunk.draft, rows)
                 self.scheduler.published(seq)
                 group = self._requests.get(seq.request_id)
                 if samples and group is not None and seq is group.first and group.has_waiting_forks:
                     # the forks' matchers are at the start too: the same mask holds for them
-                    self._fork(seq, group.take_forks(), logits[row], allowed.get(i))
+                    self._fork(seq, group.take_forks(), rows.row(0), rows.allowed)
                 self._end_or_emit(seq)
             except Exception as exc:
                 self._sampling_failed(seq, exc)
 
-    def _verify(
-        self, seq: Sequence, draft: list[int], rows: torch.Tensor, finite: list[bool], allowed: torch.Tensor | None
-    ) -> None:
-        """Sample seq's next tokens from the rows of its last token and its draft tokens, in order, as if each were
-        a step of its own; stop after the first sampled token that differs from the draft (or ends the request).
-        Each accepted draft token's K/V was computed by this step: it counts as computed, the rest do not."""
-        accepted = 0
-        for i in range(len(draft) + 1):
-            if not finite[i]:
-                raise FloatingPointError("non-finite logits")
-            self._sample(seq, rows[i], allowed if i == 0 else self.runner.constrained_row(seq, rows[i]))
-            if i == len(draft) or seq.tokens[-1] != draft[i]:
-                break
-            accepted += 1
-            if seq.finish_reason is not None:  # its K/V is computed, but a last token never counts as computed
-                break
-            seq.num_computed += 1
-        seq.draft_tokens += len(draft)
-        seq.accepted_draft_tokens += accepted
-        self._drafted += len(draft)
-        self._accepted += accepted
-        self._draft_steps += 1
-        tenant = self.scheduler.tenants[seq.request.namespace]
-        tenant.draft_tokens += len(draft)
-        tenant.accepted_draft_tokens += accepted
-        tenant.draft_steps += 1
-        assert self.drafter is not None
-        self.drafter.verified(seq, len(draft), accepted)
+    def _take_tokens(self, seq: Sequence, draft: list[int], rows: ChunkRows) -> None:
+        """seq's next token from its chunk's first row; with a draft, the Speculator takes as many as it accepts."""
 
-    def _propose(self, seq: Sequence, limit: int) -> list[int]:
-        """The scheduler's Proposer: seq's draft, at most `limit` tokens, no more than max_tokens and the context
-        leave room for, none for a request that opted out, and only what its grammar would accept."""
-        params = seq.request.sampling
-        room = min(
-            self.config.speculate,
-            limit,
-            params.max_tokens - seq.num_generated - 1,  # the token after an accepted draft is sampled too
-            self.context_length - len(seq.tokens),
-        )
-        if room < 1 or not params.speculate or self.drafter is None:
-            return []
-        draft = self.drafter.propose(seq, room)
-        if draft and seq.matcher is not None:
-            draft = draft[: seq.matcher.accepts_prefix(draft)]
-        return draft
+        def sample(i: int) -> None:  # row i: after the last token (with the batch's grammar mask), or draft token i-1
+            logits = rows.row(i)
+            self._sample(seq, logits, rows.allowed if i == 0 else self.runner.constrained_row(seq, logits))
+
+        if not draft:
+            sample(0)
+            return
+        assert self.speculator is not None  # only the Speculator's Proposer drafts
+        verdict = self.speculator.verify(seq, draft, sample)
+        self._counts(seq).add_draft(verdict.drafted, verdict.accepted)
 
     def _end_or_emit(self, seq: Sequence) -> None:
         if seq.finish_reason is not None:
@@ -613,5 +570,4 @@ class Engine:
 
     def _sample(self, seq: Sequence, logits: torch.Tensor, allowed: torch.Tensor | None = None) -> None:
         self.runner.sample(seq, logits, allowed)
-        self._generated += 1
-        self.scheduler.tenants[seq.request.namespace].generated_tokens += 1
+        self.counts[seq.request.namespace].generated_tokens += 1

@@ -25,6 +25,9 @@ from hashlib import blake2b
 from pathlib import Path
 from typing import Any
 
+from radixcache.pool import KVPool
+from radixcache.worker.model.loader import LoadedModel
+
 STORE_FORMAT = 1
 DIGESTS_FILE = "weight-digests.json"
 MAX_MEMO = 64  # checkpoints remembered
@@ -38,12 +41,12 @@ def weight_files(path: Path) -> list[Path]:
     return files + ([index] if index.is_file() else [])
 
 
-def weights_digest(loaded: Any, remember_in: str | Path | None = None) -> str:
+def weights_digest(loaded: LoadedModel, remember_in: str | Path | None = None) -> str:
     """BLAKE2b-128 of the weights `loaded` came from (see the module docstring). Reads every weight file, unless
     `remember_in` (a folder) remembers the digest of these very files (path, size, mtime, inode)."""
     h = blake2b(digest_size=16)
-    if getattr(loaded, "path", None) is None:
-        h.update(str(getattr(loaded, "weights_id", None) or "unnamed weights").encode("utf-8"))
+    if loaded.path is None:
+        h.update(str(loaded.weights_id or "unnamed weights").encode("utf-8"))
         return "recipe:" + h.hexdigest()
     files = weight_files(Path(loaded.path))
     identity = "|".join(f"{f.resolve()}:{(st := f.stat()).st_size}:{st.st_mtime_ns}:{st.st_ino}" for f in files)
@@ -80,11 +83,13 @@ def _read_memo(path: Path | None) -> dict[str, str]:
     )
 
 
-def fingerprint_parts(loaded: Any, *, pool: Any, page_size: int, device: str, backend: str) -> dict[str, Any]:
+def fingerprint_parts(
+    loaded: LoadedModel, *, pool: KVPool, page_size: int, device: str, backend: str
+) -> dict[str, Any]:
     """Everything but the weights digest (cheap), as plain JSON values."""
     config = loaded.config
     params = next(loaded.model.parameters())
-    weights = getattr(loaded, "weights", "full")
+    weights = loaded.weights
     if weights == "int8":
         from radixcache.worker.model.quant import int8_kernel
 
@@ -95,7 +100,7 @@ def fingerprint_parts(loaded: Any, *, pool: Any, page_size: int, device: str, ba
         "config": json.loads(json.dumps(dataclasses.asdict(config), default=str)),
         "weights_format": weights,
         "dtype": str(params.dtype).removeprefix("torch."),
-        "kv_dtype": getattr(pool, "kv_dtype", str(pool.dtype).removeprefix("torch.")),
+        "kv_dtype": pool.kv_dtype,
         "page_size": int(page_size),
         "tokenizer": tokenizer.digest() if tokenizer is not None else None,
         "device": str(device).split(":")[0],

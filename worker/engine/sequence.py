@@ -12,14 +12,15 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
 from radixcache.cache import Lease
+from radixcache.tiering import LoadJob
 from radixcache.worker.engine.request import ErrorKind, FinishReason, Request, RequestOutput, TokenLogprob
 from radixcache.worker.engine.sampling import new_generator
 from radixcache.worker.engine.structured import GrammarMatcher
+from radixcache.worker.speculation import DraftState
 
 
 def stop_prefix_at_end(text: str, stops: tuple[str, ...]) -> int:
@@ -71,11 +72,12 @@ class Sequence:
     matcher: GrammarMatcher | None = None
     # The tiers below memory (radixcache.tiering): the load of this prompt's pages under way, how often the tiers
     # were looked at since the last admission, and tokens loaded for it by medium (counted at its next admission)
-    load_job: Any = None
+    load_job: LoadJob | None = None
     tier_probes: int = 0
     tier_tokens: dict[str, int] = field(default_factory=dict)
-    # Speculation: the drafter's state (worker/speculation), and draft tokens verified / accepted so far
-    draft_state: Any = None
+    # Speculation (worker/speculation, which reads a Sequence as a DraftedSequence): the drafter's state, and draft
+    # tokens verified / accepted so far
+    draft_state: DraftState | None = None
     draft_tokens: int = 0
     accepted_draft_tokens: int = 0
 

@@ -2,20 +2,22 @@
 over the scheduled chunks, the structured-output masks and sampling.
 
 Runs on the engine thread only (warm-up: the thread that starts the engine). It knows nothing of a request's
-lifecycle (worker/engine/engine.py) or of who holds which page (radixcache.cache, worker/engine/scheduler.py): it computes the
-chunks it is given into the pages their leases name, and appends the sampled token to a sequence.
+lifecycle (worker/engine/engine.py) or of who holds which page (radixcache.cache, worker/engine/scheduler/): it
+computes the chunks it is given into the pages their leases name, hands the step's logits back chunk by chunk
+(ChunkRows), and appends the sampled token to a sequence.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
 from radixcache.cache import PrefixCache
 from radixcache.pool import KVPool, KVShape
-from radixcache.worker.attention import BatchLayout, SequenceSlice
+from radixcache.worker.attention import AttentionBackend, BatchLayout, SequenceSlice
 from radixcache.worker.attention.base import create_backend
 from radixcache.worker.engine.config import DEFAULT_KV_MEMORY, EngineConfig
 from radixcache.worker.engine.request import FinishReason
@@ -24,21 +26,31 @@ from radixcache.worker.engine.scheduler import Chunk
 from radixcache.worker.engine.sequence import Sequence
 from radixcache.worker.engine.structured import GrammarCache
 from radixcache.worker.engine.warmup import warm_up
+from radixcache.worker.model.config import ModelConfig
 from radixcache.worker.model.llama import attention_options
+from radixcache.worker.model.loader import LoadedModel
 
 log = logging.getLogger("radixcache.engine")
 
 
-def window_paging(model_config: Any, config: EngineConfig) -> tuple[tuple[int, ...], int]:
-    """(the sliding layers, their window W) when their values are paged apart (radixcache.window_parts), else
-    ((), 0). kv_window_paging auto: whenever some layer slides and neither demotion nor a tier below memory (which
-    move whole pages) is on; "on" with those is refused by EngineConfig. Several windows: the largest (each layer
-    still reads only its own)."""
+@dataclass(frozen=True, slots=True)
+class WindowPaging:
+    """The sliding layers whose values are paged apart (radixcache.window_parts) and their window W; no layers and
+    W = 0 when every layer is in the page."""
+
+    layers: tuple[int, ...] = ()
+    window: int = 0
+
+
+def window_paging(model_config: ModelConfig, config: EngineConfig) -> WindowPaging:
+    """kv_window_paging auto pages the sliding layers apart whenever some layer slides and neither demotion nor a
+    tier below memory (which move whole pages) is on; "on" with those is refused by EngineConfig. Several windows:
+    the largest (each layer still reads only its own)."""
     windows = attention_options(model_config).windows
     sliding = tuple(i for i, w in enumerate(windows) if w is not None)
     if not sliding or config.kv_window_paging == "off" or config.moves_whole_pages:
-        return (), 0
-    return sliding, max(w for w in windows if w is not None)
+        return WindowPaging()
+    return WindowPaging(sliding, max(w for w in windows if w is not None))
 
 
 def window_slots_needed(config: EngineConfig, window: int) -> int:
@@ -53,7 +65,7 @@ def window_slots_needed(config: EngineConfig, window: int) -> int:
     return needed + needed // 4
 
 
-def build_pool(loaded: Any, config: EngineConfig) -> KVPool:
+def build_pool(loaded: LoadedModel, config: EngineConfig) -> KVPool:
     """The KV pool for `loaded`'s model on its device, at config.kv_dtype (auto: the model's dtype): kv_pages
     exactly, or as many pages as kv_memory_bytes holds (scales included, so a smaller precision buys more pages).
     A model with sliding layers gets them paged apart (window_paging), with window_slots_needed slots."""
@@ -61,8 +73,8 @@ def build_pool(loaded: Any, config: EngineConfig) -> KVPool:
     mc = loaded.config
     shape = KVShape(layers=mc.num_layers, kv_heads=mc.num_kv_heads, head_dim=mc.head_dim)
     kv_dtype = param.dtype if config.kv_dtype == "auto" else config.kv_dtype
-    sliding, window = window_paging(mc, config)
-    if sliding:
+    paging = window_paging(mc, config)
+    if paging.layers:
         return KVPool.with_windows(
             shape,
             page_size=config.page_size,
@@ -70,8 +82,8 @@ def build_pool(loaded: Any, config: EngineConfig) -> KVPool:
             budget_bytes=None if config.kv_pages is not None else config.kv_memory_bytes or DEFAULT_KV_MEMORY,
             dtype=kv_dtype,
             device=param.device,
-            window_layers=sliding,
-            slots_needed=window_slots_needed(config, window),
+            window_layers=paging.layers,
+            slots_needed=window_slots_needed(config, paging.window),
         )
     if config.kv_demote is not None:  # the same memory, split: kv_demote_share of it for demoted pages
         per_page = KVPool.bytes_per_page(shape, config.page_size, kv_dtype)
@@ -96,10 +108,28 @@ def build_pool(loaded: Any, config: EngineConfig) -> KVPool:
     )
 
 
+@dataclass(slots=True)  # one per chunk each step: not frozen (a frozen __init__ costs ~5x)
+class ChunkRows:
+    """One chunk's rows of a step's logits: row 0 is the distribution after its last new token, row i after its
+    draft token i-1 (chunk.num_rows rows from `first`). `allowed`: row 0 with the tokens its grammar forbids at
+    -inf (constrained chunks that sample; None otherwise)."""
+
+    logits: torch.Tensor  # the whole step's, float32 on the CPU
+    finite: list[bool]  # per row of the whole step: no inf or nan in it
+    first: int
+    allowed: torch.Tensor | None
+
+    def row(self, i: int) -> torch.Tensor:
+        """Row i, checked: FloatingPointError if the model gave non-finite logits there."""
+        if not self.finite[self.first + i]:
+            raise FloatingPointError("non-finite logits")
+        return self.logits[self.first + i]
+
+
 class ModelStep:
     """Forward and sample for the engine. `eos_ids`: the tokens that end a sequence (the model's and tokenizer's)."""
 
-    def __init__(self, loaded: Any, config: EngineConfig, eos_ids: set[int]) -> None:
+    def __init__(self, loaded: LoadedModel, config: EngineConfig, eos_ids: set[int]) -> None:
         self.model = loaded.model
         self.model_config = mc = loaded.config
         self.backend_choice = config.backend
@@ -108,8 +138,9 @@ class ModelStep:
         self.page_size = config.page_size
         self.pool = build_pool(loaded, config)
         # the sliding layers' window when they are paged apart (0: every layer in the page)
-        self.window = window_paging(mc, config)[1] if self.pool.window is not None else 0
-        self.window_slots: Any = None  # set by the engine with window paging: pages -> their window slots
+        self.window = window_paging(mc, config).window if self.pool.window is not None else 0
+        # set by the engine with window paging: pages -> their window slots (PrefixCache.window_slots)
+        self.window_slots: Callable[[list[int]], list[int]] | None = None
         self.backend_options = dict(
             num_heads=mc.num_heads,
             num_kv_heads=mc.num_kv_heads,
@@ -118,7 +149,7 @@ class ModelStep:
             attention=attention_options(mc),
             kv_dtype=self.pool.kv_dtype,
         )
-        self.backend = create_backend(config.backend, self.device, **self.backend_options)
+        self.backend: AttentionBackend = create_backend(config.backend, self.device, **self.backend_options)
         # Structured outputs: grammars compile on the submitting thread, masks are applied on the engine thread.
         self.grammars = GrammarCache(loaded.tokenizer, mc.vocab_size, eos_ids)
         self.context_length = mc.max_position_embeddings
@@ -141,6 +172,12 @@ class ModelStep:
         input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
         wanted = torch.tensor(rows, device=self.device) if len(rows) > len(chunks) else None  # None: a row each
         return self.model(input_ids, layout, self.pool, self.backend, rows=wanted).float().cpu()
+
+    def rows(self, chunks: list[Chunk], logits: torch.Tensor) -> list[ChunkRows]:
+        """`forward`'s logits, chunk by chunk (the finite check and the grammar masks done for the whole batch)."""
+        finite = torch.isfinite(logits).all(dim=-1).tolist()  # one pass for the batch, not one per row
+        allowed = self.constrained_logits(chunks, logits)
+        return [ChunkRows(logits, finite, first, allowed.get(i)) for i, first in enumerate(self.first_rows(chunks))]
 
     @staticmethod
     def first_rows(chunks: list[Chunk]) -> list[int]:

@@ -8,6 +8,9 @@ engine thread (`submit`: through its inbox), which adds it below the host tier a
 shutdown saved, before any other load. The store's scan of what earlier runs left goes on in the background; its
 pages are found by one stat each meanwhile. `ready` says when all of that is done.
 
+Serve (engine thread): the scheduler reaches the tiers through this object only (`pump`, `start_load`, `cancel`,
+`has_arrivals`, `active`), never through the cache's link; `wait` is for a caller driving `Engine.step` itself.
+
 Stop (`close`, after the engine thread has ended): the pages memory holds and the disk lacks are queued (pinned first,
 then the most recently used, then the host tier's), the pins manifest is written, and the store writes its queue,
 all within the deadline; what does not make it is lost, never torn.
@@ -19,14 +22,17 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+
+import torch
 
 from radixcache.host_tier import HostTier
 from radixcache.page_data import PageData
+from radixcache.pool import KVPool
 from radixcache.store import Codec, DiskStore
 from radixcache.tier import TierChain
-from radixcache.tiering import TierLink
+from radixcache.tiering import STEP_WRITE_BUDGET_S, LoadJob, TierLink
 from radixcache.worker.engine.config import EngineConfig
+from radixcache.worker.model.loader import LoadedModel
 
 log = logging.getLogger("radixcache.engine")
 
@@ -34,7 +40,7 @@ PAGE_CODEC = Codec(encode=lambda page: page.to_bytes(), decode=PageData.from_byt
 MIN_SAVE_S = 1.0  # a shutdown that drained up to its deadline still gets this long to save
 
 
-def build_tier_link(pool: Any, config: EngineConfig, notify: Callable[[], None]) -> TierLink | None:
+def build_tier_link(pool: KVPool, config: EngineConfig, notify: Callable[[], None]) -> TierLink | None:
     """The cache's TierLink for `config`, with its host tier (if any); None when no tier is configured."""
     if config.kv_disk_dir is None and config.kv_host_bytes is None:
         return None
@@ -73,7 +79,35 @@ class EngineTiers:
         disk = self.link.disk
         return self._opened.is_set() and (disk is None or disk.wait_ready(0)) and not self.link.restoring
 
-    def open_disk(self, loaded: Any, pool: Any, *, device: Any, backend: str) -> None:
+    # --- what the scheduler reads and asks, each step (engine thread) ----------------------------------------------
+    @property
+    def active(self) -> bool:
+        """Some tier is open below memory (the disk may still be opening): worth looking a prompt up there."""
+        return self.link.active
+
+    def pump(self, budget_s: float = STEP_WRITE_BUDGET_S) -> None:
+        """Put the loads that arrived into the tree, write through for up to `budget_s`, report the tiers' events."""
+        self.link.pump(budget_s)
+
+    def has_arrivals(self) -> bool:
+        """A load has arrived that `pump` has not put into the tree yet."""
+        return self.link.has_completions()
+
+    def start_load(self, owner: str, tokens: list[int], namespace: str, max_tokens: int) -> LoadJob | None:
+        """Load the pages of tokens[:max_tokens] that continue past memory into a tier (radixcache.tiering's
+        TierLink.start_load): the job, or None when no tier holds the next page."""
+        return self.link.start_load(owner, tokens, namespace, max_tokens)
+
+    def cancel(self, job: LoadJob) -> None:
+        """The request that waited for `job` ended (the last waiter lets its lease go)."""
+        self.link.cancel(job)
+
+    def wait(self, timeout: float) -> bool:
+        """Block until a load has arrived (True) or `timeout` seconds passed: for callers that drive the engine."""
+        return self.link.wait(timeout)
+
+    # --- start and stop ----------------------------------------------------------------------------------------
+    def open_disk(self, loaded: LoadedModel, pool: KVPool, *, device: torch.device, backend: str) -> None:
         """Compute the fingerprint and open the store on a background thread (once)."""
         if self.config.kv_disk_dir is None or self._thread is not None:
             return
@@ -82,7 +116,7 @@ class EngineTiers:
         )
         self._thread.start()
 
-    def _open(self, loaded: Any, pool: Any, device: Any, backend: str) -> None:
+    def _open(self, loaded: LoadedModel, pool: KVPool, device: torch.device, backend: str) -> None:
         from radixcache.worker.engine.fingerprint import fingerprint_parts, store_folder, weights_digest
 
         c = self.config

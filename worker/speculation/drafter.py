@@ -1,9 +1,9 @@
 """Drafter: the draft for one sequence's next step, from the tree's index and the sequence's own tokens.
 
-The engine calls `propose(seq, limit)` while scheduling (the scheduler then trims the draft to the step's token
-budget and to pages it can have without preempting anyone) and `verified(seq, drafted, accepted)` once the step has
-checked it. What a draft may never do is the engine's to enforce: change an output (only tokens the request's own
-sampler draws are emitted), or reach the tree unverified (only computed, accepted tokens count as computed).
+The Speculator (worker/speculation/speculator.py) calls `propose(seq, limit)` for the scheduler while it plans a
+step (the scheduler then trims the draft to the step's token budget and to pages it can have without preempting
+anyone) and `verified(seq, drafted, accepted)` once the step has checked it. What a draft may never do is the
+Speculator's to enforce: change an output, or reach the tree unverified.
 
 Policy, all per sequence:
 - draft only where the last MIN_MATCH tokens occurred before (in the tree, same namespace, or earlier in the
@@ -15,23 +15,11 @@ Policy, all per sequence:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
-
 from radixcache.worker.speculation.cached_index import CachedTokenIndex
-from radixcache.worker.speculation.own_index import OwnTokenIndex
+from radixcache.worker.speculation.sequence import DraftedSequence, DraftState
 from radixcache.worker.speculation.vote import MIN_MATCH, vote
 
 MAX_BACKOFF = 15  # chances skipped at most after failed drafts
-
-
-@dataclass
-class DraftState:
-    """What the drafter keeps on a Sequence (Sequence.draft_state)."""
-
-    own: OwnTokenIndex = field(default_factory=OwnTokenIndex)
-    failures: int = 0  # drafts in a row with nothing accepted
-    skip: int = 0  # chances left to skip
 
 
 class Drafter:
@@ -40,7 +28,7 @@ class Drafter:
     def __init__(self, index: CachedTokenIndex | None) -> None:
         self.index = index
 
-    def propose(self, seq: Any, limit: int) -> list[int]:
+    def propose(self, seq: DraftedSequence, limit: int) -> list[int]:
         """Up to `limit` tokens that may follow seq.tokens, or [] (nothing matched long enough, or backing off)."""
         state = seq.draft_state
         if state is None:
@@ -58,7 +46,7 @@ class Drafter:
             found += self.index.candidates(seq.request.namespace, tokens, key, limit)
         return vote(found, limit)
 
-    def verified(self, seq: Any, drafted: int, accepted: int) -> None:
+    def verified(self, seq: DraftedSequence, drafted: int, accepted: int) -> None:
         state = seq.draft_state
         if state is None or drafted == 0:
             return
