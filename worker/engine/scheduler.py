@@ -34,7 +34,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from radixcache.cache import CacheFullError, Lease, PrefixCache
+from radixcache.cache import CacheFullError, Lease
+from radixcache.cache_base import BaseCache
 from radixcache.pool import KVPool
 from radixcache.tier import MEDIUM_DISK, MEDIUM_HOST
 from radixcache.tiering import STEP_WRITE_BUDGET_S, WRITE_BUDGET_PER_TOKEN_S
@@ -81,7 +82,7 @@ Proposer = Callable[[Sequence, int], list[int]]
 class Scheduler:
     def __init__(
         self,
-        cache: PrefixCache,
+        cache: BaseCache,
         pool: KVPool,
         *,
         max_step_tokens: int,
@@ -423,8 +424,8 @@ class Scheduler:
         if lease.copy_from is None:
             return
         try:
-            src, dst, k = lease.copy_from
-            self._copy_slots(src, dst, k)
+            copy = lease.copy_from
+            self._copy_slots(copy.src, copy.dst, copy.tokens)
             self.cache.copied(lease)
         except BaseException:
             self.cache.release(lease)
