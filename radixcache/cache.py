@@ -231,7 +231,8 @@ class PrefixCache(BaseCache):
         result = self.tree.insert(key, lease.pages[:n], lease.namespace, partial=tail)
         self.allocator.incref(result.new_pages)
         self.windows.stored(result.new_pages)
-        self.room.unstored(result.replaced)
+        if result.replaced:
+            self.room.unstored(result.replaced)
         if not tail:  # pages the tree already held: read the tree's, free our copies (never hold a page twice)
             self._read_tree_copies(lease, result)
         # The lock only matters while the lease runs; release unlocks right after a tail publish.

@@ -93,12 +93,16 @@ class CacheCounters:
     promoted: int = 0  # demoted pages brought back by a hit
 
     def count_lookup(self, namespace: str, lookup: Lookup) -> None:
-        self.lookups.add(lookup)
+        total = self.lookups  # (added field by field: this runs once per admitted request)
+        total.queried += lookup.queried
+        total.hit += lookup.hit
+        total.copied += lookup.copied
         if lookup.queried:
             mine = self.lookups_by_namespace.get(namespace)
             if mine is None:
-                mine = self.lookups_by_namespace[namespace] = Lookup()
-            mine.add(lookup)
+                self.lookups_by_namespace[namespace] = Lookup(lookup.queried, lookup.hit, lookup.copied)
+            else:
+                mine.add(lookup)
 
 
 def lease_figures(leases: Iterable[Lease], counts: CacheCounters, namespace: str | None) -> dict[str, Any]:

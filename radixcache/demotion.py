@@ -68,9 +68,8 @@ class Demotion(Eviction):
         return self._promote(m, key, namespace) if self._reads_demoted(m) else m
 
     def _reads_demoted(self, m: Match) -> bool:
-        return bool(m.pages and max(m.pages) >= self._first_demoted) or (
-            m.partial_tokens and m.partial_page >= self._first_demoted
-        )
+        first = self._first_demoted
+        return bool(m.pages and max(m.pages) >= first) or (m.partial_tokens > 0 and m.partial_page >= first)
 
     def _promote(self, m: Match, key: bytes, namespace: str) -> Match:
         guard = m.partial_node or m.node
