@@ -42,7 +42,7 @@ from radixcache.events import (
     namespace_prefix,
 )
 from radixcache.keys import TOKEN_BYTES, decode
-from radixcache.tier import PageKey
+from radixcache.tier import PageKey, TierRecord
 
 log = logging.getLogger("radixcache.events")
 
@@ -132,7 +132,7 @@ class EventLog:
         self,
         records: Iterable[PageRecord],
         token: object = None,
-        tier: Iterable[tuple[str, PageKey]] = (),
+        tier: Iterable[TierRecord] = (),
         window: Iterable[int] = (),
     ) -> None:
         """Record the tree's current pages, `RadixTree.page_records()`, what the tiers hold,
@@ -260,7 +260,7 @@ class EventLog:
                 by_ns.setdefault(namespace, []).append(h)
         return [PagesRemoved(ns, hashes, group_idx=WINDOW_GROUP) for ns, hashes in by_ns.items()]
 
-    def _load(self, token: object, records: list, tier: list[tuple[str, PageKey]], window: set[int]) -> Snapshot:
+    def _load(self, token: object, records: list, tier: list[TierRecord], window: set[int]) -> Snapshot:
         self._pages = pages = {}
         self._windowed = set()
         events = []
@@ -271,7 +271,7 @@ class EventLog:
             events.append(stored)
             if self.window is not None:
                 events += self._window_runs(stored, record[2], window)
-        events += [_tier_stored(medium, key) for medium, key in tier]
+        events += [_tier_stored(record.medium, record.key) for record in tier]
         self._synced = True
         return Snapshot(token, events)
 

@@ -1,4 +1,5 @@
-"""The radix tree's node and the results of its operations (`Match`, `InsertResult`).
+"""The radix tree's node and the results of its operations (`Match`, `InsertResult` and its `Duplicate`s, `PathPins`,
+`PinRecord`).
 
 A node holds a compressed edge: a run of pages (`key`, `pages`) with no branching inside. Every page is whole except
 possibly the last page of a leaf, a partial tail (`tail` valid tokens). The fields are the tree's to change; callers
@@ -6,6 +7,8 @@ hold nodes only as handles (for `RadixTree.lock`/`unlock`/`cut`).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 
 class Node:
@@ -54,6 +57,18 @@ class Match:
     def tokens(self) -> int:
         return len(self.pages) * self.page_size + self.partial_tokens
 
+    def read_pages(self) -> list[int]:
+        """The pages a hit reads, in token order: the whole ones, then the partial one (if any)."""
+        return self.pages + [self.partial_page] if self.partial_tokens else self.pages
+
+
+@dataclass(frozen=True, slots=True)
+class Duplicate:
+    """An insert's page `pages[index]` sits where the tree already holds `tree_page`: the same tokens, another page."""
+
+    index: int
+    tree_page: int
+
 
 class InsertResult:
     """Result of `RadixTree.insert`: `node` holds the last inserted page (None for an empty insert); `new_pages`
@@ -74,15 +89,33 @@ class InsertResult:
 
     @property
     def duplicates(self) -> list[int]:
-        return [self._given[i] for i, _ in self.cached_instead()]
+        return [self._given[d.index] for d in self.cached_instead()]
 
-    def cached_instead(self) -> list[tuple[int, int]]:
-        """(i, tree_page) for each caller's page `pages[i]` that sits where the tree already holds `tree_page`, a
-        different page with the same tokens. Computed on demand: it is O(existing pages)."""
+    def cached_instead(self) -> list[Duplicate]:
+        """Each caller's page that sits where the tree already holds a different page with the same tokens.
+        Computed on demand: it is O(existing pages)."""
         given = self._given
         return [
-            (start + j, q)
+            Duplicate(start + j, q)
             for start, cached in self._segments
             for j, (p, q) in enumerate(zip(given[start : start + len(cached)], cached, strict=True))
             if p != q
         ]
+
+
+@dataclass(frozen=True, slots=True)
+class PathPins:
+    """Pages of a key's cached whole-page prefix that are pinned, and those that are not (what a pin would add)."""
+
+    pinned: int
+    unpinned: int
+
+
+@dataclass(frozen=True, slots=True)
+class PinRecord:
+    """One pinned node: its namespace, the key from the root through it, and `until` on the tree's clock
+    (math.inf: no TTL). Pinning each key again until then rebuilds the pins."""
+
+    namespace: str
+    key: bytes
+    until: float

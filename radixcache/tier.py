@@ -11,6 +11,9 @@ memory says: no system call, for the engine thread), `find` (`contains`, or a lo
 admission's lookup), `get` (the payload, checked, or None), `flush` (a namespace or everything), `stats`, `take_changes`
 (what it started and stopped holding, for cache events) and `close`. Two tiers exist: radixcache.host_tier.HostTier
 (host memory, pinned on CUDA) and radixcache.store.DiskStore (files); `TierChain` puts one above the other.
+
+The cache's side: `CacheTier` is what radixcache.cache calls on its link to the tiers (radixcache.tiering.TierLink);
+`NoTier` stands in for it where no tier is configured (`PagesBelow`, the part eviction calls, as no-ops).
 """
 
 from __future__ import annotations
@@ -48,6 +51,22 @@ class TierChange:
     namespace: str
     page_hash: int
     key: PageKey | None = None  # set when stored
+
+
+@dataclass(frozen=True, slots=True)
+class TierRecord:
+    """A tier holds `key` on `medium` (MEDIUM_HOST, MEDIUM_DISK): one entry of a snapshot's tier part."""
+
+    medium: str
+    key: PageKey
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedPage:
+    """A page read back from a tier: its payload and the medium it came from."""
+
+    payload: Any
+    medium: str
 
 
 @dataclass
@@ -105,13 +124,13 @@ class TierChain:
     def find(self, key: PageKey) -> bool:
         return any(tier.find(key) for tier in self.tiers)
 
-    def get(self, key: PageKey) -> tuple[Any, str] | None:
-        """(payload, the medium it came from), or None."""
+    def get(self, key: PageKey) -> LoadedPage | None:
+        """The page from the first tier that has it (checked), or None."""
         for tier in self.tiers:
             if tier.find(key):
                 payload = tier.get(key)
                 if payload is not None:
-                    return payload, tier.medium
+                    return LoadedPage(payload, tier.medium)
         return None
 
     def flush(self, namespace: str | None = None) -> int:
@@ -131,14 +150,8 @@ class TierChain:
             tier.close(timeout)
 
 
-class CacheTier(Protocol):
-    """What radixcache.cache.PrefixCache calls on its link to the tiers (radixcache.tiering.TierLink)."""
-
-    counts: Any
-    tiers: TierChain
-    sink: Any
-
-    def attach(self, cache: Any) -> None: ...
+class PagesBelow(Protocol):
+    """What the cache's eviction (radixcache.eviction) calls on what lies below memory: a TierLink, or NoTier."""
 
     def spill(self, freed: list[int]) -> None: ...
 
@@ -148,6 +161,32 @@ class CacheTier(Protocol):
 
     def flush(self, namespace: str | None) -> int: ...
 
+
+class CacheTier(PagesBelow, Protocol):
+    """What radixcache.cache.PrefixCache calls on its link to the tiers (radixcache.tiering.TierLink)."""
+
+    counts: Any
+    tiers: TierChain
+    sink: Any
+
+    def attach(self, cache: Any) -> None: ...
+
     def check(self) -> None: ...
 
-    def tier_records(self) -> list[tuple[str, PageKey]]: ...
+    def tier_records(self) -> list[TierRecord]: ...
+
+
+class NoTier:
+    """Nothing below memory: evicted pages are simply freed, a flush reaches nothing (PagesBelow, as no-ops)."""
+
+    def spill(self, freed: list[int]) -> None:
+        pass
+
+    def copying(self, src: int, dst: int) -> None:
+        pass
+
+    def discard(self) -> None:
+        pass
+
+    def flush(self, namespace: str | None) -> int:
+        return 0

@@ -17,7 +17,7 @@ Everything here runs on the cache's thread (the engine's) except the loader thre
   (each step) allocates fresh pages for what arrived, writes them (`pool.write_page`) and publishes them in the tree,
   then lets the lease go: the request's own lookup then hits them like any cached page. A request whose load is in
   flight waits; the batch does not.
-- Demotion (--kv-demote, radixcache.cache): the tiers hold exact pages only, at the pool's own precision (what a
+- Demotion (--kv-demote, radixcache.demotion): the tiers hold exact pages only, at the pool's own precision (what a
   recompute gives), so a load writes a page into the pool as it is and another worker sharing the folder never
   reads a lossy page. When the cache demotes a node (`relocated` into the demoted ids), its full-precision pages are
   handed to the tiers first, unless they hold them already (write-through usually did): demotion is an eviction
@@ -46,13 +46,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from radixcache.cache_base import CacheFullError
 from radixcache.events import hash_key_pages, namespace_prefix
 from radixcache.keys import TOKEN_BYTES, decode, encode
-from radixcache.tier import MEDIUM_HOST, PageKey, TierChain
+from radixcache.tier import MEDIUM_HOST, LoadedPage, PageKey, TierChain, TierRecord
 
 if TYPE_CHECKING:
-    from radixcache.cache import Lease, PrefixCache
+    from radixcache.cache import PrefixCache
     from radixcache.events import EventSink
+    from radixcache.lease import Lease
     from radixcache.store import DiskStore
 
 log = logging.getLogger("radixcache.tiering")
@@ -77,12 +79,20 @@ class LoadJob:
     keys: list[PageKey]
     lease: Lease | None
     waiters: int = 1
-    payloads: list[tuple[Any, str]] = field(default_factory=list)  # (payload, medium), filled by the loader
+    payloads: list[LoadedPage] = field(default_factory=list)  # filled by the loader
     done: threading.Event = field(default_factory=threading.Event)  # the loader is through
     cancelled: bool = False  # nobody waits for it any more (its lease is already released)
     stale: bool = False  # its namespace was flushed meanwhile: what it read must not come back
     finished: bool = False  # finish_loads has handled it
     loaded: dict[str, int] = field(default_factory=dict)  # medium -> pages written into the pool
+
+
+@dataclass(slots=True)
+class PendingPin:
+    """A pin the last shutdown saved (its manifest `entry`), waiting for its pages' load (`job`; None: none ran)."""
+
+    entry: dict
+    job: LoadJob | None
 
 
 @dataclass
@@ -139,7 +149,7 @@ class TierLink:
         self._mirror: dict[tuple[str, str, int], PageKey] = {}  # (medium, ns, hash) the events say a tier holds
         self._jobs: list[LoadJob] = []  # in flight (started, not finished)
         self._done: deque[LoadJob] = deque()
-        self._pins: list[tuple[dict, LoadJob | None]] = []  # pins to restore once their load is through
+        self._pins: list[PendingPin] = []  # pins to restore once their load is through
         self._pin: Callable[[list[int], str, float | None], int] | None = None
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._loader = threading.Thread(target=self._load_loop, name="radixcache-tier-loader", daemon=True)
@@ -277,7 +287,7 @@ class TierLink:
         """If the whole pages of tokens[:max_tokens] continue, past what memory holds, into pages a tier holds,
         start loading those (or join a load of them already under way) and return the job; else None."""
         cache = self._cache
-        if cache is None or not self.tiers.tiers or not cache.enabled:
+        if cache is None or not self.tiers.tiers:
             return None
         bpp, ps = self.bpp, self.page_size
         total = min(len(tokens), max_tokens) // ps
@@ -344,8 +354,6 @@ class TierLink:
 
     def finish_loads(self) -> int:
         """Write the loads that arrived into the pool and the tree (cache's thread). Returns pages loaded."""
-        from radixcache.cache import CacheFullError
-
         cache, total = self._cache, 0
         while self._done:
             job = self._done.popleft()
@@ -364,9 +372,9 @@ class TierLink:
                     except CacheFullError:
                         payloads = []
                     else:
-                        for page, (payload, medium) in zip(pages, payloads, strict=True):
-                            self.pool.write_page(page, payload)
-                            job.loaded[medium] = job.loaded.get(medium, 0) + 1
+                        for page, loaded in zip(pages, payloads, strict=True):
+                            self.pool.write_page(page, loaded.payload)
+                            job.loaded[loaded.medium] = job.loaded.get(loaded.medium, 0) + 1
                         cache.publish(lease, job.tokens[: (job.start + len(payloads)) * self.page_size])
                         total += len(payloads)
             except Exception:
@@ -447,9 +455,9 @@ class TierLink:
         """Pages stored in the tree and still to be copied out for writing through."""
         return len(self._to_write)
 
-    def tier_records(self) -> list[tuple[str, PageKey]]:
-        """(medium, key) of every page the event stream says a tier holds (a snapshot's tier part)."""
-        return [(name[0], key) for name, key in self._mirror.items()]
+    def tier_records(self) -> list[TierRecord]:
+        """Every page the event stream says a tier holds (a snapshot's tier part)."""
+        return [TierRecord(name[0], key) for name, key in self._mirror.items()]
 
     # ---- save / restore -------------------------------------------------------------------------------------
     def save(self, deadline: float) -> int:
@@ -492,11 +500,11 @@ class TierLink:
         now_mono, now_wall = tree.clock(), time.time()
         pins = [
             {
-                "namespace": namespace,
-                "tokens": decode(key),
-                "expires_at": None if until == math.inf else now_wall + (until - now_mono),
+                "namespace": pin.namespace,
+                "tokens": decode(pin.key),
+                "expires_at": None if pin.until == math.inf else now_wall + (pin.until - now_mono),
             }
-            for namespace, key, until in tree.pins()
+            for pin in tree.pins()
         ]
         write_json(disk.folder / PINS_FILE, {"version": 1, "pins": pins})
 
@@ -520,7 +528,7 @@ class TierLink:
             if not isinstance(tokens, list) or not isinstance(ns, str):
                 continue
             job = self.start_load("pin-restore", tokens, ns, len(tokens))
-            self._pins.append((entry, job))
+            self._pins.append(PendingPin(entry, job))
         self._restore_ready_pins()
         return len(pins)
 
@@ -531,9 +539,10 @@ class TierLink:
 
     def _restore_ready_pins(self) -> None:
         waiting = []
-        for entry, job in self._pins:
+        for pending in self._pins:
+            entry, job = pending.entry, pending.job
             if job is not None and not job.finished:
-                waiting.append((entry, job))
+                waiting.append(pending)
                 continue
             expires = entry.get("expires_at")
             ttl = None if expires is None else expires - time.time()

@@ -53,7 +53,7 @@ from radixcache.events import FanOut
 from radixcache.keys import TOKEN_BYTES
 from radixcache.keys import common_prefix as _common
 from radixcache.lru import ID_BITS, RECENT, LeafLRU
-from radixcache.node import InsertResult, Match, Node
+from radixcache.node import InsertResult, Match, Node, PathPins, PinRecord
 
 if TYPE_CHECKING:
     from radixcache.events import EventSink, PageRecord
@@ -490,9 +490,9 @@ class RadixTree:
             self._set_pin(node, until if node.pin_until is None else max(node.pin_until, until))
         return sum(len(node.pages) for node in path) * self.page_size
 
-    def pinned_on_path(self, key: bytes, namespace: str = "") -> tuple[int, int]:
-        """(pinned, unpinned) pages of the cached whole-page prefix of `key`: what `pin(key)` would pin anew is the
-        second. Read-only (no split, no LRU touch); expired pins count as unpinned only after `expire()`."""
+    def pinned_on_path(self, key: bytes, namespace: str = "") -> PathPins:
+        """Pinned and unpinned pages of the cached whole-page prefix of `key`: what `pin(key)` would pin anew is
+        `unpinned`. Read-only (no split, no LRU touch); expired pins count as unpinned only after `expire()`."""
         bpp = self.bpp
         end = len(key) - len(key) % bpp
         node, off, pinned, unpinned = self._roots.get(namespace), 0, 0, 0
@@ -509,7 +509,7 @@ class RadixTree:
                 break
             off += j * bpp
             node = child
-        return pinned, unpinned
+        return PathPins(pinned, unpinned)
 
     def unpin(self, key: bytes, namespace: str = "") -> int:
         """Unpin the cached whole-page prefix of `key`; returns the number of tokens that were pinned."""
@@ -736,16 +736,15 @@ class RadixTree:
                 yield namespace, parent.pages[-1] if parent.pages else None, node.pages, node.key
                 stack.extend(node.children.values())
 
-    def pins(self) -> Iterator[tuple[str, bytes, float]]:
-        """(namespace, key from the root through the node, pin_until on the clock; math.inf: no TTL) of every
-        pinned node: pinning each key again until then rebuilds the pins."""
+    def pins(self) -> Iterator[PinRecord]:
+        """Every pinned node's record: pinning each key again until then rebuilds the pins."""
         roots = {id(root): ns for ns, root in self._roots.items()}
         for node in list(self._pinned.values()):
             parts, top = [], node
             while top.parent is not None:
                 parts.append(top.key)
                 top = top.parent
-            yield roots[id(top)], b"".join(reversed(parts)), node.pin_until  # type: ignore[misc]
+            yield PinRecord(roots[id(top)], b"".join(reversed(parts)), node.pin_until)  # type: ignore[arg-type]
 
     # ---- introspection -------------------------------------------------------------------------------------
     def items(self) -> Iterator[tuple[str, bytes, int]]:

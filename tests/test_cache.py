@@ -1,7 +1,8 @@
 import pytest
 from helpers import FakeClock
 
-from radixcache.cache import CacheFullError, PinBudgetError, PrefixCache
+from radixcache.cache import CacheFullError, PageCopy, PinBudgetError, PrefixCache
+from radixcache.cache_off import CacheOff
 from radixcache.keys import encode
 from radixcache.pool import KVPool, KVShape
 
@@ -43,7 +44,7 @@ def test_hit_ending_inside_a_page_copies_its_first_slots() -> None:
     lease = cache.acquire("b", list(range(10)) + [99, 98], max_cached=11)
     src = cache.tree.match(list_key(range(12))).pages[2]
     assert lease.cached_tokens == 10
-    assert lease.copy_from == (src, lease.pages[-1], 2)
+    assert lease.copy_from == PageCopy(src, lease.pages[-1], 2)
     assert len(lease.pages) == 3 and cache.allocator.refcount(lease.pages[-1]) == 1
     assert cache.allocator.refcount(src) == 2  # the tree and the pending copy
     cache.check()
@@ -54,7 +55,7 @@ def test_hit_ending_inside_a_page_copies_its_first_slots() -> None:
     cache.check(idle=True)
     # a fully cached prompt: max_cached = len - 1 leaves one token to compute, so the last page is copied
     full = cache.acquire("c", list(range(12)), max_cached=11)
-    assert full.cached_tokens == 11 and full.copy_from is not None and full.copy_from[2] == 3
+    assert full.cached_tokens == 11 and full.copy_from is not None and full.copy_from.tokens == 3
     cache.release(full)
     assert cache.stats().copied_tokens == 5
     cache.check(idle=True)
@@ -272,7 +273,7 @@ def test_namespaces_are_isolated() -> None:
 
 
 def test_disabled_cache_matches_nothing_and_frees_everything() -> None:
-    cache = PrefixCache(8, 2, enabled=False)
+    cache = CacheOff(8, 2)
     for owner in ("a", "b"):
         lease = cache.acquire(owner, [1, 2, 3, 4, 5], max_cached=4)
         assert lease.cached_tokens == 0 and lease.pages == []
@@ -345,7 +346,7 @@ def test_release_stores_the_partial_tail_and_the_next_turn_copies_it() -> None:
     cache.check(idle=True)
     turn2 = turn1 + [50, 51, 52]
     nxt = cache.acquire("t2", turn2, max_cached=len(turn2) - 1)
-    assert nxt.cached_tokens == 10 and nxt.copy_from == (tail, nxt.pages[-1], 2) and len(nxt.pages) == 3
+    assert nxt.cached_tokens == 10 and nxt.copy_from == PageCopy(tail, nxt.pages[-1], 2) and len(nxt.pages) == 3
     assert cache.allocator.refcount(tail) == 2  # the tree and the pending copy
     cache.check()
     cache.allocate(nxt, 1)
@@ -363,7 +364,7 @@ def test_a_replaced_tail_stays_alive_for_a_lease_still_copying_from_it() -> None
     serve(cache, "t1", list(range(6)))  # whole page + tail [4, 5]
     tail = cache.tree.match(list_key(range(6))).partial_page
     reader = cache.acquire("reader", list(range(6)) + [7], max_cached=6)
-    assert reader.copy_from == (tail, reader.pages[-1], 2)
+    assert reader.copy_from == PageCopy(tail, reader.pages[-1], 2)
     serve(cache, "writer", list(range(8)) + [0])  # publishes a whole page 4..7 over the tail
     assert cache.tree.match(list_key(range(8))).pages[1] != tail
     assert cache.allocator.refcount(tail) == 1  # only the reader's pending copy holds it now
@@ -392,7 +393,7 @@ def test_a_preempted_sequence_comes_back_token_exact() -> None:
     cache.allocate(lease, 3)
     cache.release(lease, seq[:7])  # preempted after computing 7 tokens
     again = cache.acquire("r", seq, max_cached=10)
-    assert again.cached_tokens == 7 and again.copy_from is not None and again.copy_from[2] == 3
+    assert again.cached_tokens == 7 and again.copy_from is not None and again.copy_from.tokens == 3
     cache.release(again)
     # the tail is an evictable leaf like any other, and flush drops it
     assert cache.stats().pages_evictable == 2 and cache.flush() == 2 and cache.stats().pages_partial == 0
@@ -404,7 +405,7 @@ def test_tails_are_per_namespace_and_a_disabled_cache_stores_none() -> None:
     serve(cache, "a", [1, 2, 3, 4, 5, 6], namespace="alice")
     assert cache.match_length([1, 2, 3, 4, 5, 6, 0], "alice") == 6
     assert cache.match_length([1, 2, 3, 4, 5, 6, 0], "bob") == 0
-    off = PrefixCache(8, 4, enabled=False)
+    off = CacheOff(8, 4)
     serve(off, "a", [1, 2, 3, 4, 5, 6])
     assert off.stats().pages_cached == 0 and off.stats().pages_free == 8
     off.check(idle=True)
@@ -449,7 +450,7 @@ def test_a_copied_hit_lets_go_of_its_source_page() -> None:
     cache.allocate(lease, 4)
     cache.release(lease, first)
     b = cache.acquire("b", first[:7] + [99], max_cached=7)  # 1 whole page + 3 tokens of the second: a copy
-    src, dst, k = b.copy_from
+    dst, k = b.copy_from.dst, b.copy_from.tokens
     assert k == 3 and b.pages[-1] == dst
     before = cache.available_pages()
     cache.copied(b)
@@ -489,7 +490,7 @@ def test_pinned_pages_counts_the_pins_a_request_cannot_read() -> None:
     assert cache.pinned_pages([5, 5, 5]) == 4  # shares nothing
     cache.unpin([1, 2, 3, 4])
     assert cache.pinned_pages() == 2 and cache.pinned_pages([1, 2, 3, 4]) == 2
-    assert PrefixCache(4, 2, enabled=False).pinned_pages([1, 2]) == 0
+    assert CacheOff(4, 2).pinned_pages([1, 2]) == 0
     cache.check(idle=True)
 
 
@@ -498,7 +499,7 @@ def test_copied_keeps_exactly_the_whole_pages_read_locked() -> None:
     cache = PrefixCache(16, 2)
     serve(cache, "a", list(range(1, 10)))  # 4 whole pages and a tail, one edge
     lease = cache.acquire("b", [1, 2, 3, 4, 5, 99], max_cached=5)
-    src, _, k = lease.copy_from
+    src, k = lease.copy_from.src, lease.copy_from.tokens
     assert k == 1 and cache.tree.protected_pages == 3
     cache.copied(lease)
     assert cache.tree.protected_pages == 2 and cache.allocator.refcount(src) == 1  # the tree's reference only
@@ -507,7 +508,7 @@ def test_copied_keeps_exactly_the_whole_pages_read_locked() -> None:
     # the hit ends inside the first page of a child: once copied, the lock moves up to the parent's pages
     serve(cache, "c", [1, 2, 3, 4, 70, 71, 72])  # [1 2 3 4] now branches
     lease = cache.acquire("d", [1, 2, 3, 4, 70, 99], max_cached=5)
-    assert lease.copy_from is not None and lease.copy_from[2] == 1
+    assert lease.copy_from is not None and lease.copy_from.tokens == 1
     assert cache.tree.protected_pages == 3  # the whole pages read and the source page, not the child's tail
     cache.copied(lease)
     assert cache.tree.protected_pages == 2
@@ -529,13 +530,13 @@ def test_a_regrown_tail_is_copied_by_whole_token_slots() -> None:
     pool = KVPool(KVShape(1, 1, 1), page_size=4, num_pages=16)
     serve(cache, "t1", [0, 1, 2, 3, 4])  # a whole page and a tail of 1
     first = cache.acquire("t1b", [0, 1, 2, 3, 4, 9])
-    src, dst, k = first.copy_from
+    src, dst, k = first.copy_from.src, first.copy_from.dst, first.copy_from.tokens
     pool.copy_prefix(src, dst, k)  # a tail as first stored is copied by whole slots too
     assert k == 1 and first.cached_tokens == 5
     cache.release(first)
     serve(cache, "t2", [0, 1, 2, 3, 4, 5, 6])  # a longer tail replaces it, in place
     lease = cache.acquire("t3", [0, 1, 2, 3, 4, 5, 6, 9])
-    src, dst, k = lease.copy_from
+    src, dst, k = lease.copy_from.src, lease.copy_from.dst, lease.copy_from.tokens
     assert k == 3 and lease.cached_tokens == 7
     pool.kv[:, src] = 1.0
     pool.copy_prefix(src, dst, k)  # what the engine does with copy_from
@@ -616,7 +617,7 @@ def test_a_lookup_is_counted_once_with_its_copied_tokens() -> None:
     s = cache.stats()
     assert (s.queried_tokens, s.hit_tokens, s.copied_tokens) == (9, 3, 1)
     cache.release(lease)
-    off = PrefixCache(8, 2, enabled=False)
+    off = CacheOff(8, 2)
     off.release(off.acquire("c", [1, 2, 3]))
     assert (off.stats().queried_tokens, off.stats().hit_tokens, off.stats().copied_tokens) == (3, 0, 0)
 

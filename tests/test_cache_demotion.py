@@ -43,7 +43,7 @@ def serve(cache: PrefixCache, contents: Contents, owner: str, tokens: list[int],
         assert page < cache.num_pages, "a lease reads a demoted page"
         assert contents.tokens[page] == tuple(tokens[i * PS : (i + 1) * PS]), f"page {page} holds other tokens"
     if lease.copy_from is not None:
-        src, dst, k = lease.copy_from
+        src, dst = lease.copy_from.src, lease.copy_from.dst
         contents.tokens[dst] = contents.tokens[src]
         cache.copied(lease)
     cache.allocate(lease, max(0, -(-len(tokens) // PS) - len(lease.pages)))

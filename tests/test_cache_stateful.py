@@ -133,7 +133,7 @@ class CacheMachine(RuleBasedStateMachine):
         lease = self.cache.acquire(f"r{self.count}", tokens, ns, max_cached=cap)
         assert lease.pages[: len(path)] == [self.model[key] for key in path]
         if lease.copy_from is not None:
-            src, dst, k = lease.copy_from
+            src, dst, k = lease.copy_from.src, lease.copy_from.dst, lease.copy_from.tokens
             assert (k, dst, len(lease.pages)) == (best, lease.pages[-1], len(path) + 1) and src in sources
             assert lease.cached_tokens == m + best
         else:

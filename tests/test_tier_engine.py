@@ -109,7 +109,7 @@ def test_an_int8_page_evicted_to_disk_comes_back_with_the_recomputed_output(mode
     assert again.token_ids == first.token_ids == run(off, prompt, "off").token_ids
     # on disk as int8 pages with their scales, named by the int8 page hashes a router computes
     link = engine.cache.tier
-    on_disk = [key for medium, key in link.tier_records() if medium == "DISK"]
+    on_disk = [record.key for record in link.tier_records() if record.medium == "DISK"]
     assert {link.disk.get(key).kv_dtype for key in on_disk} == {"int8"}
     disk_hashes = {h for e in log.drain() if isinstance(e, PagesStored) and e.medium == "DISK" for h in e.page_hashes}
     assert set(page_hashes(prompt, PAGE, kv_dtype="int8")) <= disk_hashes | {key.page_hash for key in on_disk}
@@ -283,7 +283,7 @@ def test_warm_restart_after_shutdown_serves_from_disk_with_pins(model, tmp_path:
     again = engine_on(model, tmp_path, kv_disk_write=policy)
     again.run_until_idle()
     assert again.cache.pinned_pages() >= 9  # the pin came back first, loaded from disk, with its TTL
-    ttl_left = min(until for _, _, until in again.cache.tree.pins()) - again.cache.tree.clock()
+    ttl_left = min(pin.until for pin in again.cache.tree.pins()) - again.cache.tree.clock()
     assert 3000 < ttl_left <= 3600
     for rid, prompt in (("p", pinned), ("o", other)):
         out = run(again, prompt, rid)

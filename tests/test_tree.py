@@ -5,6 +5,7 @@ import pytest
 from helpers import FakeClock
 
 from radixcache.keys import common_prefix, decode, encode
+from radixcache.node import PathPins
 from radixcache.tree import RadixTree
 from radixcache.tree_check import check_tree
 
@@ -440,9 +441,9 @@ def test_pins_follow_a_path_of_three_nodes_and_never_cut_a_partial_tail() -> Non
     tree.insert(seq(1, 2, 3, 4, 5, 6), [0, 1, 2])
     tree.insert(seq(1, 2, 3, 4, 9, 9), [0, 1, 3])
     tree.insert(seq(1, 2, 8, 8), [0, 4])  # [1 2] -> {[3 4] -> {[5 6], [9 9]}, [8 8]}
-    assert tree.pinned_on_path(seq(1, 2, 3, 4, 5, 6)) == (0, 3)
+    assert tree.pinned_on_path(seq(1, 2, 3, 4, 5, 6)) == PathPins(pinned=0, unpinned=3)
     assert tree.pin(seq(1, 2, 3, 4, 5, 6, 7)) == 6 and tree.pinned_pages == 3
-    assert tree.pinned_on_path(seq(1, 2, 3, 4, 9, 9)) == (2, 1)
+    assert tree.pinned_on_path(seq(1, 2, 3, 4, 9, 9)) == PathPins(pinned=2, unpinned=1)
     tail = tree.insert(seq(1, 2, 8, 8, 7), [0, 4, 5], partial=True).node  # a tail [7] below [8 8]
     assert tail.tail == 1
     assert tree.pin(seq(1, 2, 8, 8, 7)) == 4  # whole pages only: the tail is neither pinned nor split

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from radixcache.cache import CacheFullError, PrefixCache
+from radixcache.cache_off import CacheOff
 from radixcache.event_log import EventLog
 from radixcache.events import PageIndex, hash_key_pages, namespace_prefix, records_page_index
 from radixcache.keys import TOKEN_BYTES, encode
@@ -53,7 +54,7 @@ def test_a_growing_sequence_holds_the_window_parts_of_its_last_window_only():
 
 
 def test_without_the_tree_a_sequence_gives_its_old_window_parts_back_at_once():
-    cache = PrefixCache(64, 4, enabled=False, window=8, window_slots=8)  # 8 slots carry a 200-token sequence
+    cache = CacheOff(64, 4, window=8, window_slots=8)  # 8 slots carry a 200-token sequence
     tokens = list(range(200))
     lease = cache.acquire("a", tokens)
     for upto in range(1, 200):
@@ -102,7 +103,7 @@ def test_a_hit_ending_inside_a_page_copies_the_window_part_too():
     cache.release(lease, tokens)
     second = cache.acquire("b", tokens[:27] + [99, 98])
     assert second.copy_from is not None and second.cached_tokens == 27
-    src, dst, _ = second.copy_from
+    src, dst = second.copy_from.src, second.copy_from.dst
     s_src, s_dst = cache.window_slots([src, dst])
     assert s_src >= 0 and s_dst >= 0 and s_src != s_dst
     cache.copied(second)
@@ -151,9 +152,11 @@ class WindowMachine(RuleBasedStateMachine):
     )
     def setup(self, page_size: int, num_pages: int, window: int, slots: int, enabled: bool) -> None:
         self.ps, self.window = page_size, window
-        self.cache = PrefixCache(
-            num_pages, page_size, clock=FakeClock(), enabled=enabled, window=window, window_slots=slots
-        )
+        parts = {"window": window, "window_slots": slots}
+        if enabled:
+            self.cache = PrefixCache(num_pages, page_size, clock=FakeClock(), **parts)
+        else:
+            self.cache = CacheOff(num_pages, page_size, **parts)
         self.live: list[tuple[object, list[int], int]] = []  # (lease, its tokens, computed)
         self.seen: list[list[int]] = []
         self.count = 0
@@ -166,7 +169,7 @@ class WindowMachine(RuleBasedStateMachine):
         self.seen.append(list(tokens))
         lease = self.cache.acquire(f"r{self.count}", tokens, max_cached=len(tokens) - 1)
         h = lease.cached_tokens
-        pages = lease.pages if lease.copy_from is None else lease.pages[:-1] + [lease.copy_from[0]]
+        pages = lease.pages if lease.copy_from is None else lease.pages[:-1] + [lease.copy_from.src]
         needed = pages[first_needed_page(h, self.window, self.ps) : -(-h // self.ps)]
         assert all(self.cache.window.slot[p] >= 0 for p in needed), "a hit whose window is not held"
         if lease.copy_from is not None:

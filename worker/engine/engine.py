@@ -34,6 +34,8 @@ from typing import TypeVar
 import torch
 
 from radixcache.cache import PrefixCache
+from radixcache.cache_base import BaseCache
+from radixcache.cache_off import CacheOff
 from radixcache.tiering import IDLE_WRITE_BUDGET_S
 from radixcache.worker.attention import AttentionBackend
 from radixcache.worker.engine.api import (
@@ -93,17 +95,27 @@ class Engine:
         self.pool = self.runner.pool
         self._inbox: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         link = build_tier_link(self.pool, self.config, notify=lambda: self._inbox.put(_wake))
-        self.cache = PrefixCache(
-            self.pool.num_pages,
-            self.config.page_size,
-            enabled=self.config.cache_enabled,
-            max_pinned_pages=int(self.config.max_pinned * self.pool.num_pages),
-            tier=link,
-            demoted_pages=self.pool.demoted_pages,
-            transcode=self.pool.transcode,
-            window=self.runner.window,
-            window_slots=self.pool.window_slots,
-        )
+        max_pinned = int(self.config.max_pinned * self.pool.num_pages)
+        self.cache: BaseCache
+        if self.config.cache_enabled:
+            self.cache = PrefixCache(
+                self.pool.num_pages,
+                self.config.page_size,
+                max_pinned_pages=max_pinned,
+                tier=link,
+                demoted_pages=self.pool.demoted_pages,
+                transcode=self.pool.transcode,
+                window=self.runner.window,
+                window_slots=self.pool.window_slots,
+            )
+        else:  # --no-cache: the same leases over the same pages, nothing kept (so nothing for a tier either)
+            self.cache = CacheOff(
+                self.pool.num_pages,
+                self.config.page_size,
+                max_pinned_pages=max_pinned,
+                window=self.runner.window,
+                window_slots=self.pool.window_slots,
+            )
         if self.pool.window is not None:
             self.runner.window_slots = self.cache.window_slots
         # The tiers below the pool (worker/engine/tiers.py): None without --kv-disk / --kv-host-memory.

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from radixcache.cache import PrefixCache
+from radixcache.cache_base import BaseCache
 from radixcache.pool import KVPool, KVShape
 from radixcache.worker.attention import AttentionBackend, BatchLayout, SequenceSlice
 from radixcache.worker.attention.base import create_backend
@@ -216,7 +216,7 @@ class ModelStep:
         if seq.finish_reason is None and len(seq.tokens) >= self.context_length:
             seq.finish_reason = FinishReason.LENGTH
 
-    def warm_up(self, cache: PrefixCache) -> None:
+    def warm_up(self, cache: BaseCache) -> None:
         """A short prefill, a decode and a mixed batch (worker/engine/warmup.py), so kernels compile before any request.
         Under backend 'auto', a backend other than torch that fails them is replaced by torch, with a warning;
         an explicit one raises RuntimeError."""

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from radixcache.cache import Lease, PrefixCache
+from radixcache.cache import Lease
+from radixcache.cache_base import BaseCache
 from radixcache.pool import KVPool
 from radixcache.worker.attention import AttentionBackend, BatchLayout, SequenceSlice
 
@@ -28,7 +29,7 @@ def warm_up_prompt_len(page_size: int, num_pages: int) -> int | None:
     return None
 
 
-def warm_up(model: torch.nn.Module, pool: KVPool, cache: PrefixCache, backend: AttentionBackend) -> list[str]:
+def warm_up(model: torch.nn.Module, pool: KVPool, cache: BaseCache, backend: AttentionBackend) -> list[str]:
     """Run a short prefill, a decode, then a mixed batch (a decode next to a second prefill) through `model` with
     `backend`; returns the kinds run, in order (a pool too small for that runs one decode only). Raises whatever
     the backend raises, or FloatingPointError if a step gives non-finite logits. Leases its pages from `cache`

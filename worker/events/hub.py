@@ -132,9 +132,7 @@ class CacheEventHub:
 
         def attach() -> None:
             cache.set_event_sink(event_log)
-            event_log.snapshot(
-                cache.tree.page_records(), self._publisher_token, _tier_records(cache), _window_pages(cache)
-            )
+            event_log.snapshot(cache.page_records(), self._publisher_token, _tier_records(cache), _window_pages(cache))
 
         await self._on_engine(attach)
 
@@ -198,7 +196,7 @@ class CacheEventHub:
         """Put a snapshot for `token` into the record stream, on the engine thread (between two of its steps)."""
         cache = self.engine.cache
         await self._on_engine(
-            lambda: self._log.snapshot(cache.tree.page_records(), token, _tier_records(cache), _window_pages(cache))
+            lambda: self._log.snapshot(cache.page_records(), token, _tier_records(cache), _window_pages(cache))
         )
 
     def _request(self, token: object) -> None:

@@ -10,7 +10,8 @@ evictable once the lease locks them. A hit that ends inside a page is copied int
 
 from __future__ import annotations
 
-from radixcache.cache import CacheFullError, Lease, PrefixCache
+from radixcache.cache import CacheFullError, Lease
+from radixcache.cache_base import BaseCache
 from radixcache.pool import KVPool
 from radixcache.worker.engine.sequence import Sequence
 
@@ -18,7 +19,7 @@ from radixcache.worker.engine.sequence import Sequence
 class Pages:
     """The scheduler's pages: `cache` holds who has which page, `pool` the K/V the copies move."""
 
-    def __init__(self, cache: PrefixCache, pool: KVPool) -> None:
+    def __init__(self, cache: BaseCache, pool: KVPool) -> None:
         self.cache = cache
         self.pool = pool
         self.page_size = pool.page_size
@@ -73,8 +74,8 @@ class Pages:
         if lease.copy_from is None:
             return
         try:
-            src, dst, k = lease.copy_from
-            self.copy_slots(src, dst, k)
+            copy = lease.copy_from
+            self.copy_slots(copy.src, copy.dst, copy.tokens)
             self.cache.copied(lease)
         except BaseException:
             self.cache.release(lease)

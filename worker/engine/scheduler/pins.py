@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from radixcache.cache import PrefixCache
+from radixcache.cache_base import BaseCache
 from radixcache.worker.engine.sequence import Sequence
 
 
@@ -25,7 +25,7 @@ def promised_pages(seqs: Iterable[Sequence], page_size: int) -> int:
     return max((total_pages(s, page_size) for s in seqs), default=0)
 
 
-def room_beside_pins(cache: PrefixCache, seq: Sequence) -> str | None:
+def room_beside_pins(cache: BaseCache, seq: Sequence) -> str | None:
     """None if seq fits in the pool beside the pins it does not read; else why not (the refusal's message)."""
     need, total = total_pages(seq, cache.page_size), cache.num_pages
     if need <= total - cache.pinned_pages():

@@ -24,7 +24,8 @@ returns the lease: no path leaks a page. Counters go to the request's tenant onl
 
 from __future__ import annotations
 
-from radixcache.cache import CacheFullError, Lease, PrefixCache
+from radixcache.cache import CacheFullError, Lease
+from radixcache.cache_base import BaseCache
 from radixcache.pool import KVPool
 from radixcache.worker.engine.request import FinishReason
 from radixcache.worker.engine.scheduler.allocation import Pages
@@ -46,7 +47,7 @@ class Scheduler:
 
     def __init__(
         self,
-        cache: PrefixCache,
+        cache: BaseCache,
         pool: KVPool,
         *,
         max_step_tokens: int,
