@@ -25,6 +25,7 @@ from typing import Any, Protocol
 MEDIUM_DEVICE = "GPU"  # vLLM's name for the pool the model reads, whatever the device
 MEDIUM_HOST = "CPU"
 MEDIUM_DISK = "DISK"
+MEDIUM_STORE = "STORE"  # the fleet's shared store (Mooncake): any replica can load its pages
 
 
 @dataclass(frozen=True, slots=True)
