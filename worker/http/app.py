@@ -12,11 +12,12 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from radixcache.worker.front.core import FrontCore
-from radixcache.worker.http.anthropic.errors import anthropic_path, error_body
+from radixcache.worker.http.anthropic import errors as anthropic_errors
 from radixcache.worker.http.anthropic.messages_api import MessagesEndpoint
+from radixcache.worker.http.errors import APIError
 from radixcache.worker.http.host_check import HostCheck
+from radixcache.worker.http.openai import errors as openai_errors
 from radixcache.worker.http.openai.chat_api import DEFAULT_MAX_BODY_BYTES, OpenAIFront
-from radixcache.worker.http.openai.errors import APIError
 from radixcache.worker.http.openai.response_store import ResponseStore
 from radixcache.worker.http.openai.responses_api import ResponsesEndpoint
 
@@ -41,7 +42,10 @@ def create_app(
 
     def error(request: Request, e: APIError) -> JSONResponse:
         """An error in the shape of the API the path belongs to (Anthropic's for /v1/messages, else OpenAI's)."""
-        body = error_body(e.status, e.message) if anthropic_path(request.url.path) else e.body()
+        if anthropic_errors.anthropic_path(request.url.path):
+            body = anthropic_errors.error_body(e.status, e.message)
+        else:
+            body = openai_errors.error_body(e)
         return JSONResponse(body, status_code=e.status)
 
     @app.exception_handler(APIError)

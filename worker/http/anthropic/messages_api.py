@@ -26,8 +26,8 @@ from radixcache.worker.http.anthropic.errors import error_body, refusal_error
 from radixcache.worker.http.anthropic.output import MessagesResponder, sse
 from radixcache.worker.http.anthropic.protocol import CountTokensRequest, MessagesRequest, TokensCount
 from radixcache.worker.http.anthropic.requests import messages_body_shape, parse_messages, parse_prompt
+from radixcache.worker.http.errors import APIError
 from radixcache.worker.http.openai.chat_api import OpenAIFront
-from radixcache.worker.http.openai.errors import APIError
 
 SHUT_DOWN = "the worker shut down before the reply was complete"
 

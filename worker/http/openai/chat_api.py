@@ -31,10 +31,11 @@ from starlette.background import BackgroundTask
 
 from radixcache.worker.engine.request import FinishReason, RequestOutput
 from radixcache.worker.engine.stream import EngineStream, StreamClosed
-from radixcache.worker.front.core import FrontCore, Refusal, RefusalKind
+from radixcache.worker.front.core import FrontCore, Refusal
 from radixcache.worker.front.refusal_log import RateLimitedWarning
+from radixcache.worker.http.errors import APIError, bad_request
 from radixcache.worker.http.json_body import BodyError, BodyShape, parse_body
-from radixcache.worker.http.openai.errors import APIError, bad_request, param_of
+from radixcache.worker.http.openai.errors import api_error, error_body
 from radixcache.worker.http.openai.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 from radixcache.worker.http.openai.requests import ParsedRequest, body_shape, parse_chat, parse_completion
 from radixcache.worker.http.openai.responses import ChatResponder, CompletionResponder
@@ -43,38 +44,6 @@ log = logging.getLogger("radixcache.openai")
 _refused_bodies = RateLimitedWarning(log)  # one short line, not one per hostile request
 
 DEFAULT_MAX_BODY_BYTES = 16 << 20
-# A front-core refusal's HTTP status (request ids are made here, so a duplicate one is the server's fault: 500).
-HTTP_STATUS = {
-    RefusalKind.INVALID_ARGUMENT: 400,
-    RefusalKind.CONTEXT_OVERFLOW: 400,
-    RefusalKind.UNAUTHENTICATED: 401,
-    RefusalKind.PERMISSION_DENIED: 403,
-    RefusalKind.UNAVAILABLE: 503,
-    RefusalKind.TOO_LARGE: 413,
-    RefusalKind.ALREADY_EXISTS: 500,
-    RefusalKind.PIN_BUDGET: 429,
-    RefusalKind.NO_CAPACITY: 503,
-    RefusalKind.INTERNAL: 500,
-}
-ERROR_CODES = {
-    RefusalKind.CONTEXT_OVERFLOW: "context_length_exceeded",
-    RefusalKind.UNAUTHENTICATED: "invalid_api_key",
-    RefusalKind.UNAVAILABLE: "unavailable",
-    RefusalKind.TOO_LARGE: "too_large",
-}
-
-
-def api_error(refusal: Refusal, *, prompt_param: str = "messages", constraint_param: str = "response_format",
-              renames: dict[str, str] | None = None) -> APIError:  # fmt: skip
-    """A front-core refusal as an OpenAI error: its status, code, and the request field it is about by this API's
-    names (`prompt_param`: messages or prompt; `constraint_param`: response_format or tool_choice)."""
-    status, code, message = HTTP_STATUS[refusal.kind], ERROR_CODES.get(refusal.kind), refusal.message
-    if refusal.subject == "constraint":
-        return APIError(status, f"{constraint_param}: {message}", param=constraint_param, code=code)
-    if refusal.subject == "prompt":
-        return APIError(status, message, param=prompt_param, code=code)
-    param = param_of(message, prompt_param=prompt_param, renames=renames) if status == 400 else None
-    return APIError(status, message, param=param, code=code)
 
 
 def _pydantic_param(error: dict[str, Any]) -> str:
@@ -267,10 +236,9 @@ class OpenAIFront:
                 cache_key=parsed.cache_key,
             )  # fmt: skip
         except Refusal as r:
-            renames = {"max_tokens": parsed.max_tokens_param, "top_logprobs": parsed.top_logprobs_param,
-                       "cache_key": "prompt_cache_key"}  # fmt: skip
+            names = {"max_tokens": parsed.max_tokens_param, "top_logprobs": parsed.top_logprobs_param}
             raise api_error(
-                r, prompt_param=prompt_param, constraint_param=parsed.constraint_param, renames=renames
+                r, prompt_param=prompt_param, constraint_param=parsed.constraint_param, names=names
             ) from None
 
     @staticmethod
@@ -315,7 +283,7 @@ class OpenAIFront:
                     yield f"data: {chunk.model_dump_json(exclude_none=True)}\n\n"
                 async for out in stream:
                     if out.finish_reason is FinishReason.ERROR:
-                        yield f"data: {json.dumps(self._failure(out).body())}\n\n"
+                        yield f"data: {json.dumps(error_body(self._failure(out)))}\n\n"
                         break
                     for chunk in responder.add(out):
                         yield f"data: {chunk.model_dump_json(exclude_none=True)}\n\n"

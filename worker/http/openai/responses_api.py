@@ -26,13 +26,17 @@ from radixcache.worker.engine.request import FinishReason
 from radixcache.worker.engine.stream import EngineStream
 from radixcache.worker.front.core import Refusal
 from radixcache.worker.front.tool_calls import template_tools
-from radixcache.worker.front.validation import PromptInput
-from radixcache.worker.http.openai.chat_api import OpenAIFront, api_error
-from radixcache.worker.http.openai.errors import APIError
+from radixcache.worker.front.validation import CheckedPrompt, PromptInput
+from radixcache.worker.http.errors import APIError
+from radixcache.worker.http.openai.chat_api import OpenAIFront
+from radixcache.worker.http.openai.errors import api_error
 from radixcache.worker.http.openai.response_store import ResponseStore, StoredResponse
 from radixcache.worker.http.openai.responses_input import ResponsesInput, parse_responses, responses_body_shape
 from radixcache.worker.http.openai.responses_output import ResponsesResponder, sse
 from radixcache.worker.http.openai.responses_protocol import DeletedResponse, ResponsesRequest
+
+# validation's field names that the Responses API calls otherwise (the conversation is its `input`).
+NAMES = {"max_tokens": "max_output_tokens", "messages": "input"}
 
 
 class ResponsesEndpoint:
@@ -53,11 +57,14 @@ class ResponsesEndpoint:
         conversation = (previous.conversation if previous else []) + parsed.messages
         system = [{"role": "system", "content": parsed.instructions}] if parsed.instructions else []
         chat = PromptInput(messages=system + conversation, tools=template_tools(parsed.specs))
-        prompt, prompt_text = chat, ""
+        prompt: PromptInput | CheckedPrompt = chat
+        prompt_text = ""
         try:
-            continued = await self.front.core.continue_from(previous.prefixes(), chat) if previous else None
-            if continued is not None:
-                prompt, prompt_text = PromptInput(token_ids=continued[0]), continued[1]
+            if previous is not None:  # checked here, and then not again by admit
+                prompt = self.front.core.check_prompt(chat)
+                continued = await self.front.core.continue_from(previous.prefixes(), prompt)
+                if continued is not None:
+                    prompt, prompt_text = PromptInput(token_ids=continued[0]), continued[1]
             response_id = "resp_" + uuid.uuid4().hex
             stream = await self.front.core.admit(
                 tenant, response_id, prompt, parsed.sampling, parsed.constraint, fill_max_tokens=True,
@@ -99,8 +106,7 @@ class ResponsesEndpoint:
 
     @staticmethod
     def _error(refusal: Refusal, parsed: ResponsesInput) -> APIError:
-        renames = {"max_tokens": "max_output_tokens", "messages": "input"}
-        return api_error(refusal, prompt_param="input", constraint_param=parsed.constraint_param, renames=renames)
+        return api_error(refusal, prompt_param="input", constraint_param=parsed.constraint_param, names=NAMES)
 
     def _finished(self, stream: EngineStream, responder: ResponsesResponder, turn: _Turn) -> None:
         """Store the finished response (with `store`) and pin what it computed, in the background."""
