@@ -12,23 +12,21 @@ of a previous response are not carried over: a follow-up states its own (the sam
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from array import array
 from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.background import BackgroundTask
+from fastapi.responses import JSONResponse, Response
 
-from radixcache.worker.engine.request import FinishReason
+from radixcache.worker.engine.request import FinishReason, RequestOutput
 from radixcache.worker.engine.stream import EngineStream
 from radixcache.worker.front.core import Refusal
 from radixcache.worker.front.tool_calls import template_tools
 from radixcache.worker.front.validation import CheckedPrompt, PromptInput
 from radixcache.worker.http.errors import APIError
-from radixcache.worker.http.openai.chat_api import OpenAIFront
+from radixcache.worker.http.front import HttpFront
 from radixcache.worker.http.openai.errors import api_error
 from radixcache.worker.http.openai.response_store import ResponseStore, StoredResponse
 from radixcache.worker.http.openai.responses_input import ResponsesInput, parse_responses, responses_body_shape
@@ -40,10 +38,9 @@ NAMES = {"max_tokens": "max_output_tokens", "messages": "input"}
 
 
 class ResponsesEndpoint:
-    """The three routes, over an OpenAIFront (its gates, body parsing and error mapping) and a ResponseStore.
-    (app.create_app imports this module when it builds the app: this one imports app's helpers.)"""
+    """The three routes, over an HttpFront (its gates, body reading and replies) and a ResponseStore."""
 
-    def __init__(self, front: OpenAIFront, store: ResponseStore) -> None:
+    def __init__(self, front: HttpFront, store: ResponseStore) -> None:
         self.front, self.store = front, store
 
     # -- routes ------------------------------------------------------------------------------------------------
@@ -108,6 +105,10 @@ class ResponsesEndpoint:
     def _error(refusal: Refusal, parsed: ResponsesInput) -> APIError:
         return api_error(refusal, prompt_param="input", constraint_param=parsed.constraint_param, names=NAMES)
 
+    @classmethod
+    def _failure(cls, out: RequestOutput, parsed: ResponsesInput) -> APIError:
+        return cls._error(Refusal.of_failure(out.error_kind, f"the request failed: {out.error}"), parsed)
+
     def _finished(self, stream: EngineStream, responder: ResponsesResponder, turn: _Turn) -> None:
         """Store the finished response (with `store`) and pin what it computed, in the background."""
         generated = stream.generated[0]
@@ -128,14 +129,15 @@ class ResponsesEndpoint:
             )
         ttl = max(self.store.pin_ttl_s if turn.parsed.store else 0.0, turn.parsed.retention_s or 0.0)
         if ttl > 0:
-            task = asyncio.ensure_future(self.front.core.retain(turn.tenant, ids[:-1], ttl))
-            self.front._background.add(task)
-            task.add_done_callback(self.front._background.discard)
+            self.front.keep_running(self.front.core.retain(turn.tenant, ids[:-1], ttl))
 
     async def _whole(self, request: Request, stream: EngineStream, responder: ResponsesResponder, turn: _Turn) -> Response:  # fmt: skip
-        return await self.front._whole(request, stream, responder, lambda: self._finished(stream, responder, turn))
+        return await self.front.whole(
+            request, stream, responder, fail=lambda out: self._failure(out, turn.parsed),
+            done=lambda: self._finished(stream, responder, turn),
+        )  # fmt: skip
 
-    def _sse(self, stream: EngineStream, responder: ResponsesResponder, turn: _Turn) -> StreamingResponse:
+    def _sse(self, stream: EngineStream, responder: ResponsesResponder, turn: _Turn) -> Response:
         async def events() -> AsyncIterator[str]:
             try:
                 for event in responder.first_events():
@@ -153,13 +155,7 @@ class ResponsesEndpoint:
             finally:
                 stream.close()
 
-        async def close_stream() -> None:  # as in the chat stream: a client gone before the generator started
-            stream.close()
-
-        return StreamingResponse(
-            events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"},
-            background=BackgroundTask(close_stream),
-        )  # fmt: skip
+        return self.front.streamed(events(), close=stream.close)
 
 
 class _Turn:
