@@ -206,9 +206,11 @@ class FrontCore:
         try:  # the front's rules, each once; the engine's run at submit (stream.open)
             check_request_id(request_id)
             check_cache_key(cache_key)
-            if isinstance(prompt, PromptInput):  # before tokenizing: bad shapes and sizes
-                prompt = check_prompt_input(prompt, engine.tokenizer, self.limits)
-            checked = prompt
+            checked = (  # before tokenizing: bad shapes and sizes
+                prompt
+                if isinstance(prompt, CheckedPrompt)
+                else check_prompt_input(prompt, engine.tokenizer, self.limits)
+            )
             sampling = sampling_params(values, self.limits)  # and bad sampling values
             wanted_constraint = constraint(*wanted)
             messages = checked.prompt.messages if checked.kind == "messages" else None

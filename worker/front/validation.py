@@ -387,7 +387,7 @@ def render(
     checked: CheckedPrompt, tokenizer: TokenizerLike | None, replies: Mapping[int, Reply] | None = None
 ) -> tuple[list[int], str]:
     """The token ids of a checked prompt, and the text they encode ("" for token ids). Slow: run it off the event
-    loop (render_off_loop). Checks nothing more, but that the chat template renders the messages.
+    loop (render_off_loop). Checks nothing more than that the chat template renders the messages.
 
     Chat messages are rendered with the model's chat template plus the assistant's generation prompt; the template
     writes the special tokens (BOS) itself, so the rendered text is encoded without adding them again. `replies`
