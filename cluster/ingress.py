@@ -42,9 +42,13 @@ class ServeCallContext:
         assert self.writes is not None, "write() on a unary call"
         await self.writes.put(message)
 
-    async def abort(self, code: grpc.StatusCode, details: str = "") -> None:
+    async def abort(
+        self, code: grpc.StatusCode, details: str = "", trailing_metadata: tuple[tuple[str, str], ...] = ()
+    ) -> None:
         self.serve_context.set_code(code)
         self.serve_context.set_details(details)
+        if trailing_metadata:  # the refused field (worker/grpc/servicer.py's refusal_status)
+            self.serve_context.set_trailing_metadata(list(trailing_metadata))
         raise CallAborted(details)
 
 

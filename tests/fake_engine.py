@@ -23,7 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
-from radixcache.worker.engine.api import DuplicateRequestError, RequestTooLargeError
+from radixcache.worker.engine.api import DuplicateRequestError
+from radixcache.worker.engine.checks import check_engine_request
 from radixcache.worker.engine.request import ErrorKind, FinishReason, Request, RequestOutput
 
 BOS, EOS, OFFSET = 1, 2, 3
@@ -66,6 +67,7 @@ class FakeEngine:
     def __init__(self, *, context_length: int = 512, num_pages: int = 256, page_size: int = 4, step_s: float = 0.005):
         self.tokenizer = ByteTokenizer()
         self.model_config = SimpleNamespace(vocab_size=ByteTokenizer.vocab_size, max_position_embeddings=context_length)
+        self.vocab_size = ByteTokenizer.vocab_size
         self.context_length = context_length
         self.page_size = page_size
         self.num_pages = num_pages
@@ -89,16 +91,12 @@ class FakeEngine:
 
     # -- API ---------------------------------------------------------------------------------------------------
     def submit(self, request: Request, on_output: Callable[[RequestOutput], None]) -> None:
+        check_engine_request(request, self)  # as Engine.submit: the engine's own rules, before anything is queued
         with self._lock:
             if self._draining or self._stopped:
                 raise RuntimeError("the engine is shutting down")
             if request.request_id in self._seqs:
                 raise DuplicateRequestError(f"duplicate request id {request.request_id!r}")
-            total = len(request.prompt_ids) + request.sampling.max_tokens
-            if total > self.context_length:
-                raise ValueError(f"prompt + max_tokens = {total} exceeds the context length {self.context_length}")
-            if -(-total // self.page_size) > self.num_pages:
-                raise RequestTooLargeError(f"{total} tokens can never fit in {self.num_pages} pages")
             cached = min(self._cached_length(request.prompt_ids, request.namespace), len(request.prompt_ids) - 1)
             self.submitted.append(request)
             self._seqs[request.request_id] = _Seq(request, on_output, cached)

@@ -10,12 +10,12 @@ import pytest
 from radixcache.worker.engine.request import FinishReason, RequestOutput
 from radixcache.worker.front.core import Refusal, RefusalKind
 from radixcache.worker.front.tool_calls import CLOSE
-from radixcache.worker.front.validation import ContextOverflow
+from radixcache.worker.front.validation import PROMPT, ContextOverflow, FieldPath, InvalidArgument
 from radixcache.worker.http.anthropic.errors import error_body, overflow_message, refusal_error
 from radixcache.worker.http.anthropic.output import MessagesResponder
 from radixcache.worker.http.anthropic.protocol import CacheCreation, MessagesRequest
 from radixcache.worker.http.anthropic.requests import parse_messages
-from radixcache.worker.http.openai.errors import APIError
+from radixcache.worker.http.errors import APIError
 
 TOOL = {
     "name": "add",
@@ -198,17 +198,16 @@ def test_a_call_cut_by_max_tokens_keeps_what_parses_and_stop_sequences_are_named
 
 
 def test_refusals_read_as_anthropic_errors():
-    overflow = ContextOverflow("the prompt has 600 tokens", 512, prompt_tokens=600)
-    r = refusal_error(Refusal(RefusalKind.CONTEXT_OVERFLOW, str(overflow), cause=overflow))
+    overflow = ContextOverflow("the prompt has 600 tokens", 512, PROMPT, prompt_tokens=600)
+    r = refusal_error(Refusal.of_invalid(overflow))
     assert (r.status, r.message) == (400, "prompt is too long: 600 tokens > 511 maximum")
-    room = ContextOverflow("max_tokens", 512, prompt_tokens=100, max_tokens=32000)
+    room = ContextOverflow("max_tokens", 512, FieldPath.of("max_tokens"), prompt_tokens=100, max_tokens=32000)
     assert overflow_message(room) == (
         "input length and `max_tokens` exceed context limit: 100 + 32000 > 512, decrease input length or "
         "`max_tokens` and try again"
     )
-    assert (
-        refusal_error(Refusal(RefusalKind.INVALID_ARGUMENT, "stop[0] is empty")).message == "stop_sequences[0] is empty"
-    )
+    empty = InvalidArgument.at(FieldPath.of("stop", 0), " is empty")
+    assert refusal_error(Refusal.of_invalid(empty)).message == "stop_sequences[0] is empty"
     expected = {
         RefusalKind.UNAUTHENTICATED: (401, "authentication_error"),
         RefusalKind.PERMISSION_DENIED: (403, "permission_error"),

@@ -24,7 +24,7 @@ from radixcache.worker.engine.api import ENGINE_FACTS, ENGINE_METHODS, EngineLik
 from radixcache.worker.engine.engine import Engine, EngineConfig
 from radixcache.worker.engine.request import FinishReason
 from radixcache.worker.front.core import FrontCore, Refusal, RefusalKind, engine_request_id
-from radixcache.worker.front.validation import PromptInput, SamplingValues
+from radixcache.worker.front.validation import FieldPath, PromptInput, SamplingValues
 from radixcache.worker.server import describe
 
 pytestmark = pytest.mark.timeout(120)
@@ -139,7 +139,7 @@ async def scenario(host: EngineLike, facts: Any) -> None:
     # a schema that does not compile: refused before anything runs, naming the constraint
     with pytest.raises(Refusal) as bad:
         await core.admit("t", "json-2", prompt, SamplingValues(max_tokens=4), ("json_schema", '{"type": "nope"}'))
-    assert bad.value.kind is RefusalKind.INVALID_ARGUMENT and bad.value.subject == "constraint"
+    assert bad.value.kind is RefusalKind.INVALID_ARGUMENT and bad.value.field == FieldPath.of("json_schema")
     # refusals at submit
     with pytest.raises(Refusal) as big:
         await core.admit("t", "big", PromptInput(token_ids=[5] * 900), SamplingValues(max_tokens=200))

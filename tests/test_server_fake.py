@@ -161,7 +161,7 @@ def test_request_that_can_never_fit_is_resource_exhausted():
         with pytest.raises(grpc.RpcError) as e:
             c.generate_text("y" * 40, max_tokens=4)
         assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-        assert "never fit" in e.value.details()
+        assert "need 12 KV pages; this worker has 8 pages of 4 tokens" in e.value.details()
 
 
 def test_request_that_cannot_fit_beside_pinned_pages_is_resource_exhausted(client):

@@ -349,7 +349,9 @@ def test_pin_refusals_carry_their_status_and_reason():
             "pinning 1 page would exceed the pin budget of 0 pages",
         )
         e = refusal(lambda: stub.PinPrefix(pb.PinPrefixRequest(text="y" * 40), timeout=10))  # computing it cannot fit
-        assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and e.details() == "42 tokens can never fit in 8 pages"
+        assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and e.details() == (
+            "prompt + max_tokens = 42 tokens need 11 KV pages; this worker has 8 pages of 4 tokens"
+        )
         e = refusal(
             lambda: stub.PinPrefix(pb.PinPrefixRequest(text=f"{FAILS_AFTER_ONE_TOKEN} prefix"), timeout=10)
         )  # computing fails

@@ -12,7 +12,7 @@ import pytest
 from radixcache.worker.engine.request import FinishReason, RequestOutput
 from radixcache.worker.front.tool_calls import CLOSE, ToolCallParser, ToolChoice, ToolSpec, partial_call
 from radixcache.worker.front.validation import InvalidArgument, check_strict_schema
-from radixcache.worker.http.openai.errors import APIError
+from radixcache.worker.http.errors import APIError
 from radixcache.worker.http.openai.protocol import ChatCompletionRequest
 from radixcache.worker.http.openai.requests import parse_chat
 from radixcache.worker.http.openai.responses import ChatResponder

@@ -1,4 +1,5 @@
-"""worker.validation on plain values (what every front calls), and the tokenizer's bytes-per-token bound."""
+"""worker.validation on plain values (what every front calls), the engine's own rules (worker/engine/checks.py),
+and the tokenizer's bytes-per-token bound. Every refusal names its field (InvalidArgument.field)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from tokenizers import models, normalizers, pre_tokenizers
 
 from radixcache.worker.cli import char_tokenizer
 from radixcache.worker.default_model import __file__ as default_model_file
-from radixcache.worker.engine.request import Constraint
+from radixcache.worker.engine.checks import FieldPath, check_engine_request, check_prompt_length
+from radixcache.worker.engine.request import Constraint, Request, SamplingParams
 from radixcache.worker.front.validation import (
     DEFAULT_MAX_TOKENS,
     MAX_SCHEMA_BYTES,
@@ -24,14 +26,15 @@ from radixcache.worker.front.validation import (
     ModelLimits,
     PromptInput,
     SamplingValues,
+    check_prompt_ids,
     check_prompt_input,
     check_request_id,
     check_ttl,
     constraint,
+    fit_max_tokens,
+    render_off_loop,
     render_prompt,
     sampling_params,
-    tokenize_off_loop,
-    tokenize_prompt,
     tool_call_arguments,
 )
 from radixcache.worker.model.tokenizer import Tokenizer, bytes_per_token_bound
@@ -42,6 +45,13 @@ LIMITS = ModelLimits.of(DEFAULT_TOKENIZER, vocab_size=DEFAULT_TOKENIZER.vocab_si
 
 def invalid(match: str):
     return pytest.raises(InvalidArgument, match=match)
+
+
+def field_of(call, *args, **kwargs) -> str | None:
+    """The field (as its path reads) of the InvalidArgument that call(*args, **kwargs) raises."""
+    with pytest.raises(InvalidArgument) as e:
+        call(*args, **kwargs)
+    return None if e.value.field is None else str(e.value.field)
 
 
 def test_a_text_that_cannot_fit_is_refused_in_milliseconds_before_tokenizing():
@@ -80,8 +90,8 @@ def test_prompt_shapes_and_unicode():
         check_prompt_input(PromptInput(messages=[{"role": "user", "content": ["parts"]}]), tok, LIMITS)
     with invalid(r"text: this worker's model has no tokenizer"):
         check_prompt_input(PromptInput(text="a"), None, LIMITS)
-    assert check_prompt_input(PromptInput(token_ids=[1, 2, 3]), None, LIMITS) == 3
-    ids, text = tokenize_prompt(PromptInput(text="hello"), tok, LIMITS)
+    assert check_prompt_input(PromptInput(token_ids=[1, 2, 3]), None, LIMITS).at_least_tokens == 3
+    ids, text = render_prompt(PromptInput(text="hello"), tok, LIMITS)
     assert text == "hello" and ids == tok.encode("hello")
     ids, rendered = render_prompt(PromptInput(messages=[{"role": "user", "content": "hi"}]), tok, LIMITS)
     assert "hi" in rendered and ids == tok.encode(rendered, add_special_tokens=False)
@@ -89,7 +99,7 @@ def test_prompt_shapes_and_unicode():
 
 def test_sampling_values_nonfinite_and_bounds():
     def params(**values):
-        return sampling_params(SamplingValues(**values), prompt_tokens=10, limits=LIMITS)
+        return sampling_params(SamplingValues(**values), LIMITS)
 
     assert params().max_tokens == 16 and params(temperature=0.5, seed=-1).seed == -1
     for name, value in [("temperature", math.inf), ("temperature", math.nan), ("top_p", math.nan),
@@ -104,16 +114,12 @@ def test_sampling_values_nonfinite_and_bounds():
         params(stop=["ok", "\ud800"])
     with invalid("stop_token_ids allows at most 256 ids"):
         params(stop_token_ids=[1] * 10_000)
-    with invalid(r"stop_token_ids\[1\] = 99999 is outside the vocabulary"):
-        params(stop_token_ids=[1, 99999])
     with invalid("a sampling value has the wrong type"):
         params(temperature="hot")
-    with invalid(r"max_tokens must be in \[1, 502\]: the prompt has 10 tokens"):
-        params(max_tokens=600)
-    early = sampling_params(SamplingValues(max_tokens=600, top_k=3), prompt_tokens=None, limits=LIMITS)
-    assert early.top_k == 3  # before tokenizing: every rule but the room left in the context
+    early = params(max_tokens=600, top_k=3, stop_token_ids=[1, 99999])
+    assert early.top_k == 3  # before tokenizing: the rules of the values alone (the room and the ids: at submit)
     with invalid("max_tokens must be >= 1"):
-        sampling_params(SamplingValues(max_tokens=0), prompt_tokens=None, limits=LIMITS)
+        params(max_tokens=0)
     with invalid(r"ttl_seconds must be > 0 and finite"):
         check_ttl(math.inf)
     check_ttl(None)
@@ -146,21 +152,21 @@ def test_size_bounds_are_exact() -> None:
     """A prompt exactly at a bound is accepted and one past it refused: text bytes, chat content, message count."""
     limits = ModelLimits(vocab_size=100, context_length=11, max_bytes_per_token=2)  # 10 prompt tokens, 20 bytes
     tok = DEFAULT_TOKENIZER
-    assert check_prompt_input(PromptInput(text="a" * 19), tok, limits) == 10  # ceil(19 / 2) tokens at least
-    assert check_prompt_input(PromptInput(text="é" * 10), tok, limits) == 10  # 20 bytes
+    assert check_prompt_input(PromptInput(text="a" * 19), tok, limits).at_least_tokens == 10  # ceil(19 / 2) at least
+    assert check_prompt_input(PromptInput(text="é" * 10), tok, limits).at_least_tokens == 10  # 20 bytes
     with invalid("text has at least 21 bytes, so at least 11 tokens"):
         check_prompt_input(PromptInput(text="a" * 21), tok, limits)
     chat = [{"role": "user", "content": "a" * 10}, {"role": "assistant", "content": "b" * 10}]
-    assert check_prompt_input(PromptInput(messages=chat), tok, limits) == 1  # 20 bytes of content in all
+    assert check_prompt_input(PromptInput(messages=chat), tok, limits).at_least_tokens == 1  # 20 bytes of content
     with invalid("messages hold at least 21 bytes of content"):
         check_prompt_input(PromptInput(messages=chat + [{"role": "user", "content": "c"}]), tok, limits)
     many = [{"role": "user", "content": ""}] * 10  # at most one message per prompt token
-    assert check_prompt_input(PromptInput(messages=many), tok, limits) == 1
+    assert check_prompt_input(PromptInput(messages=many), tok, limits).messages == many
     with invalid("messages must hold at most 10 messages, got 11"):
         check_prompt_input(PromptInput(messages=many + many[:1]), tok, limits)
     unbounded = ModelLimits.of(object(), vocab_size=100, context_length=11)  # a tokenizer with no bytes bound
     assert unbounded.max_bytes_per_token is None and unbounded.max_prompt_bytes is None
-    assert check_prompt_input(PromptInput(text="a" * 1000), tok, unbounded) == 1  # checked after tokenizing
+    assert check_prompt_input(PromptInput(text="a" * 1000), tok, unbounded).at_least_tokens == 1  # checked at submit
 
 
 def test_a_pin_ttl_of_zero_and_a_request_id_that_is_not_unicode_are_named() -> None:
@@ -226,28 +232,51 @@ def test_chat_is_rendered_with_its_tools_and_the_generation_prompt() -> None:
         render_prompt(PromptInput(messages=chat), RecordingTokenizer(ValueError("no chat template")), SMALL)
 
 
+class Geometry:
+    """An engine's facts for check_engine_request: SMALL's vocabulary and context, a pool of 4 pages of 4 tokens."""
+
+    vocab_size, context_length, page_size, num_pages = SMALL.vocab_size, SMALL.context_length, 4, 4
+
+
+def submitted(ids: list[int], **sampling: object) -> None:
+    check_engine_request(Request("r", ids, SamplingParams(**sampling)), Geometry())  # type: ignore[arg-type]
+
+
 def test_the_prompt_length_and_max_tokens_bounds_are_exact() -> None:
     tok = RecordingTokenizer()
-    assert tokenize_prompt(PromptInput(text="a"), tok, SMALL)[0] == [ord("a") % 50]  # one token is a prompt
-    assert len(tokenize_prompt(PromptInput(text="a" * 10), tok, SMALL)[0]) == 10  # the longest that fits
+    assert render_prompt(PromptInput(text="a"), tok, SMALL)[0] == [ord("a") % 50]  # one token is a prompt
+    submitted([1], max_tokens=1)
+    submitted([1] * 10, max_tokens=1)  # the longest that fits
     with invalid(r"the prompt has 11 tokens; the context allows at most 10 \(context length 11"):
-        tokenize_prompt(PromptInput(text="a" * 11), tok, SMALL)
+        submitted([1] * 11, max_tokens=1)
     with invalid("^the prompt encodes to no tokens$"):
-        tokenize_prompt(PromptInput(text="a"), EncodesToNothing(), SMALL)
-    assert sampling_params(SamplingValues(max_tokens=9), prompt_tokens=2, limits=SMALL).max_tokens == 9  # all the room
-    with invalid(r"max_tokens must be in \[1, 9\]"):
-        sampling_params(SamplingValues(max_tokens=10), prompt_tokens=2, limits=SMALL)
-    # before tokenizing, an unset max_tokens assumes the shortest prompt (one token)
-    assert sampling_params(SamplingValues(), prompt_tokens=None, limits=SMALL).max_tokens == min(10, DEFAULT_MAX_TOKENS)
+        check_prompt_length(len(render_prompt(PromptInput(text="a"), EncodesToNothing(), SMALL)[0]), 11)
+    submitted([1, 2], max_tokens=9)  # all the room
+    with invalid(r"max_tokens must be in \[1, 9\]: the prompt has 2 tokens"):
+        submitted([1, 2], max_tokens=10)
+    with invalid(r"^stop_token_ids\[1\] = 100 is outside the vocabulary \[0, 100\)$"):
+        submitted([1], max_tokens=1, stop_token_ids=(5, 100))
+    # an unset max_tokens: before tokenizing it assumes the shortest prompt (one token), then fits the prompt
+    early = sampling_params(SamplingValues(), SMALL)
+    assert early.max_tokens == min(10, DEFAULT_MAX_TOKENS)
+    assert fit_max_tokens(early, SamplingValues(), 2, SMALL).max_tokens == min(9, DEFAULT_MAX_TOKENS)
+    assert fit_max_tokens(early, SamplingValues(), 2, SMALL, up_to=8).max_tokens == 6  # as long as it can be
+    assert fit_max_tokens(early, SamplingValues(), 11, SMALL).max_tokens == 1  # the prompt is refused at submit
+    given = sampling_params(SamplingValues(max_tokens=600), SMALL)
+    assert fit_max_tokens(given, SamplingValues(max_tokens=600), 2, SMALL) is given  # its room: the engine's rule
 
 
-def test_tokenizing_off_the_loop_checks_the_fit_unless_asked_not_to() -> None:
+def test_tokenizing_off_the_loop_and_the_rules_of_prompts_never_submitted() -> None:
     tok, long = RecordingTokenizer(), PromptInput(text="a" * 11)
+    ids, _ = asyncio.run(render_off_loop(check_prompt_input(long, tok, SMALL), tok))
+    assert len(ids) == 11  # Tokenize reports any length
     with invalid("the prompt has 11 tokens"):
-        asyncio.run(tokenize_off_loop(long, tok, SMALL))
-    assert len(asyncio.run(tokenize_off_loop(long, tok, SMALL, fit=False))[0]) == 11  # Tokenize reports any length
+        check_prompt_ids(check_prompt_input(long, tok, SMALL), ids, SMALL, fit=True)
+    outside = check_prompt_input(PromptInput(token_ids=[1, 100]), None, SMALL)
+    with invalid(r"^token_ids.ids\[1\] = 100 is outside the vocabulary"):
+        check_prompt_ids(outside, [1, 100], SMALL, fit=False)
     with invalid("the prompt has 11 tokens"):
-        asyncio.run(tokenize_off_loop(PromptInput(token_ids=[1] * 11), None, SMALL))
+        check_prompt_input(PromptInput(token_ids=[1] * 11), None, SMALL)  # counted before the ids are copied
 
 
 def test_a_schema_nested_too_deeply_is_named() -> None:
@@ -256,11 +285,11 @@ def test_a_schema_nested_too_deeply_is_named() -> None:
 
 
 def test_token_ids_span_the_whole_vocabulary_and_the_first_one_outside_is_named() -> None:
-    assert check_prompt_input(PromptInput(token_ids=[0, 99]), None, SMALL) == 2  # 0 and vocab_size - 1 are tokens
+    submitted([0, 99], max_tokens=1)  # 0 and vocab_size - 1 are tokens
     with invalid(r"^token_ids.ids\[1\] = 100 is outside the vocabulary \[0, 100\)$"):
-        check_prompt_input(PromptInput(token_ids=[0, 100]), None, SMALL)
+        submitted([0, 100], max_tokens=1)
     with invalid(r"^token_ids.ids\[2\] = -1 is outside"):
-        check_prompt_input(PromptInput(token_ids=[0, 5, -1]), None, SMALL)
+        submitted([0, 5, -1], max_tokens=1)
 
 
 def tool(name: str = "f", parameters: object = None) -> dict:
@@ -292,9 +321,64 @@ def test_tools_and_tool_calls_are_counted_sized_and_their_text_checked() -> None
 
 
 def test_tool_call_arguments_are_sized_before_they_are_parsed() -> None:
-    assert tool_call_arguments('{"a": [1]}', "args") == {"a": [1]}
-    assert tool_call_arguments("not json", "args") == "not json"
+    args = FieldPath.of("args")
+    assert tool_call_arguments('{"a": [1]}', args) == {"a": [1]}
+    assert tool_call_arguments("not json", args) == "not json"
     deep = "[" * 30_000 + "]" * 30_000
-    assert tool_call_arguments(deep, "args") == deep  # too deep for json.loads: kept as text
+    assert tool_call_arguments(deep, args) == deep  # too deep for json.loads: kept as text
     with invalid(f"args must have at most {MAX_TOOL_ARGUMENTS_BYTES} bytes as JSON"):
-        tool_call_arguments("[" + "1," * MAX_TOOL_ARGUMENTS_BYTES + "1]", "args")
+        tool_call_arguments("[" + "1," * MAX_TOOL_ARGUMENTS_BYTES + "1]", args)
+
+
+def test_each_refusal_names_the_field_where_its_rule_decides() -> None:
+    """InvalidArgument.field, the path fronts rename for their API (never read from the message)."""
+    tok = DEFAULT_TOKENIZER
+
+    def prompt(**kinds: object) -> None:
+        check_prompt_input(PromptInput(**kinds), tok, LIMITS)  # type: ignore[arg-type]
+
+    def values(**given: object) -> None:
+        sampling_params(SamplingValues(**given), LIMITS)  # type: ignore[arg-type]
+
+    user = {"role": "user", "content": "hi"}
+    cases = [
+        (lambda: prompt(), "prompt"),
+        (lambda: prompt(text="a", token_ids=[1]), "prompt"),
+        (lambda: prompt(text=""), "text"),
+        (lambda: prompt(text="x" * 10**6), "text"),
+        (lambda: prompt(token_ids=[]), "token_ids.ids"),
+        (lambda: prompt(token_ids=[1] * 600), "prompt"),
+        (lambda: prompt(messages=[]), "messages"),
+        (lambda: prompt(messages=[user, {"role": "robot", "content": ""}]), "messages[1].role"),
+        (lambda: prompt(messages=[{"role": "user", "content": "\ud800"}]), "messages[0].content"),
+        (lambda: prompt(messages=[{"role": "user", "content": "x" * 10**6}]), "messages"),
+        (lambda: prompt(messages=[user, user | {"name": "\ud800"}]), "messages[1].name"),
+        (lambda: prompt(messages=[user], tools=[tool(), tool("\ud800")]), "tools[1].function.name"),
+        (lambda: check_request_id("r" * 200), "request_id"),
+        (lambda: check_ttl(-1), "ttl_seconds"),
+        (lambda: values(temperature=-1), "temperature"),
+        (lambda: values(temperature="hot"), "temperature"),
+        (lambda: values(top_k=0, stop=("",)), "top_k"),  # the first of SamplingParams' rules refused
+        (lambda: values(stop=("",)), "stop"),
+        (lambda: values(stop=("ok", "\ud800")), "stop[1]"),
+        (lambda: values(n=99), "n"),
+        (lambda: values(max_tokens=0), "max_tokens"),
+        (lambda: constraint("json_schema", "{"), "json_schema"),
+        (lambda: constraint("regex", ""), "regex"),
+        (lambda: constraint("xml", "x"), "constraint"),
+        (lambda: submitted([1, 100], max_tokens=1), "token_ids.ids[1]"),
+        (lambda: submitted([1], max_tokens=1, stop_token_ids=(1, 2, 300)), "stop_token_ids[2]"),
+        (lambda: submitted([1, 2], max_tokens=10), "max_tokens"),
+        (lambda: submitted([1] * 11, max_tokens=1), "prompt"),
+    ]
+    assert [field_of(call) for call, _ in cases] == [field for _, field in cases]
+
+
+def test_a_message_that_begins_with_its_field_can_be_worded_with_another_name() -> None:
+    with pytest.raises(InvalidArgument) as e:
+        sampling_params(SamplingValues(stop=("ok", "\ud800")), LIMITS)
+    assert str(e.value).startswith("stop[1] is not valid Unicode")
+    assert e.value.worded("stop_sequences[1]") == "stop_sequences" + str(e.value)[len("stop") :]
+    with pytest.raises(InvalidArgument) as e:
+        sampling_params(SamplingValues(n=99), LIMITS)  # SamplingParams' own words: kept as they are
+    assert e.value.worded("anything") == str(e.value) == "n must be in [1, 16], got 99"

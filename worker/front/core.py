@@ -9,11 +9,13 @@ Every front (the gRPC servicer, the OpenAI app, and through them the cluster ing
     stream = await core.admit(tenant, request_id, prompt, values, constraint)   # -> EngineStream, or Refusal
     ids, text = await core.tokenize(prompt); await core.pin(tenant, prompt, ttl); core.abort(tenant, request_id)
 
-`admit` runs, in this order, so nothing is sized or allocated before it is known to be valid: the cheap checks
-(request id, prompt shape and sizes, sampling values, the constraint's JSON), tokenizing and chat templating in a
-worker thread, the exact checks with the prompt's length, constraint compiling in a worker thread, then the
-engine's submit. Every failure is one `Refusal` whose `kind` each front maps to its own status and error shape
-(gRPC status; HTTP status and OpenAI / Anthropic error body); its message names the field.
+`admit` runs each rule once, in this order, so nothing is sized or allocated before it is known to be valid: the
+cheap checks (request id, prompt shape and sizes, sampling values, the constraint's JSON: worker/front/validation.py),
+tokenizing and chat templating in a worker thread, constraint compiling in a worker thread, then the engine's submit,
+where the engine's own rules run (the prompt's length and ids, stop token ids, room in the context and the KV pool:
+worker/engine/checks.py). Every failure is one `Refusal` whose `kind` each front maps to its own status and error
+shape (gRPC status; HTTP status and OpenAI / Anthropic error body); its message names the field, and its `field` (a
+FieldPath, from the rule that refused) is what each front renames to its own API's names with a table.
 
 Request ids: the engine's id is `engine_request_id(tenant, request_id)`, so two tenants never collide and one
 tenant can abort only its own requests; each host refuses a live id (DuplicateRequestError -> ALREADY_EXISTS).
@@ -22,7 +24,6 @@ tenant can abort only its own requests; each host refuses a live id (DuplicateRe
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import enum
 import logging
 import uuid
@@ -38,28 +39,30 @@ from radixcache.worker.engine.api import (
     ModelFacts,
     RequestTooLargeError,
 )
+from radixcache.worker.engine.checks import CONSTRAINT, PROMPT, ContextOverflow, FieldPath, InvalidArgument
 from radixcache.worker.engine.request import ErrorKind, FinishReason, Request, SamplingParams
 from radixcache.worker.engine.stream import EngineStream, engine_request_id
 from radixcache.worker.engine.structured import ConstraintError
 from radixcache.worker.front.auth import Authenticator
 from radixcache.worker.front.generated import GeneratedTokens
 from radixcache.worker.front.validation import (
-    ContextOverflow,
-    InvalidArgument,
+    CheckedPrompt,
     ModelLimits,
     PromptInput,
     PromptSize,
     SamplingValues,
     chat_renderer,
     check_cache_key,
+    check_prompt_ids,
     check_prompt_input,
     check_prompt_size,
     check_request_id,
     check_ttl,
     constraint,
+    fit_max_tokens,
     render_chat,
+    render_off_loop,
     sampling_params,
-    tokenize_off_loop,
 )
 
 log = logging.getLogger("radixcache.front")
@@ -68,7 +71,7 @@ log = logging.getLogger("radixcache.front")
 class RefusalKind(enum.Enum):
     """Why a call was refused; each front maps a kind to its wire (gRPC status / HTTP status and error type)."""
 
-    INVALID_ARGUMENT = "invalid_argument"  # a field out of range, named in the message
+    INVALID_ARGUMENT = "invalid_argument"  # a field out of range, named in the message and by Refusal.field
     CONTEXT_OVERFLOW = "context_overflow"  # an INVALID_ARGUMENT: the prompt (+ max_tokens) exceeds the context
     UNAUTHENTICATED = "unauthenticated"  # missing or unknown token
     PERMISSION_DENIED = "permission_denied"  # a valid token without the right (cache events need an admin)
@@ -91,26 +94,37 @@ ERROR_KINDS = {
 
 
 class Refusal(Exception):
-    """A call the core refused. `subject` says which part of the request the message is about when the front
-    names it in its own words: "prompt" (the input), "constraint" (the structured-output request), or None.
-    `cause`: the validation error behind it, where there is one (a ContextOverflow's exact figures)."""
+    """A call the core refused. `field`: the part of the request it is about, as the rule that refused named it (a
+    FieldPath in the engine's names: messages[0].content, max_tokens, PROMPT, json_schema, CONSTRAINT, ...; None:
+    the call as a whole), which each front renames with its own table. `cause`: the validation error behind it,
+    where there is one (a ContextOverflow's exact figures; the message's wording apart from the field's name)."""
 
     def __init__(
-        self, kind: RefusalKind, message: str, *, subject: str | None = None, cause: InvalidArgument | None = None
+        self,
+        kind: RefusalKind,
+        message: str,
+        *,
+        field: FieldPath | None = None,
+        cause: InvalidArgument | None = None,
     ) -> None:
         super().__init__(message)
-        self.kind, self.message, self.subject, self.cause = kind, message, subject, cause
+        self.kind, self.message, self.field, self.cause = kind, message, field, cause
 
     @classmethod
     def of_failure(cls, error_kind: ErrorKind | None, message: str) -> Refusal:
         """A request that failed after it was admitted (its last output has FinishReason.ERROR)."""
-        subject = "constraint" if error_kind is ErrorKind.CONSTRAINT else None
-        return cls(ERROR_KINDS[error_kind], message, subject=subject)
+        return cls(ERROR_KINDS[error_kind], message, field=CONSTRAINT if error_kind is ErrorKind.CONSTRAINT else None)
 
+    @classmethod
+    def of_invalid(cls, e: InvalidArgument) -> Refusal:
+        """A rule's refusal: CONTEXT_OVERFLOW or INVALID_ARGUMENT, with the rule's field."""
+        kind = RefusalKind.CONTEXT_OVERFLOW if isinstance(e, ContextOverflow) else RefusalKind.INVALID_ARGUMENT
+        return cls(kind, str(e), field=e.field, cause=e)
 
-def _invalid(e: InvalidArgument) -> Refusal:
-    kind = RefusalKind.CONTEXT_OVERFLOW if isinstance(e, ContextOverflow) else RefusalKind.INVALID_ARGUMENT
-    return Refusal(kind, str(e), cause=e)
+    def worded(self, name: str) -> str:
+        """The message with its field called `name` (a front's own name for it), where the message begins with the
+        field's name; else the message as it is."""
+        return self.cause.worded(name) if self.cause is not None else self.message
 
 
 class FrontCore:
@@ -168,7 +182,7 @@ class FrontCore:
         self,
         tenant: str,
         request_id: str | None,
-        prompt: PromptInput,
+        prompt: PromptInput | CheckedPrompt,
         values: SamplingValues,
         wanted: tuple[str | None, str] = (None, ""),
         *,
@@ -179,44 +193,49 @@ class FrontCore:
         """Validate, tokenize, compile the constraint and submit: an open EngineStream (close it in a finally);
         its `prompt_text` is the rendered prompt ("" for token ids).
 
-        request_id None: a fresh one. wanted: the structured-output constraint as (kind, text) (see
-        validation.constraint). fill_max_tokens: an unset max_tokens means as long as the reply can be (OpenAI
-        chat's default: what the context and the KV pool leave), instead of validation's default. cache_key: the
-        routing hint of Request.cache_key. Chat histories are tokenized with the tenant's remembered replies;
-        remember: whether the finished samples are remembered (None: for chat prompts, the only ones a reply comes
-        back in; a front that turned a conversation into token ids says True).
+        prompt: as sent, or already checked (check_prompt). request_id None: a fresh one. wanted: the
+        structured-output constraint as (kind, text) (see validation.constraint). fill_max_tokens: an unset
+        max_tokens means as long as the reply can be (OpenAI chat's default: what the context and the KV pool
+        leave), instead of validation's default. cache_key: the routing hint of Request.cache_key. Chat histories are
+        tokenized with the tenant's remembered replies; remember: whether the finished samples are remembered (None:
+        for chat prompts, the only ones a reply comes back in; a front that turned a conversation into token ids
+        says True).
         """
         engine = self.ready()
         request_id = request_id or uuid.uuid4().hex
-        try:
+        try:  # the front's rules, each once; the engine's run at submit (stream.open)
             check_request_id(request_id)
             check_cache_key(cache_key)
-            check_prompt_input(prompt, engine.tokenizer, self.limits)  # before tokenizing: bad sizes
-            sampling_params(values, prompt_tokens=None, limits=self.limits)  # and bad sampling values
-            try:
-                wanted_constraint = constraint(*wanted)
-            except InvalidArgument as e:
-                raise Refusal(RefusalKind.INVALID_ARGUMENT, str(e), subject="constraint") from None
-            replies = self.memory.lookup(tenant, prompt.messages) if prompt.kind == "messages" else {}
-            ids, text = await tokenize_off_loop(prompt, engine.tokenizer, self.limits, replies=replies)
-            if fill_max_tokens and values.max_tokens is None:
-                room = min(self.facts.context_length, self.facts.kv_tokens or self.facts.context_length) - len(ids)
-                values = dataclasses.replace(values, max_tokens=max(1, room))
-            sampling = sampling_params(values, prompt_tokens=len(ids), limits=self.limits)
+            checked = (  # before tokenizing: bad shapes and sizes
+                prompt
+                if isinstance(prompt, CheckedPrompt)
+                else check_prompt_input(prompt, engine.tokenizer, self.limits)
+            )
+            sampling = sampling_params(values, self.limits)  # and bad sampling values
+            wanted_constraint = constraint(*wanted)
+            messages = checked.prompt.messages if checked.kind == "messages" else None
+            replies = self.memory.lookup(tenant, messages) if messages is not None else {}
+            ids, text = await render_off_loop(checked, engine.tokenizer, replies)
+            up_to = (self.facts.kv_tokens or self.facts.context_length) if fill_max_tokens else None
+            sampling = fit_max_tokens(sampling, values, len(ids), self.limits, up_to=up_to)
         except InvalidArgument as e:
-            raise _invalid(e) from None
+            raise Refusal.of_invalid(e) from None
         if wanted_constraint is not None:  # compiled (and cached) in a worker thread: the loop keeps serving
             try:
                 await asyncio.to_thread(engine.compile_constraint, wanted_constraint)
             except ConstraintError as e:
-                raise Refusal(RefusalKind.INVALID_ARGUMENT, str(e), subject="constraint") from None
-        request = Request(
-            engine_request_id(tenant, request_id), ids, sampling, namespace=tenant, constraint=wanted_constraint,
-            cache_key=cache_key,
-        )  # fmt: skip
+                where = FieldPath.of(wanted_constraint.kind)
+                raise Refusal(RefusalKind.INVALID_ARGUMENT, str(e), field=where) from None
+        try:
+            request = Request(
+                engine_request_id(tenant, request_id), ids, sampling, namespace=tenant, constraint=wanted_constraint,
+                cache_key=cache_key,
+            )  # fmt: skip
+        except ValueError as e:  # Request's own rule: a prompt of no tokens (a text the tokenizer encodes to nothing)
+            raise Refusal(RefusalKind.INVALID_ARGUMENT, str(e), field=PROMPT) from None
         remembering = (
             self._remembering(engine, tenant, sampling)
-            if (remember is None and prompt.kind == "messages") or remember
+            if (remember is None and checked.kind == "messages") or remember
             else None
         )
         stream = self._open(engine, request, request_id, remembering)
@@ -256,11 +275,11 @@ class FrontCore:
         try:
             stream.open()
         except RequestTooLargeError as e:
-            raise Refusal(RefusalKind.TOO_LARGE, str(e), subject="prompt") from None
+            raise Refusal(RefusalKind.TOO_LARGE, str(e), field=PROMPT) from None
         except DuplicateRequestError:  # e.g. retried with the same id before the cancelled run wound down
             raise Refusal(RefusalKind.ALREADY_EXISTS, f"request_id {request_id!r} is already running") from None
-        except InvalidArgument as e:
-            raise _invalid(e) from None
+        except InvalidArgument as e:  # the engine's own rules (worker/engine/checks.py)
+            raise Refusal.of_invalid(e) from None
         except ValueError as e:
             raise Refusal(RefusalKind.INVALID_ARGUMENT, str(e)) from None
         except (EngineStoppedError, RuntimeError) as e:  # draining or stopped
@@ -278,37 +297,50 @@ class FrontCore:
         try:
             check_prompt_size(size, self.limits)
         except InvalidArgument as e:
-            raise _invalid(e) from None
+            raise Refusal.of_invalid(e) from None
+
+    def check_prompt(self, prompt: PromptInput) -> CheckedPrompt:
+        """The prompt's cheap checks (validation.check_prompt_input), Refusal otherwise: for a front that reads a
+        prompt before admitting it (continue_from) and hands the CheckedPrompt to `admit`, which then checks nothing
+        twice."""
+        try:
+            return check_prompt_input(prompt, self.ready().tokenizer, self.limits)
+        except InvalidArgument as e:
+            raise Refusal.of_invalid(e) from None
 
     # -- the other calls -------------------------------------------------------------------------------------
     async def tokenize(
         self, prompt: PromptInput, *, fit: bool = False, tenant: str | None = None
     ) -> tuple[list[int], str]:
-        """The prompt's token ids and rendered text, tokenized off the loop. fit: it must leave room to generate.
-        tenant: a chat history is tokenized with that tenant's remembered replies, as `admit` tokenizes it (the ids
-        are the ones admit would submit)."""
+        """The prompt's token ids and rendered text, tokenized off the loop. Nothing is submitted, so the engine's
+        prompt rules run here (validation.check_prompt_ids): token ids sent in the vocabulary, and with fit, room
+        left to generate. tenant: a chat history is tokenized with that tenant's remembered replies, as `admit`
+        tokenizes it (the ids are the ones admit would submit)."""
         engine = self.ready()
+        checked = self.check_prompt(prompt)
         try:
-            check_prompt_input(prompt, engine.tokenizer, self.limits)
-            remembered = tenant is not None and prompt.kind == "messages"
+            remembered = tenant is not None and checked.kind == "messages"
             replies = self.memory.lookup(tenant, prompt.messages) if remembered else {}  # type: ignore[arg-type]
-            return await tokenize_off_loop(prompt, engine.tokenizer, self.limits, fit=fit, replies=replies)
+            ids, text = await render_off_loop(checked, engine.tokenizer, replies)
+            check_prompt_ids(checked, ids, self.limits, fit=fit)
         except InvalidArgument as e:
-            raise _invalid(e) from None
+            raise Refusal.of_invalid(e) from None
+        return ids, text
 
     async def continue_from(
-        self, prefixes: list[tuple[list[int], str]], prompt: PromptInput
+        self, prefixes: list[tuple[list[int], str]], prompt: CheckedPrompt
     ) -> tuple[list[int], str] | None:
         """The token ids of a chat prompt that extends a stored conversation, from the stored ids themselves: the
         prompt is rendered (a few jinja milliseconds at most) and, when its text begins with one of `prefixes`'
         texts, only the rest is tokenized and put after that prefix's ids. None when none is a prefix (the
         template wrote the history otherwise, or the instructions or tools changed): tokenize the prompt then.
-        Returns (ids, rendered text). In a worker thread, like every tokenizing."""
+        Returns (ids, rendered text). In a worker thread, like every tokenizing. `prompt`: checked (check_prompt),
+        so that the admission that follows, with these ids or with the prompt itself, checks it only once."""
         engine = self.ready()
         tokenizer = engine.tokenizer
 
         def extend() -> tuple[list[int], str] | None:
-            messages, render = chat_renderer(prompt, tokenizer, self.limits)
+            messages, render = chat_renderer(prompt, tokenizer)
             rendered = render_chat(render, messages)
             for ids, text in prefixes:
                 if ids and rendered.startswith(text):
@@ -317,10 +349,9 @@ class FrontCore:
             return None
 
         try:
-            check_prompt_input(prompt, tokenizer, self.limits)
             return await asyncio.to_thread(extend)
         except InvalidArgument as e:
-            raise _invalid(e) from None
+            raise Refusal.of_invalid(e) from None
 
     def stats_view(self, credentials: Iterable[tuple[str, str | bytes]] | None) -> str | None:
         """Whose figures a caller sees: a tenant its own (with the pool's capacity), an admin, or anyone with auth
@@ -354,7 +385,7 @@ class FrontCore:
         try:
             check_ttl(ttl_s)
         except InvalidArgument as e:
-            raise _invalid(e) from None
+            raise Refusal.of_invalid(e) from None
         ids, _ = await self.tokenize(prompt, fit=True)
         whole = len(ids) // engine.page_size * engine.page_size
         try:

@@ -1,20 +1,27 @@
 """Decides what a request may contain, for every front (gRPC, OpenAI HTTP, in-process): plain Python values in,
-a validated prompt and SamplingParams out, InvalidArgument (naming the field and the allowed range) otherwise.
+a checked prompt and SamplingParams out, InvalidArgument (naming the field and the allowed range, its `field` a
+FieldPath) otherwise.
 
-Fronts translate their wire format into the plain values here (PromptInput, SamplingValues) and call, in order:
+Fronts translate their wire format into the plain values here (PromptInput, SamplingValues); the front core
+(worker/front/core.py) runs each rule once per admission, in this order:
 1. the cheap checks, in microseconds to milliseconds and before anything is tokenized or allocated:
-   `check_request_id`, `check_prompt_input` (sizes: a text that cannot fit the context, too many messages, too much
-   chat content) and `sampling_params(values, prompt_tokens=None, ...)`;
-2. `tokenize_prompt` (the slow part: chat template + tokenizer; run it off the event loop);
-3. `sampling_params(values, prompt_tokens=len(ids), ...)` again, now with the exact prompt length.
+   `check_request_id`, `check_prompt_input` (shape and sizes: a text that cannot fit the context, too many
+   messages, too much chat content; it returns the CheckedPrompt that rendering takes), `sampling_params` (the value
+   rules) and `constraint`;
+2. `render` (the slow part: chat template + tokenizer; `render_off_loop` runs it in a worker thread), unchecked;
+3. `fit_max_tokens`: an unset max_tokens once the prompt's length is known;
+4. the engine's own rules at submit (worker/engine/checks.py: the prompt's length and ids, stop token ids, room in
+   the context and the KV pool), which are decided there and nowhere else.
 
 SamplingParams.__post_init__ holds the sampling rules that need nothing but the values (ranges, finiteness, counts);
-`sampling_params` adds the ones that need the model (vocabulary, context length), so each rule lives in one place.
+the rules that need the model's vocabulary or context are the engine's; this module adds what only a front sees
+(text, chat messages, tools, Unicode), so each rule lives in one place.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -22,13 +29,22 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from radixcache.worker.engine.checks import (
+    CONSTRAINT,
+    PROMPT,
+    TOKEN_IDS,
     ContextOverflow,
+    FieldPath,
     InvalidArgument,
     check_prompt_length,
-    check_room,
     check_token_ids,
 )
-from radixcache.worker.engine.request import MAX_CONSTRAINT_CHARS, MAX_SCHEMA_DEPTH, Constraint, SamplingParams
+from radixcache.worker.engine.request import (
+    CONSTRAINT_KINDS,
+    MAX_CONSTRAINT_CHARS,
+    MAX_SCHEMA_DEPTH,
+    Constraint,
+    SamplingParams,
+)
 from radixcache.worker.front.generated import Reply, encode_rendered
 
 CHAT_ROLES = ("system", "user", "assistant", "tool")
@@ -46,6 +62,13 @@ MAX_SCHEMA_BYTES = MAX_CONSTRAINT_CHARS  # one tool's parameters as compact JSON
 MAX_JSON_DEPTH = 2 * MAX_SCHEMA_DEPTH  # a refused schema is named by its own check
 MAX_JSON_ITEMS = 1 << 15
 DEFAULT_MAX_TOKENS = SamplingParams().max_tokens
+# The heads of the fields that fronts name as one parameter: the prompt (its kinds, and the prompt as a whole), and
+# the structured-output constraint (its kinds, and the constraint as a whole).
+PROMPT_FIELDS = frozenset({PROMPT.head, "text", TOKEN_IDS.head})
+CONSTRAINT_FIELDS = frozenset({CONSTRAINT.head, *CONSTRAINT_KINDS})
+MESSAGES = FieldPath.of("messages")
+TOOLS = FieldPath.of("tools")
+_SAMPLING_FIELDS = tuple(f.name for f in dataclasses.fields(SamplingParams))  # in the order its rules run
 
 
 class TokenizerLike(Protocol):
@@ -101,8 +124,21 @@ class PromptInput:
     def kind(self) -> str | None:
         given = [k for k in ("text", "token_ids", "messages") if getattr(self, k) is not None]
         if len(given) > 1:
-            raise InvalidArgument(f"set exactly one of text, token_ids or messages; got {' and '.join(given)}")
+            raise InvalidArgument(f"set exactly one of text, token_ids or messages; got {' and '.join(given)}", PROMPT)
         return given[0] if given else None
+
+
+@dataclass(frozen=True)
+class CheckedPrompt:
+    """A prompt that passed check_prompt_input: what rendering reads, so that nothing is checked twice.
+
+    kind: "text", "token_ids" or "messages". at_least_tokens: a lower bound on its length in tokens. messages: chat
+    messages, checked and copied for the template (None for the other kinds)."""
+
+    prompt: PromptInput
+    kind: str
+    at_least_tokens: int
+    messages: list[dict[str, Any]] | None = None
 
 
 @dataclass(frozen=True)
@@ -142,29 +178,35 @@ class SamplingValues:
 
 def check_request_id(request_id: str) -> None:
     if len(request_id) > MAX_REQUEST_ID_CHARS:
-        raise InvalidArgument(f"request_id must have at most {MAX_REQUEST_ID_CHARS} characters, got {len(request_id)}")
-    _utf8_size(request_id, "request_id")
+        raise InvalidArgument.at(
+            FieldPath.of("request_id"), f" must have at most {MAX_REQUEST_ID_CHARS} characters, got {len(request_id)}"
+        )
+    _utf8_size(request_id, FieldPath.of("request_id"))
 
 
 def check_cache_key(cache_key: str) -> None:
     """A request's routing hint (Request.cache_key): at most MAX_CACHE_KEY_CHARS characters of valid Unicode."""
     if len(cache_key) > MAX_CACHE_KEY_CHARS:
-        raise InvalidArgument(f"cache_key must have at most {MAX_CACHE_KEY_CHARS} characters, got {len(cache_key)}")
-    _utf8_size(cache_key, "cache_key")
+        raise InvalidArgument.at(
+            FieldPath.of("cache_key"), f" must have at most {MAX_CACHE_KEY_CHARS} characters, got {len(cache_key)}"
+        )
+    _utf8_size(cache_key, FieldPath.of("cache_key"))
 
 
 def check_ttl(ttl_seconds: float | None) -> None:
     """A pin's lifetime: unset (no expiry) or a finite number of seconds > 0."""
     if ttl_seconds is not None and not (ttl_seconds > 0 and math.isfinite(ttl_seconds)):
-        raise InvalidArgument(f"ttl_seconds must be > 0 and finite (or unset: no expiry), got {ttl_seconds}")
+        raise InvalidArgument.at(
+            FieldPath.of("ttl_seconds"), f" must be > 0 and finite (or unset: no expiry), got {ttl_seconds}"
+        )
 
 
-def _utf8_size(text: str, name: str) -> int:
+def _utf8_size(text: str, where: FieldPath) -> int:
     """len(text) in UTF-8; a lone surrogate (possible from JSON's \\ud800 escapes) is an InvalidArgument."""
     try:
         return len(text.encode("utf-8"))
     except UnicodeEncodeError as e:
-        raise InvalidArgument(f"{name} is not valid Unicode: {e.reason} at character {e.start}") from None
+        raise InvalidArgument.at(where, f" is not valid Unicode: {e.reason} at character {e.start}") from None
 
 
 def _over(num_bytes: int, limits: ModelLimits) -> bool:
@@ -180,24 +222,24 @@ def _at_least_tokens(num_bytes: int, limits: ModelLimits) -> int:
 def chat_messages(messages: Sequence[Mapping[str, Any]], limits: ModelLimits) -> list[dict[str, Any]]:
     """[{"role", "content", ...}] checked (count, roles, content type, total size) and copied for the template."""
     if not messages:
-        raise InvalidArgument("messages must hold at least one message")
+        raise InvalidArgument.at(MESSAGES, " must hold at least one message")
     check_message_count(len(messages), limits)
     out = []
     chars = 0
     for i, m in enumerate(messages):
         role, content = m.get("role"), m.get("content")
         if role not in CHAT_ROLES:
-            raise InvalidArgument(f"messages[{i}].role must be one of {', '.join(CHAT_ROLES)}; got {role!r}")
+            raise InvalidArgument.at(MESSAGES.at(i, "role"), f" must be one of {', '.join(CHAT_ROLES)}; got {role!r}")
         if not isinstance(content, str):
-            raise InvalidArgument(f"messages[{i}].content must be a string, got {type(content).__name__}")
-        _message_fields(m, f"messages[{i}]")
+            raise InvalidArgument.at(MESSAGES.at(i, "content"), f" must be a string, got {type(content).__name__}")
+        _message_fields(m, MESSAGES.at(i))
         chars += len(content)
         out.append(dict(m))
     # Characters <= UTF-8 bytes: too many characters is too many bytes, without encoding megabytes to count them.
     size = (
         chars
         if _over(chars, limits)
-        else sum(_utf8_size(m["content"], f"messages[{i}].content") for i, m in enumerate(out))
+        else sum(_utf8_size(m["content"], MESSAGES.at(i, "content")) for i, m in enumerate(out))
     )
     check_content_bytes(size, limits)
     return out
@@ -207,7 +249,7 @@ def check_message_count(count: int, limits: ModelLimits) -> None:
     """At most MAX_CHAT_MESSAGES messages, and fewer than the context has tokens."""
     most = min(MAX_CHAT_MESSAGES, limits.max_prompt_tokens)
     if count > most:
-        raise InvalidArgument(f"messages must hold at most {most} messages, got {count}")
+        raise InvalidArgument.at(MESSAGES, f" must hold at most {most} messages, got {count}")
 
 
 def check_content_bytes(size: int, limits: ModelLimits) -> None:
@@ -218,37 +260,40 @@ def check_content_bytes(size: int, limits: ModelLimits) -> None:
             f"({limits.max_prompt_tokens} tokens) holds at most {limits.max_prompt_bytes} bytes with this model's "
             "tokenizer",
             limits.context_length,
+            MESSAGES,
         )
 
 
-def _message_fields(message: Mapping[str, Any], name: str) -> None:
+def _message_fields(message: Mapping[str, Any], where: FieldPath) -> None:
     """A message's fields beside role and content (tool use: name, tool_call_id, tool_calls) are valid text."""
     for key in ("name", "tool_call_id"):
         if isinstance(message.get(key), str):
-            _utf8_size(message[key], f"{name}.{key}")
+            _utf8_size(message[key], where.at(key))
     calls = message.get("tool_calls") or ()
     if len(calls) > MAX_TOOL_CALLS:
-        raise InvalidArgument(f"{name}.tool_calls must hold at most {MAX_TOOL_CALLS} tool calls, got {len(calls)}")
+        raise InvalidArgument.at(
+            where.at("tool_calls"), f" must hold at most {MAX_TOOL_CALLS} tool calls, got {len(calls)}"
+        )
     for j, call in enumerate(calls):
         if isinstance(call.get("id"), str):
-            _utf8_size(call["id"], f"{name}.tool_calls[{j}].id")
+            _utf8_size(call["id"], where.at("tool_calls", j, "id"))
         function = call.get("function") or {}
         if isinstance(function.get("name"), str):
-            _utf8_size(function["name"], f"{name}.tool_calls[{j}].function.name")
+            _utf8_size(function["name"], where.at("tool_calls", j, "function", "name"))
         if "arguments" in function:  # JSON text, or the object it holds
-            _tool_arguments_size(_json_size(function["arguments"], f"{name}.tool_calls[{j}].function.arguments"),
-                                 f"{name}.tool_calls[{j}].function.arguments")  # fmt: skip
+            arguments = where.at("tool_calls", j, "function", "arguments")
+            _tool_arguments_size(_json_size(function["arguments"], arguments), arguments)
 
 
-def _tool_arguments_size(size: int, name: str) -> None:
+def _tool_arguments_size(size: int, where: FieldPath) -> None:
     if size > MAX_TOOL_ARGUMENTS_BYTES:
-        raise InvalidArgument(f"{name} must have at most {MAX_TOOL_ARGUMENTS_BYTES} bytes as JSON, got {size}")
+        raise InvalidArgument.at(where, f" must have at most {MAX_TOOL_ARGUMENTS_BYTES} bytes as JSON, got {size}")
 
 
-def tool_call_arguments(text: str, name: str) -> Any:
+def tool_call_arguments(text: str, where: FieldPath) -> Any:
     """A tool call's arguments (JSON text, as OpenAI sends them) as chat templates expect them: the object the text
     holds, or the text itself when it is not JSON. Its size is checked before it is parsed."""
-    _tool_arguments_size(len(text), name)  # characters <= bytes: a cheap first bound
+    _tool_arguments_size(len(text), where)  # characters <= bytes: a cheap first bound
     try:
         return json.loads(text)
     except (ValueError, RecursionError):  # not JSON, or nested deeper than json.loads goes
@@ -259,59 +304,59 @@ def check_tools(tools: Sequence[Mapping[str, Any]]) -> None:
     """Tool definitions: at most MAX_TOOLS, names and descriptions valid text, parameters at most MAX_SCHEMA_BYTES
     of JSON."""
     if len(tools) > MAX_TOOLS:
-        raise InvalidArgument(f"tools must hold at most {MAX_TOOLS} tools, got {len(tools)}")
+        raise InvalidArgument.at(TOOLS, f" must hold at most {MAX_TOOLS} tools, got {len(tools)}")
     for i, tool in enumerate(tools):
         function = tool.get("function") or {}
         for key in ("name", "description"):
             if isinstance(function.get(key), str):
-                _utf8_size(function[key], f"tools[{i}].function.{key}")
+                _utf8_size(function[key], TOOLS.at(i, "function", key))
         if function.get("parameters") is not None:
-            size = _json_size(function["parameters"], f"tools[{i}].function.parameters")
+            parameters = TOOLS.at(i, "function", "parameters")
+            size = _json_size(function["parameters"], parameters)
             if size > MAX_SCHEMA_BYTES:
-                raise InvalidArgument(
-                    f"tools[{i}].function.parameters must have at most {MAX_SCHEMA_BYTES} bytes as JSON, got {size}"
-                )
+                raise InvalidArgument.at(parameters, f" must have at most {MAX_SCHEMA_BYTES} bytes as JSON, got {size}")
 
 
-def _json_size(value: Any, name: str) -> int:
+def _json_size(value: Any, where: FieldPath) -> int:
     """The UTF-8 size of `value` as compact JSON (a string as itself); a lone surrogate anywhere in it is an
-    InvalidArgument naming `name`."""
+    InvalidArgument naming `where`."""
     if isinstance(value, str):
-        return _utf8_size(value, name)
+        return _utf8_size(value, where)
     try:
         text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
     except (TypeError, ValueError, RecursionError) as e:
-        raise InvalidArgument(f"{name} must be JSON: {e}") from None
-    return _utf8_size(text, name)
+        raise InvalidArgument.at(where, f" must be JSON: {e}") from None
+    return _utf8_size(text, where)
 
 
-def check_prompt_input(prompt: PromptInput, tokenizer: TokenizerLike | None, limits: ModelLimits) -> int:
-    """The cheap checks of a prompt, before any tokenizing: returns a lower bound on its length in tokens.
-
-    Rejects what is missing or empty, token ids outside the vocabulary, and anything whose size alone proves it
-    cannot fit the context (a text of B bytes has at least ceil(B / max_bytes_per_token) tokens).
+def check_prompt_input(prompt: PromptInput, tokenizer: TokenizerLike | None, limits: ModelLimits) -> CheckedPrompt:
+    """The cheap checks of a prompt, before any tokenizing: what is missing or empty, chat messages and tools, and
+    anything whose size alone proves it cannot fit the context (a text of B bytes has at least
+    ceil(B / max_bytes_per_token) tokens; token ids are counted, never read: their values are the engine's to check,
+    at submit, or `check_prompt_ids` where nothing is submitted). Returns the CheckedPrompt that `render` takes.
     """
     kind = prompt.kind
     if kind is None:
-        raise InvalidArgument("no input: set exactly one of text, token_ids or messages")
+        raise InvalidArgument("no input: set exactly one of text, token_ids or messages", PROMPT)
     if kind != "token_ids" and tokenizer is None:
-        raise InvalidArgument(f"{kind}: this worker's model has no tokenizer; send token_ids instead")
+        raise InvalidArgument.at(FieldPath.of(kind), ": this worker's model has no tokenizer; send token_ids instead")
     if kind == "token_ids":
         ids = prompt.token_ids or ()
         if not ids:
-            raise InvalidArgument("token_ids.ids must hold at least one token")
+            raise InvalidArgument.at(TOKEN_IDS, " must hold at least one token")
+        # The length first, so that an id list the context cannot hold is never copied (the engine checks it again
+        # at submit: O(1)).
         check_prompt_length(len(ids), limits.context_length)
-        check_token_ids(ids, limits.vocab_size, "token_ids.ids")
-        return len(ids)
+        return CheckedPrompt(prompt, kind, len(ids))
     if kind == "messages":
-        chat_messages(prompt.messages or (), limits)
+        messages = chat_messages(prompt.messages or (), limits)
         check_tools(prompt.tools or ())
-        return 1  # a template may drop or trim content: no tighter bound is certain
+        return CheckedPrompt(prompt, kind, 1, messages)  # a template may drop or trim content: no tighter bound
     text = prompt.text or ""
     if not text:
-        raise InvalidArgument("text must not be empty")
-    num_bytes = len(text) if _over(len(text), limits) else _utf8_size(text, "text")  # characters <= bytes
-    return check_text_bytes(num_bytes, limits)
+        raise InvalidArgument.at(FieldPath.of("text"), " must not be empty")
+    num_bytes = len(text) if _over(len(text), limits) else _utf8_size(text, FieldPath.of("text"))  # chars <= bytes
+    return CheckedPrompt(prompt, kind, check_text_bytes(num_bytes, limits))
 
 
 def check_prompt_size(size: PromptSize, limits: ModelLimits) -> None:
@@ -333,8 +378,32 @@ def check_text_bytes(num_bytes: int, limits: ModelLimits) -> int:
             f"{limits.max_bytes_per_token} bytes per token); the context allows at most {limits.max_prompt_tokens} "
             f"prompt tokens (at most {limits.max_prompt_bytes} bytes)",
             limits.context_length,
+            FieldPath.of("text"),
         )
     return at_least
+
+
+def render(
+    checked: CheckedPrompt, tokenizer: TokenizerLike | None, replies: Mapping[int, Reply] | None = None
+) -> tuple[list[int], str]:
+    """The token ids of a checked prompt, and the text they encode ("" for token ids). Slow: run it off the event
+    loop (render_off_loop). Checks nothing more than that the chat template renders the messages.
+
+    Chat messages are rendered with the model's chat template plus the assistant's generation prompt; the template
+    writes the special tokens (BOS) itself, so the rendered text is encoded without adding them again. `replies`
+    (message index -> remembered generation, worker/front/generated.py): those assistant turns keep the ids the model
+    generated where the template wrote their exact text. The length is not checked against the context: Tokenize
+    reports any length, and an admitted prompt meets the engine's check at submit.
+    """
+    if checked.kind == "token_ids":
+        return list(checked.prompt.token_ids or ()), ""
+    assert tokenizer is not None  # check_prompt_input refuses text and messages without one
+    if checked.kind == "text":
+        text = checked.prompt.text or ""
+        return list(tokenizer.encode(text)), text
+    messages, render_messages = chat_renderer(checked, tokenizer)
+    rendered = render_chat(render_messages, messages)
+    return encode_rendered(tokenizer, rendered, render_messages, messages, replies or {}), rendered
 
 
 def render_prompt(
@@ -343,148 +412,141 @@ def render_prompt(
     limits: ModelLimits,
     replies: Mapping[int, Reply] | None = None,
 ) -> tuple[list[int], str]:
-    """The token ids of a prompt, and the text they encode ("" for token ids). Slow: run it off the event loop.
-
-    Runs check_prompt_input first. Chat messages are rendered with the model's chat template plus the assistant's
-    generation prompt; the template writes the special tokens (BOS) itself, so the rendered text is encoded without
-    adding them again. `replies` (message index -> remembered generation, worker/front/generated.py): those assistant
-    turns keep the ids the model generated where the template wrote their exact text. Checks sizes only
-    (check_prompt_input), not the exact length against the context: Tokenize reports any length.
-    """
-    check_prompt_input(prompt, tokenizer, limits)
-    kind = prompt.kind
-    if kind == "token_ids":
-        return list(prompt.token_ids or ()), ""
-    assert tokenizer is not None  # check_prompt_input refuses text and messages without one
-    if kind == "text":
-        text = prompt.text or ""
-        return list(tokenizer.encode(text)), text
-    messages, render = chat_renderer(prompt, tokenizer, limits)
-    rendered = render_chat(render, messages)
-    return encode_rendered(tokenizer, rendered, render, messages, replies or {}), rendered
+    """check_prompt_input, then render: for a caller that has a prompt to check and render in one go."""
+    return render(check_prompt_input(prompt, tokenizer, limits), tokenizer, replies)
 
 
 def chat_renderer(
-    prompt: PromptInput, tokenizer: TokenizerLike, limits: ModelLimits
+    checked: CheckedPrompt, tokenizer: TokenizerLike
 ) -> tuple[list[dict[str, Any]], Callable[[list[dict[str, Any]]], str]]:
-    """A chat prompt's checked messages, and the function that renders a conversation with the model's template
+    """A checked chat prompt's messages, and the function that renders a conversation with the model's template
     (generation prompt included, the prompt's tools as the template's `tools`)."""
-    messages = chat_messages(prompt.messages or (), limits)
-    variables = {"tools": list(prompt.tools)} if prompt.tools else {}
+    assert checked.messages is not None, "a chat prompt"
+    tools = checked.prompt.tools
+    variables = {"tools": list(tools)} if tools else {}
 
-    def render(conversation: list[dict[str, Any]]) -> str:
+    def render_messages(conversation: list[dict[str, Any]]) -> str:
         return tokenizer.apply_chat_template(conversation, add_generation_prompt=True, **variables)
 
-    return messages, render
+    return checked.messages, render_messages
 
 
-def render_chat(render: Callable[[list[dict[str, Any]]], str], messages: list[dict[str, Any]]) -> str:
-    """render(messages), the template's refusal as an InvalidArgument naming messages."""
+def render_chat(render_messages: Callable[[list[dict[str, Any]]], str], messages: list[dict[str, Any]]) -> str:
+    """render_messages(messages), the template's refusal as an InvalidArgument naming messages."""
     try:
-        return render(messages)
+        return render_messages(messages)
     except Exception as e:  # no template (ValueError), or the template rejects the conversation (TemplateError)
-        raise InvalidArgument(f"messages: the model's chat template cannot render them: {e}") from e
+        raise InvalidArgument.at(MESSAGES, f": the model's chat template cannot render them: {e}") from e
 
 
-def tokenize_prompt(
-    prompt: PromptInput,
-    tokenizer: TokenizerLike | None,
-    limits: ModelLimits,
-    replies: Mapping[int, Reply] | None = None,
+async def render_off_loop(
+    checked: CheckedPrompt, tokenizer: TokenizerLike | None, replies: Mapping[int, Reply] | None = None
 ) -> tuple[list[int], str]:
-    """render_prompt, then the length check: the prompt must leave room for one generated token."""
-    ids, text = render_prompt(prompt, tokenizer, limits, replies)
-    check_prompt_length(len(ids), limits.context_length)
-    return ids, text
+    """render, for a front's event loop: in a worker thread, so a long text or chat template never stalls other
+    streams; token ids in place (nothing to tokenize, and a thread hop would only add latency)."""
+    if checked.kind == "token_ids":
+        return render(checked, tokenizer)
+    return await asyncio.get_running_loop().run_in_executor(None, render, checked, tokenizer, replies)
 
 
-async def tokenize_off_loop(
-    prompt: PromptInput,
-    tokenizer: TokenizerLike | None,
-    limits: ModelLimits,
-    *,
-    fit: bool = True,
-    replies: Mapping[int, Reply] | None = None,
-) -> tuple[list[int], str]:
-    """tokenize_prompt (fit: leave room to generate) or render_prompt, for a front's event loop: in a worker thread,
-    so a long text or chat template never stalls other streams; token ids are checked in place (nothing to
-    tokenize, and a thread hop would only add latency)."""
-    tokenize = tokenize_prompt if fit else render_prompt
-    if prompt.kind == "token_ids":
-        return tokenize(prompt, tokenizer, limits)
-    return await asyncio.get_running_loop().run_in_executor(None, tokenize, prompt, tokenizer, limits, replies)
+def check_prompt_ids(checked: CheckedPrompt, ids: Sequence[int], limits: ModelLimits, *, fit: bool) -> None:
+    """The engine's prompt rules (worker/engine/checks.py), for a prompt that is not submitted (Tokenize, pins):
+    token ids sent by the client in the vocabulary, and with fit, a length that leaves room to generate. An admitted
+    prompt meets them at submit instead."""
+    if checked.kind == "token_ids":
+        check_token_ids(ids, limits.vocab_size, TOKEN_IDS)
+    if fit:
+        check_prompt_length(len(ids), limits.context_length)
 
 
-def sampling_params(values: SamplingValues, *, prompt_tokens: int | None, limits: ModelLimits) -> SamplingParams:
-    """SamplingParams from a request's sampling values; unset values take SamplingParams' defaults.
+def sampling_params(values: SamplingValues, limits: ModelLimits) -> SamplingParams:
+    """SamplingParams from a request's sampling values (unset values take SamplingParams' defaults), every value
+    rule run once: SamplingParams' own, then the stop strings' Unicode. Cheap: call it before tokenizing.
 
-    max_tokens unset: min(default, what is left of the context). max_tokens set beyond what is left: an error.
-    Cheap: call it before tokenizing with prompt_tokens=None (every rule but the room left in the context), and
-    again with the prompt's exact length.
+    An unset max_tokens is min(default, what the shortest prompt leaves of the context) until fit_max_tokens gives it
+    its value with the prompt's length. The rules that need that length (room in the context, the KV pool) and the
+    vocabulary (stop_token_ids) are the engine's, checked at submit.
     """
-    room = limits.context_length - (prompt_tokens or 1)
-    if values.max_tokens is not None:
-        max_tokens = values.max_tokens
-        if max_tokens < 1:
-            raise InvalidArgument(f"max_tokens must be >= 1, got {max_tokens}")
-        if prompt_tokens is not None:
-            check_room(prompt_tokens, max_tokens, limits.context_length)
-    else:
-        max_tokens = min(DEFAULT_MAX_TOKENS, room)
-    kwargs: dict[str, Any] = {
-        "max_tokens": max_tokens,
-        "stop": tuple(values.stop),
-        "stop_token_ids": tuple(values.stop_token_ids),
-    }
-    for name in (
-        "temperature", "top_k", "top_p", "min_p", "seed", "ignore_eos", "logprobs", "top_logprobs", "n",
-        "presence_penalty", "frequency_penalty", "speculate",
-    ):  # fmt: skip
-        value = getattr(values, name)
-        if value is not None:
+    kwargs: dict[str, Any] = {"stop": tuple(values.stop), "stop_token_ids": tuple(values.stop_token_ids)}
+    for name in _SAMPLING_FIELDS:
+        value = getattr(values, name, None)
+        if value is not None and name not in kwargs:
             kwargs[name] = value
+    kwargs.setdefault("max_tokens", max(1, min(DEFAULT_MAX_TOKENS, limits.max_prompt_tokens)))
     try:
         params = SamplingParams(**kwargs)  # its messages already name the field and the range
-    except ValueError as e:
-        raise InvalidArgument(str(e)) from e
-    except TypeError as e:  # a value of the wrong type from a loosely typed front (e.g. JSON)
-        raise InvalidArgument(f"a sampling value has the wrong type: {e}") from e
+    except (ValueError, TypeError) as e:
+        raise _sampling_error(e, kwargs) from None
     # After SamplingParams has bounded their counts:
     for i, s in enumerate(params.stop):
-        _utf8_size(s, f"stop[{i}]")
-    check_token_ids(params.stop_token_ids, limits.vocab_size, "stop_token_ids")
+        _utf8_size(s, FieldPath.of("stop", i))
     return params
+
+
+def _sampling_error(error: ValueError | TypeError, kwargs: dict[str, Any]) -> InvalidArgument:
+    """SamplingParams' refusal as an InvalidArgument with its field. Each of its rules reads one field, so the first
+    value (in its order) that it refuses alone is the field, and that refusal is the message. A TypeError is a value
+    of the wrong type from a loosely typed front (e.g. JSON). Runs only for a refused request."""
+    for name in _SAMPLING_FIELDS:
+        if name in kwargs:
+            try:
+                SamplingParams(**{name: kwargs[name]})
+            except (ValueError, TypeError) as alone:
+                error, where = alone, FieldPath.of(name)
+                break
+    else:
+        where = None  # a rule across fields (there is none today): the request's sampling as a whole
+    if isinstance(error, TypeError):
+        return InvalidArgument(f"a sampling value has the wrong type: {error}", where)
+    return InvalidArgument(str(error), where)
+
+
+def fit_max_tokens(
+    params: SamplingParams, values: SamplingValues, prompt_tokens: int, limits: ModelLimits, *, up_to: int | None = None
+) -> SamplingParams:
+    """An unset max_tokens, once the prompt's length is known: min(default, what the context leaves), or with up_to
+    (the most tokens a request may hold, e.g. the KV pool's: OpenAI chat's default) as long as the reply can be;
+    never below 1 (a prompt that fills the context is refused at submit, naming the prompt). A max_tokens that was
+    set is kept: whether it fits is the engine's rule (check_room). SamplingParams is frozen and checks itself, so a
+    changed max_tokens is one more construction, only when it differs."""
+    if values.max_tokens is not None:
+        return params
+    room = (limits.context_length if up_to is None else min(limits.context_length, up_to)) - prompt_tokens
+    max_tokens = max(1, room if up_to is not None else min(DEFAULT_MAX_TOKENS, room))
+    return params if max_tokens == params.max_tokens else dataclasses.replace(params, max_tokens=max_tokens)
 
 
 def constraint(kind: str | None, text: str = "") -> Constraint | None:
     """A structured-output constraint from a front's plain values: kind one of request.CONSTRAINT_KINDS (None: no
-    constraint), text the JSON schema (JSON text), regex or grammar ("" for json_object).
+    constraint), text the JSON schema (JSON text), regex or grammar ("" for json_object). Refusals name the kind
+    (the request's field), or CONSTRAINT for a kind that is none of them.
 
     Checks what needs no tokenizer (non-empty, size, the schema is JSON); whether it compiles is checked next by
     Engine.compile_constraint (ConstraintError, also a ValueError), still before anything is allocated.
     """
     if kind is None:
         return None
+    where = FieldPath.of(kind) if kind in CONSTRAINT_KINDS else CONSTRAINT
     try:
         wanted = Constraint(kind, text)  # first: it bounds the size
     except ValueError as e:  # Constraint names the field and the limit
-        raise InvalidArgument(str(e)) from e
+        raise InvalidArgument(str(e), where) from e
     if kind == "json_schema":
         try:
             schema = json.loads(text)
         except json.JSONDecodeError as e:
-            raise InvalidArgument(f"json_schema is not valid JSON: {e}") from e
+            raise InvalidArgument.at(where, f" is not valid JSON: {e}") from e
         except RecursionError:
-            raise InvalidArgument("json_schema is nested too deeply") from None
+            raise InvalidArgument.at(where, " is nested too deeply") from None
         if not isinstance(schema, (dict, bool)):
-            raise InvalidArgument(f"json_schema must be a JSON object, got a JSON {type(schema).__name__}")
+            raise InvalidArgument.at(where, f" must be a JSON object, got a JSON {type(schema).__name__}")
         depth = json_depth(schema, MAX_SCHEMA_DEPTH)
         if depth > MAX_SCHEMA_DEPTH:
-            raise InvalidArgument(f"json_schema nests more than {MAX_SCHEMA_DEPTH} levels of objects and arrays")
+            raise InvalidArgument.at(where, f" nests more than {MAX_SCHEMA_DEPTH} levels of objects and arrays")
         if isinstance(schema, dict) and "x-guidance" in schema:
             # The server's grammar options (one-line JSON layout, no free whitespace) hold for every request; a
             # schema that asks for others is refused rather than silently served differently than it asks.
-            raise InvalidArgument('json_schema: "x-guidance" (grammar options) is set by the server, not the schema')
+            raise InvalidArgument.at(where, ': "x-guidance" (grammar options) is set by the server, not the schema')
     return wanted
 
 

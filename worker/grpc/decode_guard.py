@@ -51,8 +51,10 @@ def _short_reason(error: Exception) -> str:
     return str(error).rsplit(": ", 1)[-1][:200] or type(error).__name__
 
 
-# (method, a big request's bytes, its context) -> (status, message) to refuse it with, or None to parse it.
-BeforeParse = Callable[[str, bytes, grpc.aio.ServicerContext], "tuple[grpc.StatusCode, str] | None"]
+# (method, a big request's bytes, its context) -> (status, message, trailing metadata) to refuse it with (the
+# arguments of context.abort), or None to parse it.
+Refused = tuple[grpc.StatusCode, str, tuple[tuple[str, str], ...]]
+BeforeParse = Callable[[str, bytes, grpc.aio.ServicerContext], "Refused | None"]
 
 
 class UndecodableRequestInterceptor(grpc.aio.ServerInterceptor):

@@ -1,6 +1,11 @@
 """The RadixCache gRPC service: protobuf in and out, over the front core (worker/front/core.py), which authenticates,
 validates, tokenizes off the loop and submits, exactly as for every other front.
 
+Refusals: a front-core Refusal ends the call with its status (STATUS) and message, and, where the refusal has a
+field, the trailing metadata `radixcache-field` naming it by this API's names (GenerateRequest's fields: a FieldPath
+renamed with FIELD_NAMES), e.g. `messages.messages[2].role`, `token_ids.ids[3]`, `stop_token_ids[0]`, `input` (the
+prompt as a whole), `json_schema`. A prompt refused from its wire bytes before it is parsed gets the same.
+
 Threading: RPC handlers run on the asyncio loop; the engine hands outputs to the loop through EngineStream.
 Cancellation: a Generate handler writes its messages itself, so a cancelled or disconnected client raises
 CancelledError inside it at an await; a deadline is watched by the handler itself (time_remaining ->
@@ -22,6 +27,7 @@ import grpc
 from radixcache.v1 import radixcache_pb2 as pb
 from radixcache.v1 import radixcache_pb2_grpc as pb_grpc
 from radixcache.worker.engine.api import ModelFacts
+from radixcache.worker.engine.checks import FieldPath
 from radixcache.worker.engine.request import FinishReason, RequestOutput
 from radixcache.worker.front.core import FrontCore, Refusal, RefusalKind
 from radixcache.worker.front.validation import MAX_CHAT_MESSAGES
@@ -59,6 +65,22 @@ STATUS = {
     RefusalKind.NO_CAPACITY: grpc.StatusCode.RESOURCE_EXHAUSTED,
     RefusalKind.INTERNAL: grpc.StatusCode.INTERNAL,
 }
+FIELD_METADATA = "radixcache-field"  # the trailing metadata that names a refused field
+# validation's field names (its heads) where the proto's differ: the prompt as a whole is the `input` oneof, and chat
+# messages sit in ChatMessages.messages.
+FIELD_NAMES: dict[str, tuple[str, ...]] = {"prompt": ("input",), "messages": ("messages", "messages")}
+
+
+def field_name(field: FieldPath) -> str:
+    """A refused field by the proto's names (FIELD_NAMES)."""
+    head = FIELD_NAMES.get(field.head)
+    return str(field.with_head(*head) if head is not None else field)
+
+
+def refusal_status(refusal: Refusal) -> tuple[grpc.StatusCode, str, tuple[tuple[str, str], ...]]:
+    """A refusal as (status, details, trailing metadata), the arguments of ServicerContext.abort."""
+    trailing = () if refusal.field is None else ((FIELD_METADATA, field_name(refusal.field)),)
+    return STATUS[refusal.kind], refusal.message, trailing
 
 
 def to_response(request_id: str, out: RequestOutput) -> pb.GenerateResponse:
@@ -102,14 +124,15 @@ Handler = TypeVar("Handler", bound=Callable[..., Awaitable[Any]])
 
 
 def refusals_as_status(handler: Handler) -> Handler:
-    """A front-core Refusal raised in the handler ends the call with its gRPC status and message."""
+    """A front-core Refusal raised in the handler ends the call with its gRPC status, message and field
+    (refusal_status)."""
 
     @functools.wraps(handler)
     async def wrapped(self: RadixCacheServicer, request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
             return await handler(self, request, context)
         except Refusal as r:
-            await context.abort(STATUS[r.kind], r.message)
+            await context.abort(*refusal_status(r))
 
     return wrapped  # type: ignore[return-value]
 
@@ -125,10 +148,11 @@ class RadixCacheServicer(pb_grpc.RadixCacheServicer):
 
     def refusal_before_parse(
         self, method: str, raw: bytes, context: grpc.aio.ServicerContext
-    ) -> tuple[grpc.StatusCode, str] | None:
+    ) -> tuple[grpc.StatusCode, str, tuple[tuple[str, str], ...]] | None:
         """decode_guard's hook for big requests: a prompt RPC's caller is authenticated and its prompt's size
-        checked from the wire bytes, so a prompt too big to fit is refused without being parsed (see wire_prompt).
-        None: parse the request and handle it as usual (which checks everything again)."""
+        checked from the wire bytes, so a prompt too big to fit is refused without being parsed (see wire_prompt),
+        with the status, message and field the parsed request would get (refusal_status). None: parse the request
+        and handle it as usual (which checks everything in full)."""
         request_type = PROMPT_REQUESTS.get(method)
         if request_type is None or self.core.engine is None:
             return None
@@ -136,7 +160,7 @@ class RadixCacheServicer(pb_grpc.RadixCacheServicer):
             self._tenant(context)
             self.core.check_prompt_size(prompt_size(raw, request_type.DESCRIPTOR, most_messages=MAX_CHAT_MESSAGES))
         except Refusal as r:
-            return STATUS[r.kind], r.message
+            return refusal_status(r)
         return None
 
     # -- Generate ------------------------------------------------------------------------------------------------

@@ -28,7 +28,8 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from radixcache.worker.http.openai.errors import APIError
+from radixcache.worker.http.errors import APIError
+from radixcache.worker.http.openai.errors import error_body
 
 log = logging.getLogger("radixcache.http")
 LINGER_S = 1.0  # after a refusal, the connection stays open (not read) this long, so the client can read the answer
@@ -139,7 +140,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._refused = True
         self._disarm_head_timer()
         log.debug("HTTP %s from %s: %s", status, self.client, message)
-        body = json.dumps(APIError(status, message).body()).encode()
+        body = json.dumps(error_body(APIError(status, message))).encode()
         reason = {408: b"Request Timeout", 431: b"Request Header Fields Too Large", 503: b"Service Unavailable"}
         head = b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
         self.transport.write(head % (status, reason[status], len(body)) + body)

@@ -24,7 +24,8 @@ from typing import Any
 
 from starlette.responses import JSONResponse
 
-from radixcache.worker.http.openai.errors import APIError
+from radixcache.worker.http.errors import APIError
+from radixcache.worker.http.openai.errors import error_body
 
 LOOPBACK_NAMES = frozenset({"localhost"})
 
@@ -90,6 +91,6 @@ class HostCheck:
                     "naming it",
                     code="invalid_host",
                 )
-                await JSONResponse(error.body(), status_code=400)(scope, receive, send)
+                await JSONResponse(error_body(error), status_code=400)(scope, receive, send)
                 return
         await self.app(scope, receive, send)

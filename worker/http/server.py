@@ -15,9 +15,9 @@ from typing import Any
 import uvicorn
 
 from radixcache.worker.http.app import create_app
+from radixcache.worker.http.front import DEFAULT_MAX_BODY_BYTES
 from radixcache.worker.http.guard import HttpLimits, protocol_for
 from radixcache.worker.http.host_check import allowed_hosts
-from radixcache.worker.http.openai.chat_api import DEFAULT_MAX_BODY_BYTES
 
 
 class _Server(uvicorn.Server):

@@ -1,10 +1,11 @@
 """Errors in Anthropic's shape: {"type": "error", "error": {"type", "message"}} with the HTTP status that fits.
 
-The HTTP app raises one APIError (worker/http/openai/errors.py: status, message, param) for both APIs; its handlers
+The HTTP app raises one APIError (worker/http/errors.py: status, message, param) for both APIs; its handlers
 write it in this shape for the Messages API's paths (`anthropic_path`). Anthropic's error has no param: the message
-names the field. A context overflow is said in Anthropic's own words ("prompt is too long: N tokens > M maximum",
-"input length and `max_tokens` exceed context limit: P + T > C, ..."), so a client that matches them to compact a
-conversation or lower max_tokens recognises it.
+names the field, by this API's names (a refusal's field renamed with a table, RENAMES and PREFIXES, never found by
+reading the message). A context overflow is said in Anthropic's own words ("prompt is too long: N tokens > M
+maximum", "input length and `max_tokens` exceed context limit: P + T > C, ..."), so a client that matches them to
+compact a conversation or lower max_tokens recognises it.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from radixcache.worker.front.core import Refusal, RefusalKind
-from radixcache.worker.front.validation import ContextOverflow
-from radixcache.worker.http.openai.errors import APIError
+from radixcache.worker.front.validation import CONSTRAINT_FIELDS, ContextOverflow
+from radixcache.worker.http.errors import HTTP_STATUS, APIError
 
 PATH_PREFIX = "/v1/messages"
 ERROR_TYPES = {
@@ -27,8 +28,11 @@ ERROR_TYPES = {
     503: "overloaded_error",
     529: "overloaded_error",
 }
-# The request fields that the front core's messages name otherwise (validation's names are gRPC's).
+# The request fields this API calls otherwise than validation (whose names are gRPC's): the message says the
+# Messages API's name where it begins with the field's.
 RENAMES = {"stop": "stop_sequences"}
+# Fields whose messages do not say which of this API's fields they are about: the message is prefixed with it.
+PREFIXES = {"prompt": "messages"}
 
 
 def anthropic_path(path: str) -> bool:
@@ -56,18 +60,18 @@ def overflow_message(cause: ContextOverflow) -> str:
 
 
 def refusal_error(refusal: Refusal, *, constraint_param: str = "tool_choice") -> APIError:
-    """A front-core refusal as this API's error: its status (the app's table), its message naming the field."""
-    from radixcache.worker.http.openai.chat_api import HTTP_STATUS  # the one status table of the HTTP fronts
-
-    status, message = HTTP_STATUS[refusal.kind], refusal.message
+    """A front-core refusal as this API's error: its status (the app's table), its message naming the field by this
+    API's names: a constraint's prefixed with the parameter that asked for it (tool_choice or
+    output_config.format), a renamed field's in the new name, a context overflow in Anthropic's words."""
+    status, message, field = HTTP_STATUS[refusal.kind], refusal.message, refusal.field
     if refusal.kind is RefusalKind.CONTEXT_OVERFLOW and isinstance(refusal.cause, ContextOverflow):
         message = overflow_message(refusal.cause)
-    elif refusal.subject == "constraint":
+    elif field is None:
+        pass
+    elif field.head in CONSTRAINT_FIELDS:
         message = f"{constraint_param}: {message}"
-    elif refusal.subject == "prompt":
-        message = f"messages: {message}"
-    else:
-        for old, new in RENAMES.items():
-            if message.startswith((old + " ", old + "[")):
-                message = new + message[len(old) :]
+    elif field.head in PREFIXES:
+        message = f"{PREFIXES[field.head]}: {message}"
+    elif field.head in RENAMES:
+        message = refusal.worded(str(field.with_head(RENAMES[field.head])))
     return APIError(status, message)

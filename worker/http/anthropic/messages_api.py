@@ -15,8 +15,7 @@ import uuid
 from collections.abc import AsyncIterator
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.background import BackgroundTask
+from fastapi.responses import JSONResponse, Response
 
 from radixcache.worker.engine.request import FinishReason, RequestOutput
 from radixcache.worker.engine.stream import EngineStream
@@ -26,16 +25,17 @@ from radixcache.worker.http.anthropic.errors import error_body, refusal_error
 from radixcache.worker.http.anthropic.output import MessagesResponder, sse
 from radixcache.worker.http.anthropic.protocol import CountTokensRequest, MessagesRequest, TokensCount
 from radixcache.worker.http.anthropic.requests import messages_body_shape, parse_messages, parse_prompt
-from radixcache.worker.http.openai.chat_api import OpenAIFront
-from radixcache.worker.http.openai.errors import APIError
+from radixcache.worker.http.errors import APIError
+from radixcache.worker.http.front import HttpFront
 
 SHUT_DOWN = "the worker shut down before the reply was complete"
 
 
 class MessagesEndpoint:
-    """The two routes, over an OpenAIFront (its gates and body reading; the app's handlers shape the errors)."""
+    """The two routes, over an HttpFront (its gates, body reading and replies; the app's handlers shape the
+    errors)."""
 
-    def __init__(self, front: OpenAIFront) -> None:
+    def __init__(self, front: HttpFront) -> None:
         self.front = front
 
     def tenant(self, request: Request) -> str:
@@ -76,8 +76,8 @@ class MessagesEndpoint:
             stream.close()
             raise
         if parsed.stream:
-            return self._sse(stream, responder, pins)
-        return await self._whole(request, stream, responder, pins)
+            return self._sse(stream, responder, pins, parsed.constraint_param)
+        return await self._whole(request, stream, responder, pins, parsed.constraint_param)
 
     async def count_tokens(self, request: Request) -> Response:
         tenant = self.tenant(request)
@@ -93,30 +93,37 @@ class MessagesEndpoint:
 
     # -- the way through --------------------------------------------------------------------------------------
     @staticmethod
-    def _failure(out: RequestOutput) -> APIError:
+    def _failure(out: RequestOutput, constraint_param: str) -> APIError:
+        """A request that ended before its reply was complete (failed, or aborted by a worker shutting down)."""
         if out.finish_reason is FinishReason.ABORTED:
             return refusal_error(Refusal(RefusalKind.UNAVAILABLE, SHUT_DOWN))
-        return refusal_error(Refusal.of_failure(out.error_kind, f"the request failed: {out.error}"))
+        refusal = Refusal.of_failure(out.error_kind, f"the request failed: {out.error}")
+        return refusal_error(refusal, constraint_param=constraint_param)
 
     async def _whole(
-        self, request: Request, stream: EngineStream, responder: MessagesResponder, pins: BreakpointPins
-    ) -> Response:
+        self, request: Request, stream: EngineStream, responder: MessagesResponder, pins: BreakpointPins,
+        constraint_param: str,
+    ) -> Response:  # fmt: skip
         async def done() -> None:
             if responder.finish_reason is FinishReason.ABORTED:  # the worker stopped: not a whole reply
                 raise refusal_error(Refusal(RefusalKind.UNAVAILABLE, SHUT_DOWN))
             responder.finish(await pins.creation(responder.cached_tokens))
 
         try:
-            return await self.front._whole(request, stream, responder, done)
+            return await self.front.whole(
+                request, stream, responder, fail=lambda out: self._failure(out, constraint_param), done=done
+            )
         finally:
             pins.cancel()
 
-    def _sse(self, stream: EngineStream, responder: MessagesResponder, pins: BreakpointPins) -> StreamingResponse:
+    def _sse(
+        self, stream: EngineStream, responder: MessagesResponder, pins: BreakpointPins, constraint_param: str
+    ) -> Response:
         async def events() -> AsyncIterator[str]:
             try:
                 async for out in stream:
                     if out.finish_reason in (FinishReason.ERROR, FinishReason.ABORTED):
-                        failure = self._failure(out)
+                        failure = self._failure(out, constraint_param)
                         yield sse(error_body(failure.status, failure.message))
                         return
                     for event in responder.add(out):
@@ -128,11 +135,8 @@ class MessagesEndpoint:
                 stream.close()
                 pins.cancel()
 
-        async def close_stream() -> None:  # as in the chat stream: a client gone before the generator started
+        def close() -> None:
             stream.close()
             pins.cancel()
 
-        return StreamingResponse(
-            events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"},
-            background=BackgroundTask(close_stream),
-        )  # fmt: skip
+        return self.front.streamed(events(), close=close)

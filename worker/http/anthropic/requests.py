@@ -34,8 +34,8 @@ from radixcache.worker.front.validation import (
     SamplingValues,
 )
 from radixcache.worker.http.anthropic.protocol import CountTokensRequest, MessagesRequest
+from radixcache.worker.http.errors import bad_request
 from radixcache.worker.http.json_body import ArrayRule, BodyShape
-from radixcache.worker.http.openai.errors import bad_request
 from radixcache.worker.http.openai.requests import shape_of
 
 # Accepted and ignored: they never change what is generated here.

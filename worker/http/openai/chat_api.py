@@ -1,181 +1,56 @@
-"""The OpenAI front's routes over the front core: /v1/models, /v1/chat/completions, /v1/completions, /health, and
-the machinery the other HTTP routes share (bodies read and parsed under limits, the refusal -> status table,
-whole and streamed replies, retention pins). The app that serves them with the Responses and Messages routes is
-worker/http/app.py.
+"""OpenAI's chat/completions and models routes over the front core: /v1/models, /v1/chat/completions and
+/v1/completions. The app that serves them with the Responses and Messages routes is worker/http/app.py; what every
+HTTP route shares (gates, bodies, whole and streamed replies, background work) is worker/http/front.py.
 
 It serves the same engine as the gRPC servicer, through the same front core (worker/front/core.py: the bearer-token
 tenant = cache namespace, validation, tokenizing off the event loop, constraint compiling, submit); this module is
 the OpenAI wire mapping only: bodies in (requests.py), chunks and responses out (responses.py), refusals as OpenAI
 errors (errors.py).
 
-A client that disconnects aborts its request at once, streaming or not: its pages are freed in the engine's next
-step. Errors are OpenAI's shape (errors.py): 400 bad input (a body past json_body's limits included) or a Host it
-does not answer to (host_check), 401 auth, 404 model or route, 405 method, 413 too large, 415 a body not said to be
-JSON, 503 while loading or draining, 500 for a failure inside one request.
+Errors are OpenAI's shape (errors.py): 400 bad input (a body past json_body's limits included) or a Host it does not
+answer to (host_check), 401 auth, 404 model or route, 405 method, 413 too large, 415 a body not said to be JSON, 503
+while loading or draining, 500 for a failure inside one request.
 """
 
 from __future__ import annotations
 
-import asyncio
-import inspect
 import json
-import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, ValidationError
-from starlette.background import BackgroundTask
+from fastapi.responses import Response
+from pydantic import BaseModel
 
 from radixcache.worker.engine.request import FinishReason, RequestOutput
-from radixcache.worker.engine.stream import EngineStream, StreamClosed
-from radixcache.worker.front.core import FrontCore, Refusal, RefusalKind
-from radixcache.worker.front.refusal_log import RateLimitedWarning
-from radixcache.worker.http.json_body import BodyError, BodyShape, parse_body
-from radixcache.worker.http.openai.errors import APIError, bad_request, param_of
+from radixcache.worker.engine.stream import EngineStream
+from radixcache.worker.front.core import Refusal
+from radixcache.worker.http.errors import APIError
+from radixcache.worker.http.front import HttpFront
+from radixcache.worker.http.openai.errors import api_error, error_body
 from radixcache.worker.http.openai.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 from radixcache.worker.http.openai.requests import ParsedRequest, body_shape, parse_chat, parse_completion
 from radixcache.worker.http.openai.responses import ChatResponder, CompletionResponder
 
-log = logging.getLogger("radixcache.openai")
-_refused_bodies = RateLimitedWarning(log)  # one short line, not one per hostile request
 
-DEFAULT_MAX_BODY_BYTES = 16 << 20
-# A front-core refusal's HTTP status (request ids are made here, so a duplicate one is the server's fault: 500).
-HTTP_STATUS = {
-    RefusalKind.INVALID_ARGUMENT: 400,
-    RefusalKind.CONTEXT_OVERFLOW: 400,
-    RefusalKind.UNAUTHENTICATED: 401,
-    RefusalKind.PERMISSION_DENIED: 403,
-    RefusalKind.UNAVAILABLE: 503,
-    RefusalKind.TOO_LARGE: 413,
-    RefusalKind.ALREADY_EXISTS: 500,
-    RefusalKind.PIN_BUDGET: 429,
-    RefusalKind.NO_CAPACITY: 503,
-    RefusalKind.INTERNAL: 500,
-}
-ERROR_CODES = {
-    RefusalKind.CONTEXT_OVERFLOW: "context_length_exceeded",
-    RefusalKind.UNAUTHENTICATED: "invalid_api_key",
-    RefusalKind.UNAVAILABLE: "unavailable",
-    RefusalKind.TOO_LARGE: "too_large",
-}
+def failure(out: RequestOutput, parsed: ParsedRequest) -> APIError:
+    """A request that failed after it was admitted, as an OpenAI error (a constraint's, naming the parameter that
+    asked for it)."""
+    refusal = Refusal.of_failure(out.error_kind, f"the request failed: {out.error}")
+    return api_error(refusal, constraint_param=parsed.constraint_param)
 
 
-def api_error(refusal: Refusal, *, prompt_param: str = "messages", constraint_param: str = "response_format",
-              renames: dict[str, str] | None = None) -> APIError:  # fmt: skip
-    """A front-core refusal as an OpenAI error: its status, code, and the request field it is about by this API's
-    names (`prompt_param`: messages or prompt; `constraint_param`: response_format or tool_choice)."""
-    status, code, message = HTTP_STATUS[refusal.kind], ERROR_CODES.get(refusal.kind), refusal.message
-    if refusal.subject == "constraint":
-        return APIError(status, f"{constraint_param}: {message}", param=constraint_param, code=code)
-    if refusal.subject == "prompt":
-        return APIError(status, message, param=prompt_param, code=code)
-    param = param_of(message, prompt_param=prompt_param, renames=renames) if status == 400 else None
-    return APIError(status, message, param=param, code=code)
+class ChatEndpoint:
+    """/v1/models, /v1/chat/completions and /v1/completions over an HttpFront; app.create_app wires them to routes."""
 
-
-def _pydantic_param(error: dict[str, Any]) -> str:
-    """A pydantic error location as the request field it names: ("messages", 0, "role") -> "messages[0].role".
-    Union branches ("str", "list[int]", ...) in the location are not fields and end the path."""
-    path = ""
-    for part in error.get("loc", ()):
-        if isinstance(part, int):
-            path += f"[{part}]"
-        elif part.isidentifier() and part not in ("str", "int", "float", "bool", "list", "dict"):
-            path += f".{part}" if path else part
-        else:
-            break
-    return path
-
-
-async def _read_body(request: Request, limit: int) -> list[bytes]:
-    """The body as the pieces it arrived in (json_body joins what it needs: 16 MB copied is milliseconds the loop
-    serves no one)."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise APIError(413, f"the request body has {declared} bytes; at most {limit} are accepted", code="too_large")
-    pieces, size = [], 0
-    async for piece in request.stream():
-        pieces.append(piece)
-        size += len(piece)
-        if size > limit:
-            raise APIError(413, f"the request body exceeds {limit} bytes", code="too_large")
-    return pieces
-
-
-def _require_json(request: Request) -> None:
-    """Bodies are JSON, said so: a browser page on another site can POST text/plain or a form to a worker on
-    localhost without asking first (no CORS preflight), but not application/json."""
-    content_type = request.headers.get("content-type", "")
-    if content_type.split(";", 1)[0].strip().lower() != "application/json":
-        raise APIError(
-            415, f"Content-Type must be application/json, got {content_type or 'none'!r}",
-            code="unsupported_media_type",
-        )  # fmt: skip
-
-
-def _validate(model: type[BaseModel], data: Any) -> Any:
-    if not isinstance(data, dict):
-        raise bad_request("the request body must be a JSON object", None)
-    try:
-        return model.model_validate(data)
-    except ValidationError as e:
-        first = e.errors()[0]
-        param = _pydantic_param(first)
-        raise bad_request(f"{param or 'body'}: {first['msg']}", param or None) from None
-
-
-async def _until_disconnected(request: Request) -> None:
-    """Returns when the client goes away (the body was read: the next message is the disconnect)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-class OpenAIFront:
-    """Request handling over `front`'s engine; create_app wires it to routes."""
-
-    def __init__(self, core: FrontCore, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
-        self.core = core
-        self.max_body_bytes = max_body_bytes
-        self._background: set[asyncio.Future[Any]] = set()  # retain() pins running after their response
-
-    # -- gates -------------------------------------------------------------------------------------------------
-    def tenant(self, request: Request) -> str:
-        try:
-            return self.core.tenant([("authorization", request.headers.get("authorization", ""))])
-        except Refusal:
-            message = "missing or unknown bearer token (Authorization: Bearer <key>)"
-            raise APIError(401, message, code="invalid_api_key") from None
-
-    def engine(self) -> Any:
-        try:
-            return self.core.ready()
-        except Refusal as r:
-            raise api_error(r) from None
-
-    @property
-    def model_name(self) -> str:
-        return self.core.facts.model_name
-
-    def check_model(self, model: str) -> None:
-        if model != self.model_name:
-            raise APIError(
-                404, f"model {model!r} does not exist; this worker serves {self.model_name!r}", param="model",
-                code="model_not_found",
-            )  # fmt: skip
-
-    # -- endpoints ---------------------------------------------------------------------------------------------
-    def health(self) -> Response:
-        serving = self.core.serving
-        return JSONResponse({"status": "serving" if serving else "not serving"}, status_code=200 if serving else 503)
+    def __init__(self, front: HttpFront) -> None:
+        self.front = front
 
     def models(self, request: Request) -> ModelList:
-        self.tenant(request)
-        self.engine()
-        card = ModelCard(id=self.model_name, max_model_len=int(self.core.facts.context_length))
+        self.front.tenant(request)
+        self.front.engine()
+        card = ModelCard(id=self.front.model_name, max_model_len=int(self.front.core.facts.context_length))
         return ModelList(data=[card])
 
     async def chat(self, request: Request) -> Response:
@@ -188,10 +63,11 @@ class OpenAIFront:
         self, request: Request, model: type[BaseModel], parse: Callable[[Any], ParsedRequest], *, prompt_param: str,
         chat: bool,
     ) -> Response:  # fmt: skip
-        tenant = self.tenant(request)
-        engine = self.engine()
-        body = await self.body(request, model)
-        self.check_model(body.model)
+        front = self.front
+        tenant = front.tenant(request)
+        engine = front.engine()
+        body = await front.body(request, model, body_shape(front.core.limits))
+        front.check_model(body.model)
         parsed = parse(body)
         request_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         stream = await self._open(tenant, request_id, parsed, prompt_param=prompt_param, chat=chat)
@@ -203,34 +79,17 @@ class OpenAIFront:
 
         def done() -> None:
             if parsed.retention_s is not None:
-                self.retain(tenant, stream, parsed.retention_s)
+                self._retain(tenant, stream, parsed.retention_s)
 
         if parsed.stream:
-            return self._sse(stream, responder, parsed.include_usage, done)
-        return await self._whole(request, stream, responder, done)
+            return self._sse(stream, responder, parsed, done)
+        return await front.whole(request, stream, responder, fail=lambda out: failure(out, parsed), done=done)
 
-    def retain(self, tenant: str, stream: EngineStream, ttl_s: float) -> None:
+    def _retain(self, tenant: str, stream: EngineStream, ttl_s: float) -> None:
         """Pin what a finished request computed (its prompt and first sample's reply but the last, uncomputed,
         token) for ttl_s, in the background: the response is not held up by it."""
         ids = list(stream.request.prompt_ids) + stream.generated[0][:-1]
-        task = asyncio.ensure_future(self.core.retain(tenant, ids, ttl_s))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-
-    async def body(self, request: Request, model: type[BaseModel], shape: BodyShape | None = None) -> Any:
-        """The body as `model`: JSON said so, at most max_body_bytes, parsed within `shape`'s limits (chat's and
-        completions' by default) without stalling the loop (json_body), then typed by pydantic (cheap: the shape
-        bounds what it holds). Every route with a body reads it here."""
-        _require_json(request)
-        raw = await _read_body(request, self.max_body_bytes)
-        try:
-            data = await parse_body(raw, shape or body_shape(self.core.limits))
-        except BodyError as e:
-            client = request.client.host if request.client else "?"
-            size = sum(len(piece) for piece in raw)
-            _refused_bodies.warn(f"refused an HTTP body from {client} ({size} bytes): {e.message[:200]}")
-            raise bad_request(e.message, e.param) from None
-        return _validate(model, data)
+        self.front.keep_running(self.front.core.retain(tenant, ids, ttl_s))
 
     # -- the way through validation to the engine -------------------------------------------------------------
     def _responder(
@@ -238,7 +97,7 @@ class OpenAIFront:
     ) -> ChatResponder | CompletionResponder:
         """The response builder of an admitted request, sized by its validated sampling (n, logprobs)."""
         sampling = stream.request.sampling
-        common = {"request_id": request_id, "model": self.model_name, "n": sampling.n,
+        common = {"request_id": request_id, "model": self.front.model_name, "n": sampling.n,
                   "token_text": self._token_text(engine), "logprobs": sampling.logprobs}  # fmt: skip
         if chat:
             closes = bool(parsed.tool_choice.stop())
@@ -262,65 +121,31 @@ class OpenAIFront:
         """Through the front core (the same validation, tokenizing and submit as gRPC); refusals as OpenAI errors.
         Chat's default max_tokens (OpenAI's) is as long as the reply can be: what the context and KV pool leave."""
         try:
-            return await self.core.admit(
+            return await self.front.core.admit(
                 tenant, request_id, parsed.prompt, parsed.sampling, parsed.constraint, fill_max_tokens=chat,
                 cache_key=parsed.cache_key,
             )  # fmt: skip
         except Refusal as r:
-            renames = {"max_tokens": parsed.max_tokens_param, "top_logprobs": parsed.top_logprobs_param,
-                       "cache_key": "prompt_cache_key"}  # fmt: skip
+            names = {"max_tokens": parsed.max_tokens_param, "top_logprobs": parsed.top_logprobs_param}
             raise api_error(
-                r, prompt_param=prompt_param, constraint_param=parsed.constraint_param, renames=renames
+                r, prompt_param=prompt_param, constraint_param=parsed.constraint_param, names=names
             ) from None
 
-    @staticmethod
-    def _failure(out: RequestOutput) -> APIError:
-        return api_error(Refusal.of_failure(out.error_kind, f"the request failed: {out.error}"))
-
-    async def _whole(
-        self, request: Request, stream: EngineStream, responder: Any,
-        done: Callable[[], Awaitable[None] | None] | None = None,
-    ) -> Response:  # fmt: skip
-        """Non-streaming: nothing is sent until the end, so a watcher notices the client leaving and closes the
-        stream (aborting the request) at once. done: called (and awaited, if a coroutine function) once the
-        request finished, before the response is built."""
-
-        async def watch() -> None:
-            await _until_disconnected(request)
-            stream.close()
-
-        watcher = asyncio.ensure_future(watch())
-        try:
-            async for out in stream:
-                if out.finish_reason is FinishReason.ERROR:
-                    raise self._failure(out)
-                responder.add(out)
-        except StreamClosed:
-            return Response(status_code=499)  # nobody reads it; the request was aborted
-        finally:
-            watcher.cancel()
-            stream.close()
-        if done is not None and inspect.isawaitable(finished := done()):
-            await finished
-        return JSONResponse(responder.response().model_dump())
-
     def _sse(
-        self, stream: EngineStream, responder: Any, include_usage: bool, done: Callable[[], None] | None = None
-    ) -> StreamingResponse:
-        # Starlette cancels this generator when the client disconnects (it listens for http.disconnect while it
-        # streams), which closes the stream: the request is aborted at once.
+        self, stream: EngineStream, responder: Any, parsed: ParsedRequest, done: Callable[[], None] | None = None
+    ) -> Response:
         async def events() -> AsyncIterator[str]:
             try:
                 for chunk in responder.first_chunks():
                     yield f"data: {chunk.model_dump_json(exclude_none=True)}\n\n"
                 async for out in stream:
                     if out.finish_reason is FinishReason.ERROR:
-                        yield f"data: {json.dumps(self._failure(out).body())}\n\n"
+                        yield f"data: {json.dumps(error_body(failure(out, parsed)))}\n\n"
                         break
                     for chunk in responder.add(out):
                         yield f"data: {chunk.model_dump_json(exclude_none=True)}\n\n"
                 else:
-                    if include_usage:
+                    if parsed.include_usage:
                         yield f"data: {responder.usage_chunk().model_dump_json()}\n\n"
                     if done is not None:
                         done()
@@ -328,13 +153,4 @@ class OpenAIFront:
             finally:
                 stream.close()
 
-        # The background close covers a client gone before the generator ever started (its finally never runs).
-        # A coroutine function, so that Starlette runs it on this loop (close() must run on the stream's loop): a
-        # plain function would be sent to a worker thread, one thread hop per response.
-        async def close_stream() -> None:
-            stream.close()
-
-        return StreamingResponse(
-            events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"},
-            background=BackgroundTask(close_stream),
-        )  # fmt: skip
+        return self.front.streamed(events(), close=stream.close)

@@ -22,6 +22,8 @@ from radixcache.worker.front.validation import (
     MAX_TOOL_ARGUMENTS_BYTES,
     MAX_TOOL_CALLS,
     MAX_TOOLS,
+    MESSAGES,
+    FieldPath,
     InvalidArgument,
     ModelLimits,
     PromptInput,
@@ -29,8 +31,8 @@ from radixcache.worker.front.validation import (
     check_strict_schema,
     tool_call_arguments,
 )
+from radixcache.worker.http.errors import bad_request
 from radixcache.worker.http.json_body import ArrayRule, BodyShape
-from radixcache.worker.http.openai.errors import bad_request
 from radixcache.worker.http.openai.protocol import ChatCompletionRequest, ChatMessageIn, CompletionRequest, Tool
 
 # Accepted and ignored: they never change what is generated.
@@ -236,13 +238,13 @@ def template_arguments(raw: str) -> Any:
         return raw
 
 
-def client_arguments(raw: str, param: str) -> Any:
-    """A client's tool-call arguments, the field `param` (validation.tool_call_arguments: size-checked before they
-    are parsed), or a 400 naming it."""
+def client_arguments(raw: str, param: FieldPath) -> Any:
+    """A client's tool-call arguments, the field `param` (by the route's names; validation.tool_call_arguments:
+    size-checked before they are parsed), or a 400 naming it."""
     try:
         return tool_call_arguments(raw, param)
     except InvalidArgument as e:
-        raise bad_request(str(e), param) from None
+        raise bad_request(str(e), str(param)) from None
 
 
 def chat_messages(messages: list[ChatMessageIn]) -> list[dict[str, Any]]:
@@ -264,7 +266,7 @@ def chat_messages(messages: list[ChatMessageIn]) -> list[dict[str, Any]]:
                     "function": {
                         "name": call.function.name,
                         "arguments": client_arguments(
-                            call.function.arguments, f"messages[{i}].tool_calls[{j}].function.arguments"
+                            call.function.arguments, MESSAGES.at(i, "tool_calls", j, "function", "arguments")
                         ),
                     },
                 }

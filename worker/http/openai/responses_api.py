@@ -12,34 +12,35 @@ of a previous response are not carried over: a follow-up states its own (the sam
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from array import array
 from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.background import BackgroundTask
+from fastapi.responses import JSONResponse, Response
 
-from radixcache.worker.engine.request import FinishReason
+from radixcache.worker.engine.request import FinishReason, RequestOutput
 from radixcache.worker.engine.stream import EngineStream
 from radixcache.worker.front.core import Refusal
 from radixcache.worker.front.tool_calls import template_tools
-from radixcache.worker.front.validation import PromptInput
-from radixcache.worker.http.openai.chat_api import OpenAIFront, api_error
-from radixcache.worker.http.openai.errors import APIError
+from radixcache.worker.front.validation import CheckedPrompt, PromptInput
+from radixcache.worker.http.errors import APIError
+from radixcache.worker.http.front import HttpFront
+from radixcache.worker.http.openai.errors import api_error
 from radixcache.worker.http.openai.response_store import ResponseStore, StoredResponse
 from radixcache.worker.http.openai.responses_input import ResponsesInput, parse_responses, responses_body_shape
 from radixcache.worker.http.openai.responses_output import ResponsesResponder, sse
 from radixcache.worker.http.openai.responses_protocol import DeletedResponse, ResponsesRequest
 
+# validation's field names that the Responses API calls otherwise (the conversation is its `input`).
+NAMES = {"max_tokens": "max_output_tokens", "messages": "input"}
+
 
 class ResponsesEndpoint:
-    """The three routes, over an OpenAIFront (its gates, body parsing and error mapping) and a ResponseStore.
-    (app.create_app imports this module when it builds the app: this one imports app's helpers.)"""
+    """The three routes, over an HttpFront (its gates, body reading and replies) and a ResponseStore."""
 
-    def __init__(self, front: OpenAIFront, store: ResponseStore) -> None:
+    def __init__(self, front: HttpFront, store: ResponseStore) -> None:
         self.front, self.store = front, store
 
     # -- routes ------------------------------------------------------------------------------------------------
@@ -53,11 +54,14 @@ class ResponsesEndpoint:
         conversation = (previous.conversation if previous else []) + parsed.messages
         system = [{"role": "system", "content": parsed.instructions}] if parsed.instructions else []
         chat = PromptInput(messages=system + conversation, tools=template_tools(parsed.specs))
-        prompt, prompt_text = chat, ""
+        prompt: PromptInput | CheckedPrompt = chat
+        prompt_text = ""
         try:
-            continued = await self.front.core.continue_from(previous.prefixes(), chat) if previous else None
-            if continued is not None:
-                prompt, prompt_text = PromptInput(token_ids=continued[0]), continued[1]
+            if previous is not None:  # checked here, and then not again by admit
+                prompt = self.front.core.check_prompt(chat)
+                continued = await self.front.core.continue_from(previous.prefixes(), prompt)
+                if continued is not None:
+                    prompt, prompt_text = PromptInput(token_ids=continued[0]), continued[1]
             response_id = "resp_" + uuid.uuid4().hex
             stream = await self.front.core.admit(
                 tenant, response_id, prompt, parsed.sampling, parsed.constraint, fill_max_tokens=True,
@@ -99,8 +103,11 @@ class ResponsesEndpoint:
 
     @staticmethod
     def _error(refusal: Refusal, parsed: ResponsesInput) -> APIError:
-        renames = {"max_tokens": "max_output_tokens", "messages": "input"}
-        return api_error(refusal, prompt_param="input", constraint_param=parsed.constraint_param, renames=renames)
+        return api_error(refusal, prompt_param="input", constraint_param=parsed.constraint_param, names=NAMES)
+
+    @classmethod
+    def _failure(cls, out: RequestOutput, parsed: ResponsesInput) -> APIError:
+        return cls._error(Refusal.of_failure(out.error_kind, f"the request failed: {out.error}"), parsed)
 
     def _finished(self, stream: EngineStream, responder: ResponsesResponder, turn: _Turn) -> None:
         """Store the finished response (with `store`) and pin what it computed, in the background."""
@@ -122,14 +129,15 @@ class ResponsesEndpoint:
             )
         ttl = max(self.store.pin_ttl_s if turn.parsed.store else 0.0, turn.parsed.retention_s or 0.0)
         if ttl > 0:
-            task = asyncio.ensure_future(self.front.core.retain(turn.tenant, ids[:-1], ttl))
-            self.front._background.add(task)
-            task.add_done_callback(self.front._background.discard)
+            self.front.keep_running(self.front.core.retain(turn.tenant, ids[:-1], ttl))
 
     async def _whole(self, request: Request, stream: EngineStream, responder: ResponsesResponder, turn: _Turn) -> Response:  # fmt: skip
-        return await self.front._whole(request, stream, responder, lambda: self._finished(stream, responder, turn))
+        return await self.front.whole(
+            request, stream, responder, fail=lambda out: self._failure(out, turn.parsed),
+            done=lambda: self._finished(stream, responder, turn),
+        )  # fmt: skip
 
-    def _sse(self, stream: EngineStream, responder: ResponsesResponder, turn: _Turn) -> StreamingResponse:
+    def _sse(self, stream: EngineStream, responder: ResponsesResponder, turn: _Turn) -> Response:
         async def events() -> AsyncIterator[str]:
             try:
                 for event in responder.first_events():
@@ -147,13 +155,7 @@ class ResponsesEndpoint:
             finally:
                 stream.close()
 
-        async def close_stream() -> None:  # as in the chat stream: a client gone before the generator started
-            stream.close()
-
-        return StreamingResponse(
-            events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"},
-            background=BackgroundTask(close_stream),
-        )  # fmt: skip
+        return self.front.streamed(events(), close=stream.close)
 
 
 class _Turn:

@@ -18,11 +18,12 @@ from radixcache.worker.front.validation import (
     MAX_CHAT_MESSAGES,
     MAX_CONTENT_PARTS,
     MAX_TOOLS,
+    FieldPath,
     ModelLimits,
     SamplingValues,
 )
+from radixcache.worker.http.errors import bad_request
 from radixcache.worker.http.json_body import ArrayRule, BodyShape
-from radixcache.worker.http.openai.errors import bad_request
 from radixcache.worker.http.openai.requests import (
     RETENTION_S,
     client_arguments,
@@ -89,10 +90,12 @@ def _text(content: Any, where: str) -> str:
     return "".join(texts)
 
 
-def _arguments(raw: Any, where: str) -> Any:
+def _arguments(raw: Any, i: int) -> Any:
+    """input[i].arguments, a function call's arguments."""
+    where = FieldPath.of("input", i, "arguments")
     if not isinstance(raw, str):
-        raise bad_request(f"{where}.arguments must be a string of JSON", f"{where}.arguments")
-    return client_arguments(raw, f"{where}.arguments")
+        raise bad_request(f"{where} must be a string of JSON", str(where))
+    return client_arguments(raw, where)
 
 
 def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -115,7 +118,7 @@ def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
             name, call_id = item.get("name"), item.get("call_id")
             if not isinstance(name, str) or not isinstance(call_id, str):
                 raise bad_request(f"{where}: a function_call needs a name and a call_id", where)
-            call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": _arguments(item.get("arguments"), where)}}  # fmt: skip
+            call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": _arguments(item.get("arguments"), i)}}  # fmt: skip
             if out and out[-1]["role"] == "assistant":
                 out[-1].setdefault("tool_calls", []).append(call)
             else:
