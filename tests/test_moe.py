@@ -18,7 +18,7 @@ from radixcache.worker.attention import BatchLayout, SequenceSlice, create_backe
 from radixcache.worker.engine.engine import Engine, EngineConfig
 from radixcache.worker.engine.request import Request, SamplingParams
 from radixcache.worker.model import ModelConfig, load_checkpoint
-from radixcache.worker.model.llama import MLP, Linear, attention_options
+from radixcache.worker.model.llama import attention_options, sparse_moe
 from radixcache.worker.model.moe import SparseMoE
 from radixcache.worker.model.packed import PackedLinear
 
@@ -44,18 +44,24 @@ def checkpoint(tmp_path_factory):
 def block_like(hf_block, norm_topk_prob: bool) -> SparseMoE:
     """Our block holding the weights of transformers' Qwen3MoeSparseMoeBlock `hf_block`."""
     cfg = hf_block.experts.config
-    config = ModelConfig.from_hf_config({**cfg.to_dict(), "norm_topk_prob": norm_topk_prob})
-    ours = SparseMoE(
-        config.hidden_size, config.num_experts, config.num_experts_per_tok, norm_topk_prob,
-        make_expert=lambda: MLP(config, config.moe_intermediate_size),
-        make_router=lambda i, o: Linear(i, o, bias=False),
-    )  # fmt: skip
-    with torch.no_grad():
-        ours.gate.weight.copy_(hf_block.gate.weight)
-        for e, expert in enumerate(ours.experts):
-            expert.gate_up_proj.weight.copy_(hf_block.experts.gate_up_proj[e])
-            expert.down_proj.weight.copy_(hf_block.experts.down_proj[e])
+    ours = sparse_moe(ModelConfig.from_hf_config({**cfg.to_dict(), "norm_topk_prob": norm_topk_prob}))
+    copy_experts(hf_block, ours)
     return ours.eval()
+
+
+def copy_experts(theirs, ours: SparseMoE) -> None:
+    """transformers' router and fused 3-D experts (and shared experts, if any) into our block."""
+    with torch.no_grad():
+        ours.gate.weight.copy_(theirs.gate.weight)
+        for e, expert in enumerate(ours.experts):
+            expert.gate_up_proj.weight.copy_(theirs.experts.gate_up_proj[e])
+            expert.down_proj.weight.copy_(theirs.experts.down_proj[e])
+        if ours.shared_experts is not None:
+            shared = theirs.shared_experts
+            ours.shared_experts.gate_up_proj.weight.copy_(torch.cat((shared.gate_proj.weight, shared.up_proj.weight)))
+            ours.shared_experts.down_proj.weight.copy_(shared.down_proj.weight)
+        if ours.e_score_correction_bias is not None:
+            ours.e_score_correction_bias.copy_(theirs.gate.e_score_correction_bias)
 
 
 def hf_block(norm_topk_prob: bool, seed: int = 0, **overrides):

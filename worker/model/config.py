@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from radixcache.worker.model.hf_config import SUPPORTED_ARCHITECTURES, model_config_fields
+from radixcache.worker.model.moe import Routing
 
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 LAYER_KINDS = ("global", "sliding")
@@ -67,6 +68,11 @@ class ModelConfig:
                    (renormalised to sum to 1 with norm_topk_prob). 0 experts: every layer dense.
     mlp_kinds:     per layer, "dense" (the gated MLP of intermediate_size) or "moe". None: every layer "moe" when
                    num_experts > 0, else "dense".
+    moe_router:    how the experts are chosen and weighted: "softmax" (Qwen3-MoE), "deepseek_v2", "deepseek_v3"
+                   (worker/model/moe.py, Routing), with moe_n_group / moe_topk_group (group-limited choice; V2 only
+                   with moe_group_limited) and routed_scaling_factor.
+    shared_expert_intermediate_size: a "moe" layer also runs one gated MLP of this size on every token, added to
+                   the experts' sum (DeepSeek: moe_intermediate_size x n_shared_experts); 0: none.
     """
 
     vocab_size: int
@@ -104,6 +110,12 @@ class ModelConfig:
     moe_intermediate_size: int | None = None
     norm_topk_prob: bool = False
     mlp_kinds: tuple[str, ...] | None = None
+    moe_router: str = "softmax"
+    moe_n_group: int = 1
+    moe_topk_group: int = 1
+    moe_group_limited: bool = False
+    routed_scaling_factor: float = 1.0
+    shared_expert_intermediate_size: int = 0
 
     def __post_init__(self) -> None:
         if self.architecture not in SUPPORTED_ARCHITECTURES:
@@ -178,6 +190,20 @@ class ModelConfig:
             )
         if self.moe_intermediate_size is None or self.moe_intermediate_size < 1:
             raise ValueError(f"moe_intermediate_size must be >= 1, got {self.moe_intermediate_size}")
+        if self.shared_expert_intermediate_size < 0:
+            raise ValueError(
+                f"shared_expert_intermediate_size must be >= 0, got {self.shared_expert_intermediate_size}"
+            )
+        _positive("routed_scaling_factor", self.routed_scaling_factor)
+        self.moe_routing.check_experts(self.num_experts)
+
+    @property
+    def moe_routing(self) -> Routing:
+        """How a "moe" layer routes (ValueError naming the field for a router it cannot run)."""
+        return Routing(
+            self.moe_router, self.num_experts_per_tok, self.norm_topk_prob, self.routed_scaling_factor,
+            self.moe_n_group, self.moe_topk_group, self.moe_group_limited,
+        )  # fmt: skip
 
     def _checked_rope_scaling(self, scaling: dict[str, Any] | None) -> dict[str, Any] | None:
         if scaling is None:

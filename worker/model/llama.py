@@ -184,7 +184,7 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, eps, plus_one)
         self.self_attn = Attention(config, layer_idx)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, plus_one)
-        self.mlp = MLP(config) if config.mlp_kinds[layer_idx] == "dense" else _sparse_moe(config)
+        self.mlp = MLP(config) if config.mlp_kinds[layer_idx] == "dense" else sparse_moe(config)
         self.sandwich = config.sandwich_norms
         if self.sandwich:
             self.pre_feedforward_layernorm = RMSNorm(config.hidden_size, eps, plus_one)
@@ -203,14 +203,16 @@ class DecoderLayer(nn.Module):
         return x + self.post_feedforward_layernorm.forward(self.mlp.forward(self.pre_feedforward_layernorm.forward(x)))
 
 
-def _sparse_moe(config: ModelConfig) -> SparseMoE:
+def sparse_moe(config: ModelConfig) -> SparseMoE:
+    """A "moe" layer's MLP: its experts, shared experts and router built of this module's row-exact Linear."""
+    shared = config.shared_expert_intermediate_size
     return SparseMoE(
         config.hidden_size,
         config.num_experts,
-        config.num_experts_per_tok,
-        config.norm_topk_prob,
+        config.moe_routing,
         make_expert=lambda: MLP(config, config.moe_intermediate_size),
         make_router=lambda n_in, n_out: Linear(n_in, n_out, bias=False),
+        shared=MLP(config, shared) if shared else None,
     )
 
 
