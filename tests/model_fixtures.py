@@ -176,3 +176,18 @@ def hf_greedy(model, prompt: list[int], max_new: int) -> tuple[list[int], torch.
             tokens.append(int(logits[-1].argmax()))
         logits = model(torch.tensor([tokens[:-1]])).logits[0].float()
     return tokens[len(prompt) :], logits
+
+
+def copy_experts(theirs, ours) -> None:  # noqa: ANN001 (a transformers MoE module, our SparseMoE)
+    """transformers' router and fused 3-D experts (and shared experts, if any) into our block."""
+    with torch.no_grad():
+        ours.gate.weight.copy_(theirs.gate.weight)
+        for e, expert in enumerate(ours.experts):
+            expert.gate_up_proj.weight.copy_(theirs.experts.gate_up_proj[e])
+            expert.down_proj.weight.copy_(theirs.experts.down_proj[e])
+        if ours.shared_experts is not None:
+            shared = theirs.shared_experts
+            ours.shared_experts.gate_up_proj.weight.copy_(torch.cat((shared.gate_proj.weight, shared.up_proj.weight)))
+            ours.shared_experts.down_proj.weight.copy_(shared.down_proj.weight)
+        if ours.e_score_correction_bias is not None:
+            ours.e_score_correction_bias.copy_(theirs.gate.e_score_correction_bias)

@@ -10,7 +10,7 @@ import random
 
 import pytest
 import torch
-from model_fixtures import build_checkpoint, hf_config, hf_greedy
+from model_fixtures import build_checkpoint, copy_experts, hf_config, hf_greedy
 from safetensors.torch import load_file, save_file
 
 from radixcache.pool import KVPool, KVShape
@@ -47,21 +47,6 @@ def block_like(hf_block, norm_topk_prob: bool) -> SparseMoE:
     ours = sparse_moe(ModelConfig.from_hf_config({**cfg.to_dict(), "norm_topk_prob": norm_topk_prob}))
     copy_experts(hf_block, ours)
     return ours.eval()
-
-
-def copy_experts(theirs, ours: SparseMoE) -> None:
-    """transformers' router and fused 3-D experts (and shared experts, if any) into our block."""
-    with torch.no_grad():
-        ours.gate.weight.copy_(theirs.gate.weight)
-        for e, expert in enumerate(ours.experts):
-            expert.gate_up_proj.weight.copy_(theirs.experts.gate_up_proj[e])
-            expert.down_proj.weight.copy_(theirs.experts.down_proj[e])
-        if ours.shared_experts is not None:
-            shared = theirs.shared_experts
-            ours.shared_experts.gate_up_proj.weight.copy_(torch.cat((shared.gate_proj.weight, shared.up_proj.weight)))
-            ours.shared_experts.down_proj.weight.copy_(shared.down_proj.weight)
-        if ours.e_score_correction_bias is not None:
-            ours.e_score_correction_bias.copy_(theirs.gate.e_score_correction_bias)
 
 
 def hf_block(norm_topk_prob: bool, seed: int = 0, **overrides):
