@@ -132,7 +132,9 @@ class SparseMoE(nn.Module):
     make_expert() builds one routed expert (a gated MLP: [n, hidden] -> [n, hidden]); make_router(hidden, experts)
     the router's linear map (no bias; HF's mlp.gate); shared: the shared experts as one MLP, or None. They come
     from the decoder so that its row-exact projection class is used. deepseek_v3 routing adds the parameter
-    e_score_correction_bias [E]."""
+    e_score_correction_bias [E] (HF names it mlp.gate.e_score_correction_bias). With DeepSeek routing the router's
+    product runs in float32, so its weight must stay float32 in a 16-bit model, as transformers keeps it
+    (_keep_in_fp32_modules_strict); the loader does not do that yet: DeepSeek checkpoints are not served (MLA)."""
 
     def __init__(
         self,
