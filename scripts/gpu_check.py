@@ -1,11 +1,12 @@
 """`make gpu-check`: the FlashInfer path checked against the torch backend on what users will run, then timings.
 
-Runs from a bare checkout (`PYTHONPATH=. python3 scripts/gpu_check.py`, the project not installed): it maps
-worker/ to radixcache.worker itself. Installs nothing. Everything it prints also goes to files under --out (default
+Runs on the machine's python3 with the package installed from the checkout (`make gpu-check` does
+`pip install --no-deps -e .` first, so radixcache.worker is the installed name; no venv). Everything it prints also goes to files under --out (default
 $OUT, else ./gpu-check-out), rewritten after every line so a run stopped at its time limit keeps what it did:
 gpu_check.txt (the tables), gpu_check.log (logging, with tracebacks) and gpu_check.json (one record per check).
 
-Sections (each row says ok / FAIL; exit status 1 if any check fails, 0 otherwise, including without CUDA):
+Sections (each row says ok / FAIL and each section ends with a PASS or FAIL line; the last line is one JSON object
+of every section's verdict, to paste; exit status 1 if any check fails, 0 otherwise, including without CUDA):
 1. environment: torch, CUDA, the GPU, nvcc, flashinfer.
 2. backend selection and fallbacks: fp32, head_dim 96 and a CPU device must give the torch backend under `auto`
    (and run a step), while an explicit `flashinfer` must refuse with its reason.
@@ -84,6 +85,7 @@ class Report:
         out.mkdir(parents=True, exist_ok=True)
         self.lines: list[str] = []
         self.records: list[dict[str, Any]] = []
+        self.sections: dict[str, str] = {}  # section title -> "PASS" | "FAIL", in the order they ran
         self.failures = 0
         handler = logging.FileHandler(out / "gpu_check.log", mode="w")
         handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
@@ -721,8 +723,10 @@ def timing_table(report: Report, deadline: float) -> None:
 
 # --- main ------------------------------------------------------------------------------------------------------------
 def section(report: Report, title: str, fn: Callable[[], None]) -> None:
+    """Run one section; it ends with a PASS or FAIL line (FAIL if any of its checks failed or it raised)."""
     report.line("")
     report.line(f"== {title}")
+    failures = report.failures
     try:
         fn()
     except Exception as exc:
@@ -730,6 +734,14 @@ def section(report: Report, title: str, fn: Callable[[], None]) -> None:
         report.line(f"FAIL: {type(exc).__name__}: {exc}")
         report.line("".join(traceback.format_exception_only(type(exc), exc)).strip())
         report.record(title, False, error=f"{type(exc).__name__}: {exc}")
+    verdict = "PASS" if report.failures == failures else "FAIL"
+    report.sections[title] = verdict
+    report.line(f"{verdict}: {title}")
+
+
+def summary(report: Report, seconds: float) -> str:
+    """The run in one JSON line a person can paste: each section's PASS/FAIL, the failed checks, the time."""
+    return json.dumps({"sections": report.sections, "failed_checks": report.failures, "seconds": round(seconds)})
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -762,13 +774,17 @@ def main(argv: list[str] | None = None) -> int:
             report.line("== dry run on the CPU: the kernel checks' own logic, torch backend as the candidate")
             dry = [c for c in config_matrix() if c.head_dim == 64 or c.group == 4][::3]  # both dtypes, pages, dims
             dry += fp8_matrix()[:1]
-            check_kernels(
+            section(
                 report,
-                dry,
-                "cpu",
-                lambda c: create_backend("torch", "cpu", attention=c.attention),
-                context=args.context or 256,
-                deadline=deadline,
+                "kernels, dry run (torch as the candidate)",
+                lambda: check_kernels(
+                    report,
+                    dry,
+                    "cpu",
+                    lambda c: create_backend("torch", "cpu", attention=c.attention),
+                    context=args.context or 256,
+                    deadline=deadline,
+                ),
             )
             section(report, "tiers below the pool (CPU)", lambda: check_tiers(report, "cpu"))
             report.line("")
@@ -807,6 +823,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         report.line("")
         report.line(f"{report.failures} failed checks; total {time.monotonic() - started:.0f} s")
+        report.line(summary(report, time.monotonic() - started))
         report.close()
 
 

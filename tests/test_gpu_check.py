@@ -37,6 +37,14 @@ def test_without_cuda_runs_the_cpu_parts_writes_files_and_exits_0(gpu_check, tmp
     assert gpu_check.main(["--out", str(tmp_path), "--context", "48"]) == 0
     text = (tmp_path / "gpu_check.txt").read_text()
     assert "no CUDA device" in text and "0 failed checks" in text
+    summary = json.loads(text.strip().splitlines()[-1])  # the line a person pastes
+    assert summary["failed_checks"] == 0 and set(summary["sections"].values()) == {"PASS"}
+    assert list(summary["sections"]) == [
+        "backend selection and fallbacks",
+        "kernels, dry run (torch as the candidate)",
+        "tiers below the pool (CPU)",
+    ]
+    assert "PASS: tiers below the pool (CPU)" in text
     assert "device cpu     auto -> torch      explicit flashinfer: it needs a CUDA device" in text
     records = json.loads((tmp_path / "gpu_check.json").read_text())
     assert [r["section"] for r in records] == ["fallbacks"] * 3 + ["kernels"] * 2 + ["tiers"]  # fp8's dry run too

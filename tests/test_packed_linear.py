@@ -8,7 +8,7 @@ import torch
 from helpers import tiny_config
 
 from radixcache.worker.model.loader import random_model
-from radixcache.worker.model.packed import MIN_ROWS, PackedLinear
+from radixcache.worker.model.packed import PackedLinear
 
 CONFIG = tiny_config()
 
@@ -18,7 +18,7 @@ def test_packed_linear_computes_the_linear_it_was_built_from(bias):
     torch.manual_seed(0)
     linear = torch.nn.Linear(96, 200, bias=bias)
     packed = PackedLinear(linear.weight, linear.bias)
-    for rows in (1, 2, MIN_ROWS, 5, 17, 100):  # below, at and above the padding, and between the buckets
+    for rows in (1, 2, 5, 16, 17, 100):  # below, at and above one tile, and between tiles
         x = torch.randn(rows, 96)
         torch.testing.assert_close(packed(x), linear(x), rtol=1e-5, atol=1e-5)
     assert torch.equal(packed.dense_weight(), linear.weight)

@@ -53,8 +53,10 @@ def flatten_stats(stats: Any) -> dict[str, float]:
         return float(getattr(stats, name, 0) or 0)
 
     queried, hit = c("queried_tokens"), c("hit_tokens")
+    rows_exact = float(bool(getattr(stats, "rows_exact", True)))
     host_hit, disk_hit = e("host_hit_tokens"), e("disk_hit_tokens")
     return {
+        "rows_exact": rows_exact,
         "pages_total": c("pages_total"),
         "pages_free": c("pages_free"),
         "pages_cached": c("pages_cached"),
@@ -128,6 +130,11 @@ class _EngineCollector(Collector):
         )
         yield CounterMetricFamily(
             "radixcache_spec_draft_steps", "sequence-steps that checked a draft", value=s["draft_steps"]
+        )
+        yield GaugeMetricFamily(
+            "radixcache_rows_exact",
+            "1 when the start-up row check found a token's logits batch-independent; 0: speculation is off",
+            value=s["rows_exact"],
         )
         yield GaugeMetricFamily(
             "radixcache_kv_bytes_per_token", "KV page bytes per token, scales included", value=s["kv_bytes_per_token"]

@@ -304,6 +304,7 @@ def describe(
     config = getattr(engine, "config", None)
     kinds = tuple(getattr(cfg, "layer_kinds", None) or ())
     pool = getattr(engine, "pool", None)
+    check = getattr(engine, "row_check", None)
     return ModelFacts(
         model_name=model_name,
         model_path=model_path,
@@ -319,11 +320,13 @@ def describe(
         cache_enabled=bool(getattr(config, "cache_enabled", cache_enabled)),
         eos_token_ids=tuple(sorted(int(t) for t in eos)),
         max_pinned_pages=int(getattr(engine, "max_pinned_pages", 0) or 0),
-        speculate=int(getattr(config, "speculate", 0) or 0),
+        speculate=int(getattr(config, "speculate", 0) or 0) if getattr(check, "exact", True) else 0,
         layer_kinds=kinds,
         sliding_window=int(getattr(cfg, "sliding_window", None) or 0) if "sliding" in kinds else 0,
         kv_dtype=str(getattr(engine, "kv_dtype", "") or ""),
         kv_bytes_per_token=int(getattr(engine, "kv_bytes_per_token", 0) or 0),
         kv_demote=str(getattr(pool, "demote_dtype", "") or ""),
         kv_demoted_pages=int(getattr(pool, "demoted_pages", 0) or 0),
+        rows_exact=bool(getattr(check, "exact", True)),
+        row_check=str(getattr(check, "detail", "")),
     )

@@ -168,7 +168,7 @@ class GetModelInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("model_name", "model_path", "architecture", "vocab_size", "context_length", "page_size", "kv_pages", "kv_bytes", "backend", "dtype", "device", "cache_enabled", "eos_token_ids", "max_pinned_pages", "speculate", "layer_kinds", "sliding_window", "kv_dtype", "kv_bytes_per_token", "kv_demote", "kv_demoted_pages")
+    __slots__ = ("model_name", "model_path", "architecture", "vocab_size", "context_length", "page_size", "kv_pages", "kv_bytes", "backend", "dtype", "device", "cache_enabled", "eos_token_ids", "max_pinned_pages", "speculate", "layer_kinds", "sliding_window", "kv_dtype", "kv_bytes_per_token", "kv_demote", "kv_demoted_pages", "rows_exact", "row_check")
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_PATH_FIELD_NUMBER: _ClassVar[int]
     ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
@@ -190,6 +190,8 @@ class ModelInfo(_message.Message):
     KV_BYTES_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
     KV_DEMOTE_FIELD_NUMBER: _ClassVar[int]
     KV_DEMOTED_PAGES_FIELD_NUMBER: _ClassVar[int]
+    ROWS_EXACT_FIELD_NUMBER: _ClassVar[int]
+    ROW_CHECK_FIELD_NUMBER: _ClassVar[int]
     model_name: str
     model_path: str
     architecture: str
@@ -211,7 +213,9 @@ class ModelInfo(_message.Message):
     kv_bytes_per_token: int
     kv_demote: str
     kv_demoted_pages: int
-    def __init__(self, model_name: _Optional[str] = ..., model_path: _Optional[str] = ..., architecture: _Optional[str] = ..., vocab_size: _Optional[int] = ..., context_length: _Optional[int] = ..., page_size: _Optional[int] = ..., kv_pages: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., backend: _Optional[str] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., cache_enabled: _Optional[bool] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., max_pinned_pages: _Optional[int] = ..., speculate: _Optional[int] = ..., layer_kinds: _Optional[_Iterable[str]] = ..., sliding_window: _Optional[int] = ..., kv_dtype: _Optional[str] = ..., kv_bytes_per_token: _Optional[int] = ..., kv_demote: _Optional[str] = ..., kv_demoted_pages: _Optional[int] = ...) -> None: ...
+    rows_exact: bool
+    row_check: str
+    def __init__(self, model_name: _Optional[str] = ..., model_path: _Optional[str] = ..., architecture: _Optional[str] = ..., vocab_size: _Optional[int] = ..., context_length: _Optional[int] = ..., page_size: _Optional[int] = ..., kv_pages: _Optional[int] = ..., kv_bytes: _Optional[int] = ..., backend: _Optional[str] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., cache_enabled: _Optional[bool] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., max_pinned_pages: _Optional[int] = ..., speculate: _Optional[int] = ..., layer_kinds: _Optional[_Iterable[str]] = ..., sliding_window: _Optional[int] = ..., kv_dtype: _Optional[str] = ..., kv_bytes_per_token: _Optional[int] = ..., kv_demote: _Optional[str] = ..., kv_demoted_pages: _Optional[int] = ..., rows_exact: _Optional[bool] = ..., row_check: _Optional[str] = ...) -> None: ...
 
 class GetCacheStatsRequest(_message.Message):
     __slots__ = ()

@@ -8,9 +8,12 @@ cache and speculation on and off, batched. How (torch's CPU kernels and MKL's sg
 checks it on this machine's kernels):
 - Scores and weighted sums are explicit batched matmuls. torch's fused attention sums in orders that depend on the
   key length and on the number of queries (a decode row and the same row in a chunk differed in most elements).
-- Every product has at least MIN_GEMM_ROWS rows (query rows are repeated to reach it) and every score product at
-  least MIN_WIDTH columns: MKL sums a product of one row, and of 2-3 rows, in other orders than one of >= 4 rows,
-  which all agree (whatever the row's place and the batch), and likewise for 1, 2-3, 4-11 and >= 12 columns.
+- Every product multiplies exactly GEMM_ROWS query rows at a time (a sequence's query rows are repeated until its
+  rows times the group size is a multiple, and longer products run GEMM_ROWS rows a call): a product of a fixed row
+  count is one kernel whatever the step. MKL picks its summation order from the row count, in families that differ
+  by CPU and instruction set (on an AVX2 EPYC 1, 2-3 and >= 4 rows; under MKL's AVX2 path on a Xeon 2, 3, 8, 20
+  and 32 rows each differed from 16). Every score product has at least MIN_WIDTH columns (1, 2-3, 4-11 and >= 12
+  columns also sum differently).
 - The weighted sum over positions is cut at fixed absolute positions into slices of at most SLICE_TOKENS (whole
   spans of pages), summed in order. MKL splits a longer inner dimension into blocks chosen from its length (193-384
   in halves), so a padded width would change a row's sum; inside a slice, padding with zero weights changes nothing.
@@ -68,7 +71,8 @@ BLOCK_ROWS = 128
 # Sequences adding at most this many tokens are attended to together (a verify chunk is 1 + its draft tokens).
 BATCHED_ROWS = 16
 
-MIN_GEMM_ROWS = 4  # rows of every product, at least (see the module docstring)
+GEMM_ROWS = 16  # query rows of every product (see the module docstring)
+GEMM_COLUMNS = 16  # score products are whole blocks of this many columns (see `_scores`)
 SLICE_TOKENS = 128  # the longest inner dimension of a weighted sum's product
 MIN_WIDTH = 16  # columns of every softmax, at least
 
@@ -165,6 +169,28 @@ def _tile_bounds(pages: int, page_size: int) -> list[tuple[int, int]]:
     return list(zip(starts, [*starts[1:], pages], strict=True))
 
 
+def _products(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """torch.bmm(a, b) for a [X, M, K] with M a multiple of GEMM_ROWS, GEMM_ROWS rows of a per call."""
+    rows = a.shape[1]
+    assert rows % GEMM_ROWS == 0, rows
+    if rows == GEMM_ROWS:
+        return torch.bmm(a, b)
+    return torch.cat([torch.bmm(a[:, r : r + GEMM_ROWS], b) for r in range(0, rows, GEMM_ROWS)], dim=1)
+
+
+def _scores(q3: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """q3 [X, M, D] @ keys [X, D, W] with every product GEMM_COLUMNS-aligned: MKL computes the last W % 16 columns
+    of a product in another order than whole blocks of 16 (its AVX2 path), so a ragged width's last columns come
+    from a product of the last GEMM_COLUMNS columns instead. W >= MIN_WIDTH."""
+    width = keys.shape[2]
+    tail = width % GEMM_COLUMNS
+    if tail == 0:
+        return _products(q3, keys)
+    whole = _products(q3, keys[:, :, : width - tail])
+    last = _products(q3, keys[:, :, width - GEMM_COLUMNS :])[:, :, GEMM_COLUMNS - tail :]
+    return torch.cat((whole, last), dim=2)
+
+
 def _hidden(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None) -> torch.Tensor:
     """[B, 1, R, 1, W] True where the query at q_pos [B, R] may not see the key at k_pos [B, W]."""
     return (~win.visible(q_pos, k_pos, window))[:, None, :, None, :]
@@ -179,7 +205,8 @@ class TorchAttentionBackend(AttentionBackend):
         self._plan: _Plan | None = None
         self._layout: BatchLayout | None = None
         group = (self.num_heads // self.num_kv_heads) if self.num_heads and self.num_kv_heads else 1
-        self._min_rows = -(-MIN_GEMM_ROWS // group)  # query rows per sequence that make a product of 4 rows
+        # query rows per sequence come in steps of this many, so that rows x group fills whole products
+        self._row_step = GEMM_ROWS // math.gcd(GEMM_ROWS, group)
 
     def begin_step(self, layout: BatchLayout) -> None:
         starts = [0]
@@ -193,6 +220,10 @@ class TorchAttentionBackend(AttentionBackend):
             write_rows[w] = torch.cat((k_rows, k_rows + read.page_size))
         self._plan = _Plan(write_rows, windows)
         self._layout = layout
+
+    def _rows(self, n: int) -> int:
+        """Query rows per sequence for n real ones: the fewest >= n that fill whole products of GEMM_ROWS rows."""
+        return -(-n // self._row_step) * self._row_step
 
     def _window_plan(self, layout: BatchLayout, window: int | None, starts: list[int]) -> list[_Gather]:
         device = layout.positions.device
@@ -221,7 +252,7 @@ class TorchAttentionBackend(AttentionBackend):
         pages, first, width = _table(layout, seqs, skip, device)
         news = [layout.num_new[b] for b in seqs]
         totals = [layout.seq_lens[b] for b in seqs]
-        rows = max(max(news), self._min_rows)
+        rows = self._rows(max(news))
         q_index = [starts[b] + (r if r < n else 0) for b, n in zip(seqs, news, strict=True) for r in range(rows)]
         hidden = None
         cut = any(win.first_visible(t - n, window) > f for t, n, f in zip(totals, news, first, strict=True))
@@ -252,7 +283,7 @@ class TorchAttentionBackend(AttentionBackend):
         out = []
         for r0 in range(0, n, per_block):
             r1 = min(n, r0 + per_block)
-            rows = max(r1 - r0, self._min_rows)
+            rows = self._rows(r1 - r0)
             pos = [total - n + min(r, r1 - 1) for r in range(r0, r0 + rows)]  # padding repeats the last real row
             lo = win.first_visible(pos[0], window) - g.first
             c0 = slices(0, lo + 1, ps)[-1][0] if lo > 0 else 0  # the slice its first visible column is in
@@ -356,12 +387,12 @@ class TorchAttentionBackend(AttentionBackend):
         q4 = q4.mul_(self.attention.scale or 1.0 / math.sqrt(dim)).view(b, kvh, rows * group, dim)
         q3 = q4.view(b * kvh, rows * group, dim)  # batched matmuls on 3-D views: torch.matmul's reshapes cost more
         if not tiled:
-            scores = torch.bmm(q3, k0.flatten(0, 1).transpose(1, 2)).view(b, kvh, rows * group, width)
+            scores = _scores(q3, k0.flatten(0, 1).transpose(1, 2)).view(b, kvh, rows * group, width)
         else:
             scores = torch.empty(b, kvh, rows * group, width, dtype=torch.float32, device=q.device)
             for c, kt in ((c_first, k0), *key_tiles):
                 tile = scores[..., c : c + kt.shape[2]]
-                tile.copy_(torch.bmm(q3, kt.flatten(0, 1).transpose(1, 2)).view_as(tile))
+                tile.copy_(_scores(q3, kt.flatten(0, 1).transpose(1, 2)).view_as(tile))
         if self.attention.soft_cap is not None:
             cap = self.attention.soft_cap
             scores = torch.tanh(scores / cap).mul_(cap)
@@ -374,7 +405,7 @@ class TorchAttentionBackend(AttentionBackend):
             parts = spec.slices if not tiled else slices(c, c + vt.shape[2], layer.page_size)
             v3 = vt.flatten(0, 1)
             for a, e in parts:
-                part = torch.bmm(probs[:, :, a:e], v3[:, a - c : e - c])
+                part = _products(probs[:, :, a:e], v3[:, a - c : e - c])
                 out = part if out is None else out.add_(part)
         assert out is not None
         # [B, KVH, rows, G, D] -> the real rows [n, H, D] in q's dtype

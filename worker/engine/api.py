@@ -58,6 +58,7 @@ class EngineStats:
     disk_hit_tokens: int = 0
     kv_dtype: str = ""  # the KV pages' precision (radixcache.kv_dtypes)
     kv_bytes_per_token: int = 0  # what one token's K/V costs in a page, scales included
+    rows_exact: bool = True  # the start-up row check passed (False: speculation was turned off)
 
     @property
     def hit_rate(self) -> float:
@@ -107,6 +108,8 @@ class ModelFacts:
     kv_bytes_per_token: int = 0
     kv_demote: str = ""
     kv_demoted_pages: int = 0
+    rows_exact: bool = True  # the start-up row check (worker/engine/row_check.py) passed
+    row_check: str = ""  # what it compared, or what differed
 
     @property
     def kv_tokens(self) -> int:

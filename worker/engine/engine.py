@@ -48,6 +48,7 @@ from radixcache.worker.engine.api import (
 from radixcache.worker.engine.checks import check_engine_request
 from radixcache.worker.engine.config import EngineConfig
 from radixcache.worker.engine.request import Constraint, ErrorKind, FinishReason, Request, RequestOutput
+from radixcache.worker.engine.row_check import RowCheck
 from radixcache.worker.engine.samples import RequestSamples
 from radixcache.worker.engine.scheduler import Chunk, Scheduler
 from radixcache.worker.engine.sequence import SeqStatus, Sequence
@@ -146,6 +147,8 @@ class Engine:
         self._accepting = True
         self._stop_at: float | None = None  # set by shutdown: abort what is left after this moment
         self._steps = 0
+        # Engine.start's check of the model's rows (worker/engine/row_check.py); assumed until it runs.
+        self.row_check = RowCheck(True, "not run yet", checked=False)
 
     # --- facts the server needs -------------------------------------------------------------------------------
     @property
@@ -200,9 +203,23 @@ class Engine:
             raise RuntimeError("engine already started")
         with torch.inference_mode():
             self.runner.warm_up(self.cache)
+            self.row_check = self.runner.check_rows(self.cache, self.vocab_size, self.context_length)
+        if not self.row_check.exact:
+            self._rows_not_exact()
         self.start_tiers()
         self._thread = threading.Thread(target=self._loop, name="radixcache-engine", daemon=True)
         self._thread.start()
+
+    def _rows_not_exact(self) -> None:
+        """A token's logits depend on its step here: turn off what promises otherwise (speculation), say why once."""
+        was = "speculation turned off" if self.speculator is not None else "speculation was off already"
+        self.speculator = None
+        self.scheduler.propose = None
+        log.warning(
+            "row check failed on this machine (%s): %s; greedy output may differ with the batch a request lands in "
+            "(GetModelInfo rows_exact=false, radixcache_rows_exact 0)",
+            self.row_check.detail, was,
+        )  # fmt: skip
 
     def start_tiers(self) -> None:
         """Open the disk tier in the background (start() does it; call it yourself when driving step())."""
@@ -466,6 +483,7 @@ class Engine:
             **dataclasses.asdict(counts),
             kv_dtype=self.kv_dtype,
             kv_bytes_per_token=self.kv_bytes_per_token,
+            rows_exact=self.row_check.exact,
         )
 
     def _counts(self, seq: Sequence) -> TenantCounts:

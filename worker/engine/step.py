@@ -21,6 +21,7 @@ from radixcache.worker.attention import AttentionBackend, BatchLayout, SequenceS
 from radixcache.worker.attention.base import create_backend
 from radixcache.worker.engine.config import DEFAULT_KV_MEMORY, EngineConfig
 from radixcache.worker.engine.request import FinishReason
+from radixcache.worker.engine.row_check import RowCheck, check_rows
 from radixcache.worker.engine.sampling import apply_penalties, sample_row, token_logprob
 from radixcache.worker.engine.scheduler import Chunk
 from radixcache.worker.engine.sequence import Sequence
@@ -215,6 +216,10 @@ class ModelStep:
         seq.append_token(token, logprob)
         if seq.finish_reason is None and len(seq.tokens) >= self.context_length:
             seq.finish_reason = FinishReason.LENGTH
+
+    def check_rows(self, cache: BaseCache, vocab: int, context: int) -> RowCheck:
+        """The start-up row check on this model, pool and backend (worker/engine/row_check.py)."""
+        return check_rows(self.model, self.pool, cache, self.backend, vocab, context)
 
     def warm_up(self, cache: BaseCache) -> None:
         """A short prefill, a decode and a mixed batch (worker/engine/warmup.py), so kernels compile before any request.

@@ -22,6 +22,7 @@ from radixcache.worker.attention.layout import BatchLayout
 from radixcache.worker.model.config import ModelConfig
 from radixcache.worker.model.moe import SparseMoE, split_fused_experts
 from radixcache.worker.model.rope import cos_sin, rope_frequencies, rotate
+from radixcache.worker.model.row_tiles import by_row_tiles, row_tile
 
 
 class RMSNorm(nn.Module):
@@ -62,22 +63,6 @@ def soft_cap(x: torch.Tensor, cap: float | None) -> torch.Tensor:
     return x if cap is None else torch.tanh(x / cap) * cap
 
 
-def bucket_rows(rows: int) -> int:
-    """The row count a half-precision CPU GEMM is given for `rows` rows: a power of two up to 64, then a multiple of
-    32 (of 256 past 1,024). About 35 sizes for any step up to 2,048 tokens, each at most 2x (1.5x past 64) the rows."""
-    if rows <= 64:
-        return 1 << max(0, rows - 1).bit_length()
-    step = 32 if rows <= 1024 else 256
-    return -(-rows // step) * step
-
-
-def zero_padded(x: torch.Tensor, rows: int) -> torch.Tensor:
-    """2-D x with zero rows appended up to `rows` (a GEMM row's result never depends on the other rows)."""
-    padded = x.new_zeros(rows, x.shape[1])
-    padded[: x.shape[0]] = x
-    return padded
-
-
 @torch.no_grad()
 def replace_linears(model: nn.Module, make: Callable[[nn.Linear], nn.Module], skip: nn.Module | None = None) -> int:
     """Replace every nn.Linear of `model` (but `skip`) by make(linear), in place. Returns how many."""
@@ -92,33 +77,14 @@ def replace_linears(model: nn.Module, make: Callable[[nn.Linear], nn.Module], sk
     return len(swaps)
 
 
-# float32 products on the CPU (MKL) get at least this many rows: MKL sums a product of one row, and of 2-3 rows, in
-# other orders than one of >= 4 rows (which agree), so a token's logits would depend on how many rows its step had.
-MIN_FLOAT32_ROWS = 4
-
-
 class Linear(nn.Linear):
-    """nn.Linear (same parameters and names) that rounds the row count of its CPU inputs up to a few sizes.
-
-    Why: torch runs half-precision CPU GEMMs through oneDNN, which builds and keeps a kernel (with its scratch and
-    reordered weights) per distinct input shape. Each engine step has its own token count, so every new count cost
-    memory that stayed: RSS grew ~380 MB over the first 1,000 requests of the default bf16 model. With the rows
-    rounded, the kernels are built once, during the first requests, and memory stays flat. float32 (MKL; here only
-    a tied lm_head, the other projections are packed: worker/model/packed.py) gets at least MIN_FLOAT32_ROWS too, so
-    a row's result never depends on the step's row count. The padded rows are zeros and are sliced off (a row's
-    result never depends on the other rows' values). CUDA is left alone.
-    """
+    """nn.Linear (same parameters and names) whose CPU products are computed a fixed number of rows at a time, so
+    a row's result never depends on the step it is in (worker/model/row_tiles.py). CUDA is left alone."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.shape[0]
         if x.device.type != "cpu" or x.dim() != 2:
             return super().forward(x)
-        padded_rows = bucket_rows(rows)
-        if x.dtype == torch.float32:
-            padded_rows = max(MIN_FLOAT32_ROWS, padded_rows)
-        if padded_rows == rows:
-            return super().forward(x)
-        return super().forward(zero_padded(x, padded_rows))[:rows]
+        return by_row_tiles(x, super().forward, row_tile(x.dtype))
 
 
 class Attention(nn.Module):

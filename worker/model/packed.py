@@ -5,12 +5,10 @@ multiplied, so a decode step of 4-16 sequences read the weights about twice: on 
 ~125M model's projections took 49 ms at 4 rows and 73 ms at 16 rows against 21 ms at one row. With the weight packed
 once at load time, oneDNN's kernel reads it once per call: 21 ms at 4 rows, 38 ms at 16 (the model's 49 shapes).
 A decode step (bench/decode_floor.py): b4 61 -> 29 ms, b16 107 -> 65-73 ms, b1 unchanged.
-oneDNN's blocked kernel is also the fastest at one row when it is handed 4 (the plain layout it picks for a single
-row is ~20% slower), so rows are padded to at least MIN_ROWS, and past that to the few sizes of `bucket_rows`
-(oneDNN keeps a kernel per input shape; unbounded shapes would grow memory, as they did for bf16).
-
-The padded rows are zeros and are sliced off: a row's result never depends on the others. The results are the same
-float32 products in another summation order (parity with transformers stays within test_model_parity's 1e-4).
+Rows are multiplied a fixed number at a time (worker/model/row_tiles.py: a row's result never depends on its
+step); oneDNN's blocked kernel costs the same at 16 rows as at one for these weights (the plain layout it picks for
+a single row is ~20% slower than the blocked one handed 4). The results are the same float32 products in another
+summation order (parity with transformers stays within test_model_parity's 1e-4).
 """
 
 from __future__ import annotations
@@ -18,9 +16,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from radixcache.worker.model.llama import bucket_rows, replace_linears, zero_padded
+from radixcache.worker.model.llama import replace_linears
+from radixcache.worker.model.row_tiles import by_row_tiles, row_tile
 
-MIN_ROWS = 4  # rows handed to the kernel at least (see the module docstring)
 PACK_ROWS_HINT = 16  # the row count the layout is chosen for: any of 2-64 gives the same blocked layout
 
 
@@ -42,12 +40,10 @@ class PackedLinear(nn.Module):
         self.bias = None if bias is None else nn.Parameter(bias.detach().float().clone(), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.shape[0]
-        padded_rows = max(MIN_ROWS, bucket_rows(rows))
-        if padded_rows != rows:
-            x = zero_padded(x, padded_rows)
-        y = torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
-        return y if padded_rows == rows else y[:rows]
+        return by_row_tiles(x, self._product, row_tile(torch.float32))
+
+    def _product(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
     @torch.no_grad()
     def dense_weight(self) -> torch.Tensor:

@@ -26,9 +26,12 @@ import torch
 from torch import nn
 
 from radixcache.worker.model.llama import replace_linears
+from radixcache.worker.model.row_tiles import by_row_tiles
 
 WEIGHT_FORMATS = ("full", "int8")
 INT8_KERNELS = ("fbgemm", "weight-only")
+# Rows of every CPU int8 product (worker/model/row_tiles.py: a row's result never depends on its step).
+INT8_ROW_TILE = 16
 
 
 @functools.cache
@@ -116,14 +119,19 @@ class Int8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         rows = x.reshape(-1, shape[-1])
-        if self.kernel == "fbgemm":
-            y = _per_row_grid_product(rows.float(), self._packed, self._guard)
+        if rows.device.type == "cpu":
+            y = by_row_tiles(rows, self._product, INT8_ROW_TILE)
         else:
-            y = torch.ops.aten._weight_int8pack_mm(rows.to(torch.bfloat16), self.qweight, self.scale)
+            y = self._product(rows)
         y = y.to(x.dtype)
         if self.bias is not None:
             y = y + self.bias.to(x.dtype)
         return y.view(*shape[:-1], self.out_features)
+
+    def _product(self, rows: torch.Tensor) -> torch.Tensor:
+        if self.kernel == "fbgemm":
+            return _per_row_grid_product(rows.float(), self._packed, self._guard)
+        return torch.ops.aten._weight_int8pack_mm(rows.to(torch.bfloat16), self.qweight, self.scale)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 per-channel, {self.kernel}"
