@@ -63,7 +63,7 @@ def hf_config(arch: str, **overrides: object):  # noqa: ANN201 (transformers con
     """A tiny transformers config of `arch` (hidden 64, 2 layers, 4 heads over 2 KV heads), each exercising what its
     architecture adds: Mistral slides every layer over WINDOW tokens; Gemma 2/3 interleave a sliding and a global
     layer with a query_pre_attn_scalar != head_dim (Gemma 2 soft-caps tightly enough to matter, Gemma 3 scales the
-    global RoPE linearly); Phi-3 has longrope with a partial rotary."""
+    global RoPE linearly); Phi-3 has longrope with a partial rotary; Qwen3-MoE has 3 layers, the middle one dense."""
     import transformers
 
     common = dict(
@@ -102,6 +102,13 @@ def hf_config(arch: str, **overrides: object):  # noqa: ANN201 (transformers con
     elif arch == "Qwen3ForCausalLM":
         common.update(head_dim=32, tie_word_embeddings=True, rope_theta=1e6)  # q/k norms over head_dim 32
         cls = transformers.Qwen3Config
+    elif arch == "Qwen3MoeForCausalLM":
+        # 8 experts, top 2 renormalised; layer 1 dense (mlp_only_layers), so both MLP kinds load and run.
+        common.update(
+            num_hidden_layers=3, head_dim=16, rope_theta=1e6, num_experts=8, num_experts_per_tok=2,
+            moe_intermediate_size=32, norm_topk_prob=True, mlp_only_layers=[1],
+        )  # fmt: skip
+        cls = transformers.Qwen3MoeConfig
     elif arch == "Gemma2ForCausalLM":
         common.update(GEMMA, attn_logit_softcapping=4.0, final_logit_softcapping=8.0)
         cls = transformers.Gemma2Config
@@ -145,6 +152,8 @@ def build_checkpoint(folder: Path, arch: str, seed: int = 0, **overrides: object
     torch.manual_seed(seed)
     cfg = hf_config(arch, **overrides)
     model = getattr(transformers, arch)(cfg).eval()
+    if hasattr(model, "set_experts_implementation"):
+        model.set_experts_implementation("eager")  # the reference: transformers' own expert-by-expert loop
     with torch.no_grad():
         for name, param in model.named_parameters():
             # Default init leaves biases at 0 and norms at 1: randomise them so loading them is tested too.
@@ -167,3 +176,18 @@ def hf_greedy(model, prompt: list[int], max_new: int) -> tuple[list[int], torch.
             tokens.append(int(logits[-1].argmax()))
         logits = model(torch.tensor([tokens[:-1]])).logits[0].float()
     return tokens[len(prompt) :], logits
+
+
+def copy_experts(theirs, ours) -> None:  # noqa: ANN001 (a transformers MoE module, our SparseMoE)
+    """transformers' router and fused 3-D experts (and shared experts, if any) into our block."""
+    with torch.no_grad():
+        ours.gate.weight.copy_(theirs.gate.weight)
+        for e, expert in enumerate(ours.experts):
+            expert.gate_up_proj.weight.copy_(theirs.experts.gate_up_proj[e])
+            expert.down_proj.weight.copy_(theirs.experts.down_proj[e])
+        if ours.shared_experts is not None:
+            shared = theirs.shared_experts
+            ours.shared_experts.gate_up_proj.weight.copy_(torch.cat((shared.gate_proj.weight, shared.up_proj.weight)))
+            ours.shared_experts.down_proj.weight.copy_(shared.down_proj.weight)
+        if ours.e_score_correction_bias is not None:
+            ours.e_score_correction_bias.copy_(theirs.gate.e_score_correction_bias)

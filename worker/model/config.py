@@ -5,7 +5,8 @@ residual] -> norm -> LM head) with a few switches, which this dataclass names: q
 (1 + w) norms, norms around each sublayer's output ("sandwich", Gemma 2/3), scaled embeddings, the GLU activation,
 the attention scale, soft-capped attention and final logits (Gemma 2), per-layer attention kinds (global or
 sliding over the last `sliding_window` positions), RoPE variants (llama3, linear, longrope, partial rotary, a
-separate base for sliding layers).
+separate base for sliding layers), and per layer a dense gated MLP or a sparse mixture of experts (Qwen3-MoE:
+worker/model/moe.py).
 
 `ModelConfig.from_hf_config(config_json_dict)` reads a Hugging Face config.json of each supported architecture
 (worker/model/hf_config.py).
@@ -18,9 +19,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from radixcache.worker.model.hf_config import SUPPORTED_ARCHITECTURES, model_config_fields
+from radixcache.worker.model.moe import Routing
 
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 LAYER_KINDS = ("global", "sliding")
+MLP_KINDS = ("dense", "moe")
 # rope type -> the keys its rope_scaling dict must hold
 _ROPE_KEYS = {
     "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
@@ -59,6 +62,17 @@ class ModelConfig:
                    layers rotate like global ones.
     partial_rotary_factor: the share of each head's dimensions RoPE rotates (the leading ones; Phi-4-mini 0.75).
     eos_token_ids: every id that ends generation (HF allows a list).
+    num_experts / num_experts_per_tok / moe_intermediate_size / norm_topk_prob: a "moe" layer's MLP is
+                   num_experts gated MLPs of moe_intermediate_size; each token runs the num_experts_per_tok its
+                   router ranks highest (softmax in float32, then top-k), weighted by their probabilities
+                   (renormalised to sum to 1 with norm_topk_prob). 0 experts: every layer dense.
+    mlp_kinds:     per layer, "dense" (the gated MLP of intermediate_size) or "moe". None: every layer "moe" when
+                   num_experts > 0, else "dense".
+    moe_router:    how the experts are chosen and weighted: "softmax" (Qwen3-MoE), "deepseek_v2", "deepseek_v3"
+                   (worker/model/moe.py, Routing), with moe_n_group / moe_topk_group (group-limited choice; V2 only
+                   with moe_group_limited) and routed_scaling_factor.
+    shared_expert_intermediate_size: a "moe" layer also runs one gated MLP of this size on every token, added to
+                   the experts' sum (DeepSeek: moe_intermediate_size x n_shared_experts); 0: none.
     """
 
     vocab_size: int
@@ -91,6 +105,17 @@ class ModelConfig:
     final_logit_softcap: float | None = None
     rope_local_theta: float | None = None
     partial_rotary_factor: float = 1.0
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int | None = None
+    norm_topk_prob: bool = False
+    mlp_kinds: tuple[str, ...] | None = None
+    moe_router: str = "softmax"
+    moe_n_group: int = 1
+    moe_topk_group: int = 1
+    moe_group_limited: bool = False
+    routed_scaling_factor: float = 1.0
+    shared_expert_intermediate_size: int = 0
 
     def __post_init__(self) -> None:
         if self.architecture not in SUPPORTED_ARCHITECTURES:
@@ -122,6 +147,7 @@ class ModelConfig:
                 f"dimensions (>= 2) of head_dim {self.head_dim}"
             )
         self._check_layer_kinds()
+        self._check_mlp_kinds()
         self.rope_scaling = self._checked_rope_scaling(self.rope_scaling)
         self.eos_token_ids = tuple(int(t) for t in self.eos_token_ids)
         if self.bos_token_id is not None and not 0 <= self.bos_token_id < self.vocab_size:
@@ -144,6 +170,40 @@ class ModelConfig:
         if self.sliding_window is not None and self.sliding_window >= self.max_position_embeddings:
             # A window no sequence can outgrow never cuts: the layers are global (Phi-3.5's 262144 in a 128k context).
             self.layer_kinds, self.sliding_window = ("global",) * self.num_layers, None
+
+    def _check_mlp_kinds(self) -> None:
+        if self.mlp_kinds is None:
+            self.mlp_kinds = ("moe" if self.num_experts > 0 else "dense",) * self.num_layers
+        self.mlp_kinds = tuple(self.mlp_kinds)
+        if len(self.mlp_kinds) != self.num_layers:
+            raise ValueError(f"mlp_kinds has {len(self.mlp_kinds)} entries for {self.num_layers} layers")
+        unknown = sorted(set(self.mlp_kinds) - set(MLP_KINDS))
+        if unknown:
+            raise ValueError(f"unknown MLP kind {unknown[0]!r}; each layer's MLP is one of {', '.join(MLP_KINDS)}")
+        if "moe" not in self.mlp_kinds:
+            return
+        if self.num_experts < 1:
+            raise ValueError(f"num_experts must be >= 1 for a mixture-of-experts layer, got {self.num_experts}")
+        if not 1 <= self.num_experts_per_tok <= self.num_experts:
+            raise ValueError(
+                f"num_experts_per_tok must be in [1, num_experts={self.num_experts}], got {self.num_experts_per_tok}"
+            )
+        if self.moe_intermediate_size is None or self.moe_intermediate_size < 1:
+            raise ValueError(f"moe_intermediate_size must be >= 1, got {self.moe_intermediate_size}")
+        if self.shared_expert_intermediate_size < 0:
+            raise ValueError(
+                f"shared_expert_intermediate_size must be >= 0, got {self.shared_expert_intermediate_size}"
+            )
+        _positive("routed_scaling_factor", self.routed_scaling_factor)
+        self.moe_routing.check_experts(self.num_experts)
+
+    @property
+    def moe_routing(self) -> Routing:
+        """How a "moe" layer routes (ValueError naming the field for a router it cannot run)."""
+        return Routing(
+            self.moe_router, self.num_experts_per_tok, self.norm_topk_prob, self.routed_scaling_factor,
+            self.moe_n_group, self.moe_topk_group, self.moe_group_limited,
+        )  # fmt: skip
 
     def _checked_rope_scaling(self, scaling: dict[str, Any] | None) -> dict[str, Any] | None:
         if scaling is None:

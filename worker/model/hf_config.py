@@ -16,6 +16,7 @@ _MODEL_TYPE_TO_ARCH = {
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
     "gemma2": "Gemma2ForCausalLM",
     "gemma3_text": "Gemma3ForCausalLM",
     "phi3": "Phi3ForCausalLM",
@@ -99,11 +100,12 @@ def _layer_kinds(hf: dict[str, Any], window: int | None, default: Callable[[int]
 
 
 def _llama_family(hf: dict[str, Any], arch: str) -> dict[str, Any]:
-    """Llama, Mistral, Qwen2, Qwen3."""
+    """Llama, Mistral, Qwen2, Qwen3 (and Qwen3-MoE's attention: _qwen3_moe)."""
     theta, scaling = _rope(hf.get("rope_parameters"), hf.get("rope_scaling"), hf.get("rope_theta", 10000.0))
     window = None if arch == "LlamaForCausalLM" else hf.get("sliding_window")
     bias = bool(hf.get("attention_bias", False))
-    if arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM"):
+    qwen3 = arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
+    if arch == "Qwen2ForCausalLM" or qwen3:
         if not hf.get("use_sliding_window", False):
             window = None
         first_sliding = hf.get("max_window_layers", 28)
@@ -111,16 +113,42 @@ def _llama_family(hf: dict[str, Any], arch: str) -> dict[str, Any]:
     else:  # Mistral's window (v0.1) covers every layer; Llama has none
         kinds = _layer_kinds({**hf, "layer_types": None}, window, lambda i: True)
     return dict(
-        **_common(hf, arch, rms_norm_eps=1e-6 if arch == "Qwen3ForCausalLM" else 1e-5),
+        **_common(hf, arch, rms_norm_eps=1e-6 if qwen3 else 1e-5),
         hidden_act=_activation(hf),
         rope_theta=theta,
         rope_scaling=scaling,
         qkv_bias={"Qwen2ForCausalLM": True, "MistralForCausalLM": False}.get(arch, bias),
-        o_bias=bias if arch in ("LlamaForCausalLM", "Qwen3ForCausalLM") else False,
+        o_bias=bias if arch == "LlamaForCausalLM" or qwen3 else False,
         mlp_bias=bool(hf.get("mlp_bias", False)) if arch == "LlamaForCausalLM" else False,
-        qk_norm=arch == "Qwen3ForCausalLM",
+        qk_norm=qwen3,
         sliding_window=window,
         layer_kinds=kinds,
+    )
+
+
+def _qwen3_moe(hf: dict[str, Any], arch: str) -> dict[str, Any]:
+    """Qwen3-MoE: Qwen3's attention; the MLP of layer i is sparse unless i is in mlp_only_layers or (i + 1) is not
+    a multiple of decoder_sparse_step (transformers' rule). transformers 5 saves num_experts as num_local_experts."""
+    if hf.get("use_sliding_window", False):
+        raise ValueError("use_sliding_window: sliding-window attention is not supported for Qwen3-MoE")
+    experts = hf.get("num_experts", hf.get("num_local_experts", 128))
+    step = hf.get("decoder_sparse_step", 1)
+    if not isinstance(step, int) or step < 1:
+        raise ValueError(f"decoder_sparse_step must be an integer >= 1, got {step!r}")
+    dense_only = hf.get("mlp_only_layers") or []
+    if not isinstance(dense_only, list) or not all(isinstance(i, int) for i in dense_only):
+        raise ValueError(f"mlp_only_layers must list layer indices, got {dense_only!r}")
+    kinds = tuple(
+        "moe" if i not in dense_only and experts > 0 and (i + 1) % step == 0 else "dense"
+        for i in range(hf["num_hidden_layers"])
+    )
+    return dict(
+        **_llama_family(hf, arch),
+        num_experts=experts,
+        num_experts_per_tok=hf.get("num_experts_per_tok", 8),
+        moe_intermediate_size=hf.get("moe_intermediate_size", 768),
+        norm_topk_prob=bool(hf.get("norm_topk_prob", False)),
+        mlp_kinds=kinds,
     )
 
 
@@ -195,6 +223,7 @@ _READERS: dict[str, Callable[[dict[str, Any], str], dict[str, Any]]] = {
     "MistralForCausalLM": _llama_family,
     "Qwen2ForCausalLM": _llama_family,
     "Qwen3ForCausalLM": _llama_family,
+    "Qwen3MoeForCausalLM": _qwen3_moe,
     "Gemma2ForCausalLM": _gemma,
     "Gemma3ForCausalLM": _gemma,
     "Phi3ForCausalLM": _phi3,

@@ -1,5 +1,6 @@
-"""The decoder every supported architecture is (Llama 2/3, Mistral, Qwen2/3, Gemma 2/3, Phi-3), in plain torch,
-reading and writing K/V through a KVPool; ModelConfig's switches select each architecture's parts.
+"""The decoder every supported architecture is (Llama 2/3, Mistral, Qwen2/3, Qwen3-MoE, Gemma 2/3, Phi-3), in plain
+torch, reading and writing K/V through a KVPool; ModelConfig's switches select each architecture's parts (a layer's
+MLP is dense or a mixture of experts: worker/model/moe.py).
 
 One forward = one engine step over a BatchLayout: the step's new tokens of every sequence, flattened to [T].
 Parameter names follow Hugging Face's (model.embed_tokens, model.layers.N.self_attn.*, model.norm, lm_head) except
@@ -19,6 +20,7 @@ from radixcache.pool import KVLayer, KVPool
 from radixcache.worker.attention.base import AttentionBackend, AttentionOptions
 from radixcache.worker.attention.layout import BatchLayout
 from radixcache.worker.model.config import ModelConfig
+from radixcache.worker.model.moe import SparseMoE, split_fused_experts
 from radixcache.worker.model.rope import cos_sin, rope_frequencies, rotate
 from radixcache.worker.model.row_tiles import by_row_tiles, row_tile
 
@@ -121,13 +123,14 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """The gated MLP: down(act(gate(x)) * up(x)), act SiLU (SwiGLU) or tanh-approximated GELU (GeGLU, Gemma)."""
+    """The gated MLP: down(act(gate(x)) * up(x)), act SiLU (SwiGLU) or tanh-approximated GELU (GeGLU, Gemma); of
+    intermediate_size (default config.intermediate_size; a mixture-of-experts' experts: moe_intermediate_size)."""
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, intermediate_size: int | None = None) -> None:
         super().__init__()
-        self.intermediate = config.intermediate_size
-        self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, bias=config.mlp_bias)
-        self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
+        self.intermediate = intermediate_size or config.intermediate_size
+        self.gate_up_proj = Linear(config.hidden_size, 2 * self.intermediate, bias=config.mlp_bias)
+        self.down_proj = Linear(self.intermediate, config.hidden_size, bias=config.mlp_bias)
         self.gelu = config.hidden_act == "gelu_pytorch_tanh"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -147,7 +150,7 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, eps, plus_one)
         self.self_attn = Attention(config, layer_idx)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, plus_one)
-        self.mlp = MLP(config)
+        self.mlp = MLP(config) if config.mlp_kinds[layer_idx] == "dense" else sparse_moe(config)
         self.sandwich = config.sandwich_norms
         if self.sandwich:
             self.pre_feedforward_layernorm = RMSNorm(config.hidden_size, eps, plus_one)
@@ -166,6 +169,19 @@ class DecoderLayer(nn.Module):
         return x + self.post_feedforward_layernorm.forward(self.mlp.forward(self.pre_feedforward_layernorm.forward(x)))
 
 
+def sparse_moe(config: ModelConfig) -> SparseMoE:
+    """A "moe" layer's MLP: its experts, shared experts and router built of this module's row-exact Linear."""
+    shared = config.shared_expert_intermediate_size
+    return SparseMoE(
+        config.hidden_size,
+        config.num_experts,
+        config.moe_routing,
+        make_expert=lambda: MLP(config, config.moe_intermediate_size),
+        make_router=lambda n_in, n_out: Linear(n_in, n_out, bias=False),
+        shared=MLP(config, shared) if shared else None,
+    )
+
+
 class Backbone(nn.Module):
     """Holds the HF `model.*` submodules so parameter names match checkpoints."""
 
@@ -176,13 +192,14 @@ class Backbone(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.norm_plus_one)
 
 
-# HF name suffix -> (fused parameter suffix, index of the slice among the fused parts)
+# HF projection name -> (fused parameter name, index of the slice among the fused parts); a name matches as a whole
+# dotted component, so a mixture's experts (mlp.experts.E.gate_proj) fuse as the dense MLP does.
 _FUSED = {
-    "self_attn.q_proj": ("self_attn.qkv_proj", 0),
-    "self_attn.k_proj": ("self_attn.qkv_proj", 1),
-    "self_attn.v_proj": ("self_attn.qkv_proj", 2),
-    "mlp.gate_proj": ("mlp.gate_up_proj", 0),
-    "mlp.up_proj": ("mlp.gate_up_proj", 1),
+    "q_proj": ("qkv_proj", 0),
+    "k_proj": ("qkv_proj", 1),
+    "v_proj": ("qkv_proj", 2),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
 }
 
 
@@ -276,7 +293,7 @@ class CausalLM(nn.Module):
         named as in the checkpoint, so the caller can report anything missing; unknown names raise ValueError."""
         params = dict(self.named_parameters(remove_duplicate=False))
         filled: set[str] = set()
-        for name, tensor in tensors:
+        for name, tensor in split_fused_experts(tensors):  # fused 3-D experts are filled (and named) per expert
             if "rotary_emb." in name:
                 continue  # some checkpoints store inv_freq; it is recomputed from the config
             if name == "lm_head.weight" and self.config.tie_word_embeddings:
@@ -284,7 +301,7 @@ class CausalLM(nn.Module):
             target, part = name, None
             for hf, (fused, index) in _FUSED.items():
                 if f".{hf}." in name:
-                    target, part = name.replace(hf, fused), index
+                    target, part = name.replace(f".{hf}.", f".{fused}."), index
                     break
             if target not in params:
                 raise ValueError(f"checkpoint tensor {name!r} has no place in {self.config.architecture}")
@@ -308,7 +325,7 @@ class CausalLM(nn.Module):
                 continue
             for fused, hf_names in parts.items():
                 if f".{fused}." in name:
-                    names.update(name.replace(fused, hf) for hf in hf_names)
+                    names.update(name.replace(f".{fused}.", f".{hf}.") for hf in hf_names)
                     break
             else:
                 names.add(name)
@@ -318,6 +335,7 @@ class CausalLM(nn.Module):
         c = self.config
         if ".qkv_proj." in name:
             bounds = [0, c.q_size, c.q_size + c.kv_size, c.q_size + 2 * c.kv_size]
-        else:
-            bounds = [0, c.intermediate_size, 2 * c.intermediate_size]
+        else:  # gate_up_proj of the dense MLP or of an expert: two halves
+            half = param.shape[0] // 2
+            bounds = [0, half, 2 * half]
         return param[bounds[part] : bounds[part + 1]]
