@@ -42,12 +42,12 @@ def check_prefix_cache(
     check_tree(tree)
     expected = [0] * room.total_pages
     in_tree: dict[int, Node] = {}
-    for node in tree.nodes():
-        for page in node.pages:
+    for stored in tree.nodes():
+        for page in stored.pages:
             expected[page] += 1
-            in_tree[page] = node
-            assert (page >= num_pages) == node.demoted, (
-                f"node {node.id} ({'' if node.demoted else 'not '}demoted) stores page {page}"
+            in_tree[page] = stored
+            assert (page >= num_pages) == stored.demoted, (
+                f"node {stored.id} ({'' if stored.demoted else 'not '}demoted) stores page {page}"
             )
     locks: dict[int, int] = {}
     readers: dict[int, list[str]] = {}
