@@ -138,12 +138,20 @@ def check_room(prompt_tokens: int, max_tokens: int, context_length: int) -> None
 
 
 class EngineGeometry(Protocol):
-    """The facts of a host (an Engine, a FleetEngine) that decide what it can take."""
+    """The facts of a host (an Engine, a FleetEngine) that decide what it can take (read only: attributes or
+    properties)."""
 
-    vocab_size: int
-    context_length: int
-    page_size: int
-    num_pages: int
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def context_length(self) -> int: ...
+
+    @property
+    def page_size(self) -> int: ...
+
+    @property
+    def num_pages(self) -> int: ...
 
 
 def check_engine_request(request: Request, engine: EngineGeometry) -> None:

@@ -29,7 +29,7 @@ from radixcache.host_tier import HostTier
 from radixcache.page_data import PageData
 from radixcache.pool import KVPool
 from radixcache.store import Codec, DiskStore
-from radixcache.tier import TierChain
+from radixcache.tier import PageTier, TierChain
 from radixcache.tiering import STEP_WRITE_BUDGET_S, LoadJob, TierLink
 from radixcache.worker.engine.config import EngineConfig
 from radixcache.worker.model.loader import LoadedModel
@@ -44,7 +44,7 @@ def build_tier_link(pool: KVPool, config: EngineConfig, notify: Callable[[], Non
     """The cache's TierLink for `config`, with its host tier (if any); None when no tier is configured."""
     if config.kv_disk_dir is None and config.kv_host_bytes is None:
         return None
-    tiers = []
+    tiers: list[PageTier] = []
     if config.kv_host_bytes is not None:
         tiers.append(HostTier(config.kv_host_bytes, pin=pool.device.type == "cuda"))
     through = config.kv_disk_dir is not None and config.kv_disk_write == "through"
