@@ -760,7 +760,9 @@ class RadixTree:
             while top.parent is not None:
                 parts.append(top.key)
                 top = top.parent
-            yield PinRecord(roots[id(top)], b"".join(reversed(parts)), node.pin_until)  # type: ignore[arg-type]
+            until = node.pin_until
+            assert until is not None, f"node {node.id} is listed as pinned without a pin"
+            yield PinRecord(roots[id(top)], b"".join(reversed(parts)), until)
 
     # ---- introspection -------------------------------------------------------------------------------------
     def items(self) -> Iterator[tuple[str, bytes, int]]:

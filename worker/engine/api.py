@@ -49,10 +49,10 @@ class EngineStats:
     cached_tokens: int  # of those, served from the cache
     generated_tokens: int
     inflight_shared_tokens: int  # cached tokens that a still-running request had just computed
+    cache: CacheStats = field(repr=False)  # the cache's own figures (the same tenant's, or the worker's)
     draft_tokens: int = 0  # speculation: draft tokens verified
     accepted_draft_tokens: int = 0  # of those, the ones the sampler drew too (emitted without a step of their own)
     draft_steps: int = 0  # sequence-steps that verified a draft
-    cache: CacheStats = field(repr=False, default=None)  # type: ignore[assignment]
     # Of the cache's hit tokens (every admission), those loaded back from host memory / the disk (the rest: device)
     host_hit_tokens: int = 0
     disk_hit_tokens: int = 0

@@ -124,7 +124,8 @@ class EngineTiers:
             started = time.monotonic()
             parts = fingerprint_parts(loaded, pool=pool, page_size=c.page_size, device=str(device), backend=backend)
             digest = weights_digest(loaded, remember_in=c.kv_disk_dir)
-            folder = store_folder(c.kv_disk_dir, parts, digest)  # type: ignore[arg-type]
+            assert c.kv_disk_dir is not None, "the disk is opened only where one is configured"
+            folder = store_folder(c.kv_disk_dir, parts, digest)
             store = DiskStore(
                 folder, c.kv_disk_bytes, codec=PAGE_CODEC, queue_pages=c.kv_disk_queue_pages, kv_dtype=pool.kv_dtype
             ).start()

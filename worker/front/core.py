@@ -319,8 +319,8 @@ class FrontCore:
         engine = self.ready()
         checked = self.check_prompt(prompt)
         try:
-            remembered = tenant is not None and checked.kind == "messages"
-            replies = self.memory.lookup(tenant, prompt.messages) if remembered else {}  # type: ignore[arg-type]
+            messages = prompt.messages if checked.kind == "messages" else None
+            replies = self.memory.lookup(tenant, messages) if tenant is not None and messages is not None else {}
             ids, text = await render_off_loop(checked, engine.tokenizer, replies)
             check_prompt_ids(checked, ids, self.limits, fit=fit)
         except InvalidArgument as e:
