@@ -1,11 +1,10 @@
 """The caches' integrity check, kept apart from the operations it verifies (as radixcache.tree_check is the tree's).
 
-Invariants (DESIGN.md, "Invariants of the cache"): every page is free or held and its refcount is its holders (the
-tree node that stores it, plus one per lease that reads it, plus one for a lease's pending copy source); every
-lease has an owner, is live, reads only pages under its lock (in its own namespace), and never a demoted page; each
-node's recorded locks are the leases that lock it; the window parts and the tiers hold their own invariants; with
-`idle` (no request running) a live lease is a leak. Every failure is an AssertionError naming the broken invariant
-and the owner of any lease involved.
+Invariants checked: every page is free or held and its refcount is its holders (the tree node that stores it, plus one
+per lease that reads it, plus one for a lease's pending copy source); every lease has an owner, is live, reads only
+pages under its lock (in its own namespace), and never a demoted page; each node's recorded locks are the leases that
+lock it; the window parts and the tiers hold their own invariants; with `idle` (no request running) a live lease is a
+leak. Every failure is an AssertionError naming the broken invariant and the owner of any lease involved.
 """
 
 from __future__ import annotations

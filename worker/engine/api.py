@@ -1,4 +1,4 @@
-"""The typed engine interface every host implements and every front calls (DESIGN.md, "Fronts, engine, hosts").
+"""The typed engine interface every host implements and every front calls: many fronts, one engine interface.
 
 Hosts: `worker.engine.Engine` (one worker: the engine thread over one KV pool) and `cluster.fleet.FleetEngine` (a
 fleet: each request routed to a replica). Fronts (the gRPC servicer, the OpenAI app, the cluster ingress) reach
