@@ -39,7 +39,7 @@ from radixcache.worker.engine.api import (
     ModelFacts,
     RequestTooLargeError,
 )
-from radixcache.worker.engine.checks import CONSTRAINT, PROMPT, ContextOverflow, FieldPath, InvalidArgument
+from radixcache.worker.engine.field_errors import CONSTRAINT, PROMPT, ContextOverflow, FieldPath, InvalidArgument
 from radixcache.worker.engine.request import ErrorKind, FinishReason, Request, SamplingParams
 from radixcache.worker.engine.stream import EngineStream, engine_request_id
 from radixcache.worker.engine.structured import ConstraintError
