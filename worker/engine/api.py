@@ -10,10 +10,13 @@ called from any thread (the engine's own) and must not block either (EngineStrea
 `flush_cache`, `pin`, `unpin` and `compile_constraint` may block for milliseconds: fronts call them from a worker
 thread.
 
-Refusals at submit, raised before anything is allocated: `InvalidArgument` (worker/front/validation.py: a field out of
-range, named), `RequestTooLargeError` (can never fit in the KV pool), `DuplicateRequestError` (the id is live),
-`EngineStoppedError` (draining or stopped). A request that was accepted ends with exactly one final output per
-sample (RequestOutput.finish_reason set; FinishReason.ERROR with an ErrorKind for failures after acceptance).
+Refusals at submit, raised before anything is allocated: `InvalidArgument` (a field out of range, named by its
+FieldPath), raised by the engine's rules in worker/engine/checks.py (check_engine_request: the prompt's ids and length,
+stop token ids, room in the context; SamplingParams' value rules raise it earlier, when a request is made; the class is
+in worker/engine/field_errors.py); `RequestTooLargeError` (can never fit in the KV pool, checks.py too);
+`DuplicateRequestError` (the id is live); `EngineStoppedError` (draining or stopped). A request that was accepted ends
+with exactly one final output per sample (RequestOutput.finish_reason set; FinishReason.ERROR with an ErrorKind for
+failures after acceptance).
 """
 
 from __future__ import annotations
