@@ -20,9 +20,12 @@ $(STAMP): pyproject.toml
 test: setup
 	$(PY) -m pytest -q -p no:cacheprovider
 
+# The type check (mypy, [tool.mypy] in pyproject.toml) covers the cache core and the engine, speculation and front
+# rooms; scripts/typecheck.py lays out the installed package names for it first.
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(PY) scripts/typecheck.py
 
 # Regenerates the gRPC stubs from proto/; proto-check fails if the committed stubs drifted from the .proto files.
 proto: setup

@@ -1,11 +1,11 @@
 """FleetEngine: the engine interface (worker/engine/api.py's EngineLike) over N Ray Serve replicas.
 
-The front core of a single worker runs unchanged on top of it (DESIGN.md, "Fronts, engine, hosts"): it validates,
-tokenizes, compiles constraints and streams exactly as on one worker, while each call here goes through a
-DeploymentHandle. Generate is
-routed by the handle's CacheAwareRouter to one replica; the fleet-wide calls (stats, flush, pin, unpin, abort) are
-broadcast to every replica (Serve's `handle.broadcast`), each answering for itself. Everything runs on the ingress
-replica's asyncio loop, except the calls the servicer makes from a worker thread, which hop onto that loop.
+The front core of a single worker (worker/front/core.py) runs unchanged on top of it, as it runs over an Engine: it
+validates, tokenizes, compiles constraints and streams exactly as on one worker, while each call here goes through a
+DeploymentHandle. Generate is routed by the handle's CacheAwareRouter to one replica; the fleet-wide calls (stats,
+flush, pin, unpin, abort) are broadcast to every replica (Serve's `handle.broadcast`), each answering for itself.
+Everything runs on the ingress replica's asyncio loop, except the calls the servicer makes from a worker thread, which
+hop onto that loop.
 
 Faults: a replica that dies mid-stream ends the request with ErrorKind.UNAVAILABLE; one that dies before streaming
 anything is retried once on another replica (nothing was sent to the client, so the retry is invisible).

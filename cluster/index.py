@@ -1,7 +1,7 @@
 """The router's view of what each replica caches: exact pages from cache events, plus prompts routed but not stored yet.
 
 Pages are identified by the chained page hashes of radixcache.events, so a request's prompt is looked up by computing
-its own hash chain once and walking it per replica. Two sources feed the view (DESIGN.md, "Routing across replicas"):
+its own hash chain once and walking it per replica. Two sources feed the view:
 - events: exactly what the replica's tree holds (stored / removed / cleared, snapshot on (re)subscribe);
 - in flight: the pages of prompts this router sent to a replica and has not seen stored yet. Requests sent moments
   apart with the same new prefix must stick together before any event says the prefix is cached. In-flight entries

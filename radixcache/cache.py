@@ -142,15 +142,18 @@ class PrefixCache(BaseCache):
         """The match ends inside a cached page: lock exactly the pages read (cut the edges there: the rest of a long
         edge stays evictable) and take a private page to copy the matched slots into. Without one, the hit ends
         with the whole pages (or, where their window is gone, is given up)."""
-        tree = self.tree
-        if m.partial_node is m.node:
-            self._lock(lease, tree.cut(m.node, m.node_pages + 1))
+        tree, partial = self.tree, m.partial_node
+        assert partial is not None, "a partial hit names the node of its partial page"
+        if partial is m.node:
+            self._lock(lease, tree.cut(partial, m.node_pages + 1))
         else:
-            self._lock(lease, tree.cut(m.partial_node, 1))
+            self._lock(lease, tree.cut(partial, 1))
         try:
             (dst,) = self._alloc(1)
         except CacheFullError:
-            self._lock(lease, self._upper(lease._node, len(lease._node.pages) - 1))
+            locked = lease._node  # the node whose last page is the partial one
+            assert locked is not None
+            self._lock(lease, self._upper(locked, len(locked.pages) - 1))
             if not self.windows.keep_whole(lease, m):
                 self._lock(lease, None)
                 self.allocator.decref(lease.pages)
@@ -192,6 +195,7 @@ class PrefixCache(BaseCache):
         self.allocator.incref(new)
         lease.pages += new
         self._drop_src(lease)
+        assert m.node is not None, "the match holds pages"
         self._lock(lease, self.tree.cut(m.node, m.node_pages))
         lease._cover = len(lease.pages)
         self.counts.extended += len(new)

@@ -1,11 +1,10 @@
 """The caches' integrity check, kept apart from the operations it verifies (as radixcache.tree_check is the tree's).
 
-Invariants (DESIGN.md, "Invariants of the cache"): every page is free or held and its refcount is its holders (the
-tree node that stores it, plus one per lease that reads it, plus one for a lease's pending copy source); every
-lease has an owner, is live, reads only pages under its lock (in its own namespace), and never a demoted page; each
-node's recorded locks are the leases that lock it; the window parts and the tiers hold their own invariants; with
-`idle` (no request running) a live lease is a leak. Every failure is an AssertionError naming the broken invariant
-and the owner of any lease involved.
+Invariants checked: every page is free or held and its refcount is its holders (the tree node that stores it, plus one
+per lease that reads it, plus one for a lease's pending copy source); every lease has an owner, is live, reads only
+pages under its lock (in its own namespace), and never a demoted page; each node's recorded locks are the leases that
+lock it; the window parts and the tiers hold their own invariants; with `idle` (no request running) a live lease is a
+leak. Every failure is an AssertionError naming the broken invariant and the owner of any lease involved.
 """
 
 from __future__ import annotations
@@ -42,12 +41,12 @@ def check_prefix_cache(
     check_tree(tree)
     expected = [0] * room.total_pages
     in_tree: dict[int, Node] = {}
-    for node in tree.nodes():
-        for page in node.pages:
+    for stored in tree.nodes():
+        for page in stored.pages:
             expected[page] += 1
-            in_tree[page] = node
-            assert (page >= num_pages) == node.demoted, (
-                f"node {node.id} ({'' if node.demoted else 'not '}demoted) stores page {page}"
+            in_tree[page] = stored
+            assert (page >= num_pages) == stored.demoted, (
+                f"node {stored.id} ({'' if stored.demoted else 'not '}demoted) stores page {page}"
             )
     locks: dict[int, int] = {}
     readers: dict[int, list[str]] = {}

@@ -37,6 +37,8 @@ class Demotion(Eviction):
     """Room by demotion first, then eviction (see the module docstring). `alloc(n)`: the cache's own allocation of
     n fresh full-precision pages (making room as any allocation does), for what a hit brings back."""
 
+    demoted: PageAllocator  # always the demoted copies' ids here
+
     def __init__(
         self,
         tree: RadixTree,

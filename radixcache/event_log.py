@@ -154,7 +154,8 @@ class EventLog:
     def drain(self) -> list[CacheEvent | Snapshot | str]:
         """Everything recorded so far, in order: CacheEvents, Snapshots, and LOST where records were dropped."""
         self._due = False  # before taking records: one recorded after this schedules the next drain
-        records, out = self._records, []
+        records = self._records
+        out: list[CacheEvent | Snapshot | str] = []
         while records:
             record = records.popleft()
             kind = record[0]
@@ -261,7 +262,8 @@ class EventLog:
         return [PagesRemoved(ns, hashes, group_idx=WINDOW_GROUP) for ns, hashes in by_ns.items()]
 
     def _load(self, token: object, records: list, tier: list[TierRecord], window: set[int]) -> Snapshot:
-        self._pages = pages = {}
+        pages: dict[int, tuple[str, int]] = {}
+        self._pages = pages
         self._windowed = set()
         events = []
         for record in records:

@@ -167,6 +167,8 @@ class NoWindows(LeaseWindows):
 class WindowHolds(LeaseWindows):
     """The sliding layers' values live in window slots (`parts`), held as the module docstring says."""
 
+    parts: WindowParts  # always the slots here
+
     def __init__(self, parts: WindowParts) -> None:
         self.parts = parts
         self.page_size = parts.page_size

@@ -61,8 +61,10 @@ class LeafLRU:
         if node.ev_key == RECENT:
             del self.recent[node.id]
         else:
-            self.ordered.remove(node.ev_key)
-            del self.by_key[node.ev_key]
+            key = node.ev_key
+            assert key is not None, f"node {node.id} is not listed"
+            self.ordered.remove(key)
+            del self.by_key[key]
         node.ev_key = None
 
     def touch(self, node: Node) -> None:

@@ -12,9 +12,11 @@ from dataclasses import dataclass
 
 
 class Node:
-    __slots__ = ("key", "first", "pages", "parent", "children", "sorted_keys", "access", "lock", "own_locks")
-    __slots__ += ("pin_until", "pin_ref", "ev_key", "id", "evicted", "tail", "partial_children", "namespace")
-    __slots__ += ("demoted", "full_children")
+    __slots__ = (
+        "key", "first", "pages", "parent", "children", "sorted_keys", "access", "lock", "own_locks",
+        "pin_until", "pin_ref", "ev_key", "id", "evicted", "tail", "partial_children", "namespace",
+        "demoted", "full_children",
+    )  # fmt: skip
 
     def __init__(self, key: bytes, pages: list[int], parent: Node | None, node_id: int, access: int) -> None:
         self.key = key  # the edge's tokens, encoded: whole pages, except a leaf's last page may hold `tail` tokens
@@ -35,7 +37,7 @@ class Node:
         self.evicted = False
         self.tail = 0  # valid tokens in the last page when it is a partial tail (then a leaf), else 0
         self.partial_children = 0  # children whose only page is a partial tail (their `first` is shorter than a page)
-        self.namespace = parent.namespace if parent is not None else ""  # its root's (the tree sets roots' own)
+        self.namespace: str = parent.namespace if parent is not None else ""  # its root's (the tree sets roots' own)
         self.demoted = False  # its pages are demoted copies (cache --kv-demote): listed in the demoted LRU
         self.full_children = 0  # children that are not demoted (all of them, without demotion)
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -63,9 +64,10 @@ class PageData:
 
     def equal(self, other: PageData) -> bool:
         """Same precision and bit-identical tensors."""
-        if self.kv_dtype != other.kv_dtype or (self.scales is None) != (other.scales is None):
+        mine, theirs = self.scales, other.scales
+        if self.kv_dtype != other.kv_dtype or (mine is None) != (theirs is None):
             return False
-        same_scales = self.scales is None or _same(self.scales, other.scales)  # type: ignore[arg-type]
+        same_scales = mine is None or theirs is None or _same(mine, theirs)  # (both None, or neither)
         return _same(self.kv, other.kv) and same_scales
 
     def to_bytes(self) -> bytes:
@@ -97,17 +99,13 @@ class PageData:
             raise ValueError(f"KV page format version {version!r}; this build reads version {VERSION}")
         if not isinstance(kv_dtype, str) or specs[0] is None:
             raise ValueError("KV page header names no kv dtype or no kv tensor")
-        offset = start + size
-        tensors = []
-        for spec in specs:
-            if spec is None:
-                tensors.append(None)
-                continue
-            tensor, offset = _read_tensor(buf, offset, spec)
-            tensors.append(tensor)
+        kv, offset = _read_tensor(buf, start + size, specs[0])
+        scales = None
+        if specs[1] is not None:
+            scales, offset = _read_tensor(buf, offset, specs[1])
         if offset != len(buf):
             raise ValueError(f"KV page has {len(buf) - offset} bytes after its tensors")
-        return cls(kv_dtype, tensors[0], tensors[1])  # type: ignore[arg-type]
+        return cls(kv_dtype, kv, scales)
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -123,10 +121,11 @@ def _raw(tensor: torch.Tensor) -> bytes:
     return tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()
 
 
-def _read_tensor(buf: memoryview, offset: int, spec: object) -> tuple[torch.Tensor, int]:
+def _read_tensor(buf: memoryview, offset: int, spec: Any) -> tuple[torch.Tensor, int]:
+    # `spec` is whatever the header's JSON holds there: a wrong type shows as the TypeError caught below.
     try:
-        dtype = STORAGE_DTYPES[spec["dtype"]]  # type: ignore[index]
-        shape = [int(n) for n in spec["shape"]]  # type: ignore[index]
+        dtype = STORAGE_DTYPES[spec["dtype"]]
+        shape = [int(n) for n in spec["shape"]]
     except (KeyError, TypeError, ValueError):
         raise ValueError(f"KV page header has a bad tensor entry {spec!r}") from None
     if any(n < 0 for n in shape) or len(shape) > 8:
@@ -136,7 +135,7 @@ def _read_tensor(buf: memoryview, offset: int, spec: object) -> tuple[torch.Tens
         count *= n
     nbytes = count * torch.empty((), dtype=dtype).element_size()
     if offset + nbytes > len(buf):
-        raise ValueError(f"KV page is truncated: a {spec['dtype']} tensor of shape {shape} needs {nbytes} bytes")  # type: ignore[index]
+        raise ValueError(f"KV page is truncated: a {spec['dtype']} tensor of shape {shape} needs {nbytes} bytes")
     if nbytes == 0:
         return torch.empty(shape, dtype=dtype), offset
     raw = torch.frombuffer(bytearray(buf[offset : offset + nbytes]), dtype=torch.uint8)

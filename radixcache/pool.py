@@ -124,7 +124,8 @@ class KVLayer:
         values = _bytes(self.values).view(-1, kvh, self.values.shape[4])
         values.index_copy_(0, rows, torch.cat((_bytes(kq), _bytes(vq))))
         if self.scales is not None:
-            self.scales.view(-1, kvh).index_copy_(0, rows, torch.cat((ks, vs)))  # type: ignore[arg-type]
+            assert ks is not None and vs is not None, "a codec with per-token scales returns them"
+            self.scales.view(-1, kvh).index_copy_(0, rows, torch.cat((ks, vs)))
 
     def write(self, pages: torch.Tensor, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """write_rows for tokens addressed by (page [T], slot [T])."""
@@ -219,7 +220,8 @@ class PageArena:
         index = torch.tensor(pages, device=self.values.device)
         _bytes(self.values[layer]).index_copy_(0, index, torch.stack((_bytes(kq), _bytes(vq)), dim=1))
         if self.scales is not None:
-            self.scales[layer].index_copy_(0, index, torch.stack((ks, vs), dim=1))  # type: ignore[arg-type]
+            assert ks is not None and vs is not None, "a codec with per-token scales returns them"
+            self.scales[layer].index_copy_(0, index, torch.stack((ks, vs), dim=1))
 
     def copy_prefix(self, src: int, dst: int, num_slots: int) -> None:
         self.values[:, dst, :, :num_slots] = self.values[:, src, :, :num_slots]
@@ -253,7 +255,8 @@ class PageArena:
             raise ValueError(f"a {self.kv_dtype} page has no scales, and this one has some")
         self.values[:, page] = data.kv.to(self.values.device)
         if self.scales is not None:
-            self.scales[:, page] = data.scales.to(self.scales.device)  # type: ignore[union-attr]
+            assert data.scales is not None  # checked above
+            self.scales[:, page] = data.scales.to(self.scales.device)
 
 
 class KVPool:
@@ -452,7 +455,10 @@ class KVPool:
         """One layer as an attention backend reads and writes it (values, scales, codec); a sliding layer of a
         window-paged pool is addressed by window slots, not page ids."""
         sliding, local = self._where[index]
-        return self.window.layer(local) if sliding else self.main.layer(local)  # type: ignore[union-attr]
+        if not sliding:
+            return self.main.layer(local)
+        assert self.window is not None, "a layer is sliding here only in a window-paged pool"
+        return self.window.layer(local)
 
     def is_windowed(self, index: int) -> bool:
         """Whether layer `index` lives in the window arena (read through window slots)."""

@@ -246,7 +246,8 @@ class DiskStore:
             pending = self._pending.get(name)
         if pending is not None:
             if pending[0] != key:
-                return self._miss()
+                self._miss()
+                return None
             with self._lock:
                 self._stats.read_hits += 1
             return pending[1]
@@ -256,18 +257,22 @@ class DiskStore:
                 raw = f.read()
         except FileNotFoundError:
             self._forget(name)
-            return self._miss()
+            self._miss()
+            return None
         except OSError as e:
             log.warning("reading %s failed: %s", path, e)
-            return self._miss()
+            self._miss()
+            return None
         try:
             held, payload = decode_file(raw, key.page_hash, self.kv_dtype)
         except CorruptPage as e:
             log.warning("corrupt page file %s (%s): deleted, treated as a miss", path, e)
             self._delete(name, path, corrupt=True)
-            return self._miss()
+            self._miss()
+            return None
         if held != key:  # a whole page of another prefix under the same hash: a collision, not corruption
-            return self._miss()
+            self._miss()
+            return None
         victims = []
         with self._lock:
             self._stats.read_hits += 1
@@ -285,7 +290,8 @@ class DiskStore:
         except ValueError as e:  # whole and checksummed, yet not a payload this build reads: never served
             log.warning("page file %s holds no readable page (%s): deleted, treated as a miss", path, e)
             self._delete(name, path, corrupt=True)
-            return self._miss()
+            self._miss()
+            return None
 
     def flush(self, namespace: str | None = None) -> int:
         """Drop every page of `namespace` (None: of all namespaces), queued or written, by every worker sharing the
@@ -385,9 +391,9 @@ class DiskStore:
                     self._learn(entry, front=True)
                     learned += 1
             for name in before - mtimes.keys():  # indexed before the scan, gone now: deleted by another worker
-                entry = self._index.pop(name, None)
-                if entry is not None:
-                    self._bytes -= entry.size
+                gone = self._index.pop(name, None)
+                if gone is not None:
+                    self._bytes -= gone.size
                     self._changes.append(TierChange(MEDIUM_DISK, False, *name))
             victims = self._make_room(0)
         self._unlink(victims)
@@ -430,7 +436,6 @@ class DiskStore:
     def _miss(self) -> None:
         with self._lock:
             self._stats.read_misses += 1
-        return None
 
     def _learn(self, entry: _Entry, *, front: bool) -> None:
         """Index a file (lock held)."""

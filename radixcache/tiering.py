@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 from radixcache.cache_base import CacheFullError
 from radixcache.events import hash_key_pages, namespace_prefix
+from radixcache.host_tier import HostTier
 from radixcache.keys import TOKEN_BYTES, decode, encode
 from radixcache.tier import MEDIUM_HOST, LoadedPage, PageKey, TierChain, TierRecord
 
@@ -164,8 +165,8 @@ class TierLink:
     def add_disk(self, store: DiskStore) -> None:
         """Put `store` below the tiers there are (the host tier's evictions go to it). Call on the cache's thread."""
         for tier in self.tiers.tiers:
-            if tier.medium == MEDIUM_HOST and getattr(tier, "lower", None) is None:
-                tier.lower = store  # type: ignore[attr-defined]
+            if isinstance(tier, HostTier) and tier.lower is None:
+                tier.lower = store
         self.tiers.tiers.append(store)
         self.disk = store
         if self.write_through:  # what the tree stored before the disk opened is written through too
@@ -486,7 +487,7 @@ class TierLink:
             if not disk.contains(key) and disk.put_wait(key, self.pool.read_page(page), left):
                 queued += 1
         host = self.tiers.by_medium(MEDIUM_HOST)
-        for key, payload in host.items() if host is not None else ():  # type: ignore[attr-defined]
+        for key, payload in host.items() if isinstance(host, HostTier) else ():
             left = deadline - time.monotonic()
             if left <= 0:
                 break

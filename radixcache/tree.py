@@ -182,9 +182,9 @@ class RadixTree:
         used = 0 if node is None else len(node.pages) if used < 0 else used
         return Match(pages, node, used, pnode, ppage, k, ps)
 
-    def _neighbours(self, node: Node, rem: bytes) -> int:
-        """Index of `rem`'s place in node.sorted_keys, after dropping the stale entries right next to it."""
-        sk, children = node.sorted_keys, node.children
+    def _neighbours(self, node: Node, sk: list[bytes], rem: bytes) -> int:
+        """Index of `rem`'s place in `sk` (node.sorted_keys), after dropping the stale entries right next to it."""
+        children = node.children
         i = bisect_left(sk, rem)
         while i < len(sk) and sk[i] not in children:
             del sk[i]
@@ -195,9 +195,11 @@ class RadixTree:
 
     def _best_child(self, node: Node, rem: bytes) -> tuple[Node | None, int]:
         # In bytes order the longest common prefix with `rem` is a neighbour of rem's insertion point.
-        i = self._neighbours(node, rem)
+        sk = node.sorted_keys
+        assert sk is not None, "called only where the node keeps sorted keys"
+        i = self._neighbours(node, sk, rem)
         best, best_key = 0, None
-        for cand in node.sorted_keys[max(i - 1, 0) : i + 1]:
+        for cand in sk[max(i - 1, 0) : i + 1]:
             tokens = _common(rem, cand) // TOKEN_BYTES
             if tokens > best:
                 best, best_key = tokens, cand
@@ -228,7 +230,10 @@ class RadixTree:
         self._tick += 1
         tick = self._tick
         node.access = tick
-        off, segments, new_pages, replaced = 0, [], [], []
+        off = 0
+        segments: list[tuple[int, list[int]]] = []
+        new_pages: list[int] = []
+        replaced: list[int] = []
         while off < end:
             child = node.children.get(key[off : off + bpp])
             if child is None:
@@ -289,8 +294,9 @@ class RadixTree:
         replaced. Returns the node reached and the pages stored."""
         bpp = self.bpp
         rem = key[:bpp]
-        i = self._neighbours(parent, rem)
         sk = parent.sorted_keys
+        assert sk is not None, "called only where the parent keeps sorted keys"
+        i = self._neighbours(parent, sk, rem)
         # Sibling keys are prefix-free, so a sibling starting with rem is the first key at or after rem's place, and
         # a sibling that is a prefix of rem is the key right before it.
         if len(rem) < bpp and i < len(sk) and sk[i].startswith(rem):
@@ -315,10 +321,12 @@ class RadixTree:
                 self._split(node, keep)  # `node` keeps the lower part: the tail page alone
                 keep = 0
             self._set_demoted(node, False)
+        parent = node.parent
+        assert parent is not None, "a leaf with a tail is never a root"
         old = node.pages[keep]
         self._tail_left(old)
         if self._sink is not None:  # the tail was never reported; what covers it is new
-            after = node.pages[keep - 1] if keep else node.parent.pages[-1] if node.parent.pages else None
+            after = node.pages[keep - 1] if keep else parent.pages[-1] if parent.pages else None
             self._sink.stored(namespace, after, pages, key)
         node.key = node.key[: keep * bpp] + key
         node.pages = node.pages[:keep] + pages
@@ -332,9 +340,10 @@ class RadixTree:
             self.partial_pages -= 1
         node.tail = tail
         if keep == 0:  # its first page changed: re-key it in the parent
-            parent, first = node.parent, node.first
+            first = node.first
             del parent.children[first]
             sk = parent.sorted_keys
+            assert sk is not None, "a parent of a partial tail keeps sorted keys"
             i = bisect_left(sk, first)
             if i < len(sk) and sk[i] == first:
                 del sk[i]
@@ -387,6 +396,7 @@ class RadixTree:
         locks, which cover the whole path), the upper inherits the subtree counts and the pin."""
         bpp, cut = self.bpp, j * self.bpp
         parent = node.parent
+        assert parent is not None, "a root is never split"
         upper = Node(node.key[:cut], node.pages[:j], parent, next(self._ids), node.access)
         upper.lock, upper.pin_ref, upper.demoted = node.lock, node.pin_ref, node.demoted
         upper.first = node.first
@@ -543,9 +553,12 @@ class RadixTree:
         recent, ordered = lru.recent, lru.ordered
         while need > 0 and (recent or ordered):
             # The least recently used listed leaf, looked up inline: this loop is the eviction hot path.
-            node = recent[next(iter(recent))] if recent else None
-            if ordered and (node is None or ordered[0] < (node.access << ID_BITS) | node.id):
+            if not recent:
                 node = lru.by_key[ordered[0]]
+            else:
+                node = recent[next(iter(recent))]
+                if ordered and ordered[0] < (node.access << ID_BITS) | node.id:
+                    node = lru.by_key[ordered[0]]
             if node.children:  # a full-precision node above demoted leaves only: they go with it
                 gone = self._drop_subtree(node)
                 freed += gone
@@ -605,6 +618,7 @@ class RadixTree:
         if node.demoted:
             self.demoted_pages -= len(node.pages)
         parent = node.parent
+        assert parent is not None, "a root is never listed"
         del parent.children[node.first]
         parent.full_children -= not node.demoted
         if len(node.first) < self.bpp:
@@ -626,12 +640,12 @@ class RadixTree:
         if namespace is None:
             for node in list(self._pinned.values()):
                 self._set_pin(node, None)
-            held = [ns for ns, root in self._roots.items() if root.children]
+            holding = [ns for ns, root in self._roots.items() if root.children]
             freed: list[int] = []
             while dropped := self.evict(self.cached_pages) + self.evict(self.cached_pages, demoted=True):
                 freed += dropped  # each class's evictions may leave leaves of the other class behind
             if self._sink is not None:
-                for ns in held:
+                for ns in holding:
                     if not self._roots[ns].children:
                         self._sink.cleared(ns)
             return freed
@@ -650,7 +664,7 @@ class RadixTree:
             node = stack.pop()
             preorder.append(node)
             stack.extend(node.children.values())
-        freed: list[int] = []
+        freed = []
         for node in reversed(preorder):  # children before parents, so emptied parents go too
             if node.ev_key is not None:
                 freed += self._drop_leaf(node)
@@ -694,6 +708,7 @@ class RadixTree:
         node.demoted = demoted
         self._refresh(node)  # the rule differs between the classes
         parent = node.parent
+        assert parent is not None, "a root holds no pages to demote"
         parent.full_children -= sign
         if parent.parent is not None:
             self._refresh(parent)
@@ -733,6 +748,7 @@ class RadixTree:
             while stack:
                 node = stack.pop()
                 parent = node.parent
+                assert parent is not None, "every node below a root has a parent"
                 yield namespace, parent.pages[-1] if parent.pages else None, node.pages, node.key
                 stack.extend(node.children.values())
 
@@ -744,7 +760,9 @@ class RadixTree:
             while top.parent is not None:
                 parts.append(top.key)
                 top = top.parent
-            yield PinRecord(roots[id(top)], b"".join(reversed(parts)), node.pin_until)  # type: ignore[arg-type]
+            until = node.pin_until
+            assert until is not None, f"node {node.id} is listed as pinned without a pin"
+            yield PinRecord(roots[id(top)], b"".join(reversed(parts)), until)
 
     # ---- introspection -------------------------------------------------------------------------------------
     def items(self) -> Iterator[tuple[str, bytes, int]]:

@@ -46,7 +46,7 @@ def check_tree(tree: RadixTree) -> None:
             assert not any(b.startswith(a) for a, b in itertools.pairwise(firsts)), f"node {node.id}: keys nest"
             short = sum(len(first) < bpp for first in firsts)
             assert node.partial_children == short, f"node {node.id}: {node.partial_children} partial children"
-            locks, pins = node.own_locks, node.pin_until is not None
+            locks, pins = node.own_locks, int(node.pin_until is not None)
             full = sum(not child.demoted for child in node.children.values())
             assert node.full_children == full, f"node {node.id}: {node.full_children} full-precision children, {full}"
             for first, child in node.children.items():

@@ -52,6 +52,8 @@ OPENAI = [  # (path, body, param, a part of the message)
     ("/v1/completions", {"prompt": "hi", "max_tokens": 100}, "prompt", "KV pages"),  # TOO_LARGE (413), at submit
     ("/v1/responses", {"input": [USER | {"content": "\ud800"}]}, "input", "messages[0].content is not valid"),
     ("/v1/responses", {"input": "hi", "max_output_tokens": 600}, "max_output_tokens", "max_tokens must be in"),
+    ("/v1/chat/completions", {"messages": [USER], "presence_penalty": 3}, "presence_penalty",
+     "presence_penalty must be in [-2, 2]"),  # SamplingParams' own rule
 ]  # fmt: skip
 
 

@@ -382,3 +382,30 @@ def test_a_message_that_begins_with_its_field_can_be_worded_with_another_name() 
     with pytest.raises(InvalidArgument) as e:
         sampling_params(SamplingValues(n=99), LIMITS)  # SamplingParams' own words: kept as they are
     assert e.value.worded("anything") == str(e.value) == "n must be in [1, 16], got 99"
+
+
+def test_sampling_params_made_in_process_name_the_refused_field_themselves() -> None:
+    """SamplingParams, made by any caller (no front in between), refuses with InvalidArgument and its field: the first
+    of its rules, in the fields' order, that the values break; a value of the wrong type is named too."""
+    cases = [
+        ({"max_tokens": 0}, "max_tokens", "max_tokens must be >= 1, got 0"),
+        ({"temperature": math.nan}, "temperature", "temperature must be >= 0 and finite, got nan"),
+        ({"temperature": "hot"}, "temperature", "a sampling value has the wrong type: "),
+        ({"top_k": 0, "stop": ("",)}, "top_k", "top_k must be -1 (off) or >= 1, got 0"),
+        ({"top_p": 0.0}, "top_p", "top_p must be in (0, 1], got 0.0"),
+        ({"min_p": 1.5}, "min_p", "min_p must be in [0, 1], got 1.5"),
+        ({"seed": 2**64}, "seed", "seed must be in ["),
+        ({"stop_token_ids": (1,) * 257}, "stop_token_ids", "stop_token_ids allows at most 256 ids, got 257"),
+        ({"stop": ("x",) * 17}, "stop", "stop allows at most 16 strings, got 17"),
+        ({"stop": ("ok", "")}, "stop", "each stop string must have 1..256 characters, got 0"),
+        ({"top_logprobs": 21}, "top_logprobs", "top_logprobs must be in [0, 20], got 21"),
+        ({"n": 17}, "n", "n must be in [1, 16], got 17"),
+        ({"n": "two"}, "n", "a sampling value has the wrong type: "),
+        ({"presence_penalty": 2.5}, "presence_penalty", "presence_penalty must be in [-2, 2], got 2.5"),
+        ({"frequency_penalty": math.nan}, "frequency_penalty", "frequency_penalty must be in [-2, 2], got nan"),
+    ]
+    for values, field, says in cases:
+        with pytest.raises(InvalidArgument) as e:
+            SamplingParams(**values)
+        assert (str(e.value.field), str(e.value).startswith(says)) == (field, True), (values, str(e.value))
+    SamplingParams(top_k=-1, seed=2**64 - 1, stop=("x" * 256,) * 16, n=16, presence_penalty=-2.0)  # the bounds

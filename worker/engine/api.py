@@ -1,4 +1,4 @@
-"""The typed engine interface every host implements and every front calls (DESIGN.md, "Fronts, engine, hosts").
+"""The typed engine interface every host implements and every front calls: many fronts, one engine interface.
 
 Hosts: `worker.engine.Engine` (one worker: the engine thread over one KV pool) and `cluster.fleet.FleetEngine` (a
 fleet: each request routed to a replica). Fronts (the gRPC servicer, the OpenAI app, the cluster ingress) reach
@@ -10,10 +10,13 @@ called from any thread (the engine's own) and must not block either (EngineStrea
 `flush_cache`, `pin`, `unpin` and `compile_constraint` may block for milliseconds: fronts call them from a worker
 thread.
 
-Refusals at submit, raised before anything is allocated: `InvalidArgument` (worker/front/validation.py: a field out of
-range, named), `RequestTooLargeError` (can never fit in the KV pool), `DuplicateRequestError` (the id is live),
-`EngineStoppedError` (draining or stopped). A request that was accepted ends with exactly one final output per
-sample (RequestOutput.finish_reason set; FinishReason.ERROR with an ErrorKind for failures after acceptance).
+Refusals at submit, raised before anything is allocated: `InvalidArgument` (a field out of range, named by its
+FieldPath), raised by the engine's rules in worker/engine/checks.py (check_engine_request: the prompt's ids and length,
+stop token ids, room in the context; SamplingParams' value rules raise it earlier, when a request is made; the class is
+in worker/engine/field_errors.py); `RequestTooLargeError` (can never fit in the KV pool, checks.py too);
+`DuplicateRequestError` (the id is live); `EngineStoppedError` (draining or stopped). A request that was accepted ends
+with exactly one final output per sample (RequestOutput.finish_reason set; FinishReason.ERROR with an ErrorKind for
+failures after acceptance).
 """
 
 from __future__ import annotations
@@ -49,10 +52,10 @@ class EngineStats:
     cached_tokens: int  # of those, served from the cache
     generated_tokens: int
     inflight_shared_tokens: int  # cached tokens that a still-running request had just computed
+    cache: CacheStats = field(repr=False)  # the cache's own figures (the same tenant's, or the worker's)
     draft_tokens: int = 0  # speculation: draft tokens verified
     accepted_draft_tokens: int = 0  # of those, the ones the sampler drew too (emitted without a step of their own)
     draft_steps: int = 0  # sequence-steps that verified a draft
-    cache: CacheStats = field(repr=False, default=None)  # type: ignore[assignment]
     # Of the cache's hit tokens (every admission), those loaded back from host memory / the disk (the rest: device)
     host_hit_tokens: int = 0
     disk_hit_tokens: int = 0

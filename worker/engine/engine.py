@@ -125,7 +125,7 @@ class Engine:
         self.speculator: Speculator | None = None
         if self.config.speculate > 0:
             self.speculator = Speculator.over(
-                self.cache if self.config.cache_enabled else None,
+                self.cache if isinstance(self.cache, PrefixCache) else None,  # (CacheOff: the cache is off)
                 max_draft=self.config.speculate,
                 context_length=self.context_length,
             )

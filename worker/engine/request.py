@@ -1,14 +1,19 @@
 """What the server hands the engine (Request, SamplingParams) and what the engine streams back (RequestOutput).
 
 Validation lives here, in __post_init__, so every entry point (gRPC, in-process, benchmarks) rejects the same bad
-input with the same message, before anything is allocated. Messages name the field and the allowed range.
+input with the same message, before anything is allocated. Messages name the field and the allowed range;
+SamplingParams raises InvalidArgument carrying the field too (its `field`), a value of the wrong type included.
 """
 
 from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
+
+from radixcache.worker.engine.field_errors import FieldPath, InvalidArgument
 
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
@@ -65,33 +70,16 @@ class SamplingParams:
     speculate: bool = True  # False: no draft tokens for this request (same output either way; only speed differs)
 
     def __post_init__(self) -> None:
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if not (self.temperature >= 0.0 and math.isfinite(self.temperature)):  # NaN fails both comparisons
-            raise ValueError(f"temperature must be >= 0 and finite, got {self.temperature}")
-        if self.top_k < -1 or self.top_k == 0:
-            raise ValueError(f"top_k must be -1 (off) or >= 1, got {self.top_k}")
-        if not 0.0 < self.top_p <= 1.0:  # the closed range also rejects NaN and infinities
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if not 0.0 <= self.min_p <= 1.0:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
-        if self.seed is not None and not SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]:
-            raise ValueError(f"seed must be in [{SEED_RANGE[0]}, {SEED_RANGE[1]}], got {self.seed}")
-        if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
-            raise ValueError(f"stop_token_ids allows at most {MAX_STOP_TOKEN_IDS} ids, got {len(self.stop_token_ids)}")
-        if len(self.stop) > MAX_STOP_STRINGS:
-            raise ValueError(f"stop allows at most {MAX_STOP_STRINGS} strings, got {len(self.stop)}")
-        for s in self.stop:
-            if not s or len(s) > MAX_STOP_STRING_CHARS:
-                raise ValueError(f"each stop string must have 1..{MAX_STOP_STRING_CHARS} characters, got {len(s)}")
-        if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
-            raise ValueError(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs}")
-        if not 1 <= self.n <= MAX_SAMPLES:
-            raise ValueError(f"n must be in [1, {MAX_SAMPLES}], got {self.n}")
-        for name in ("presence_penalty", "frequency_penalty"):
-            value = getattr(self, name)
-            if not -MAX_PENALTY <= value <= MAX_PENALTY:  # also rejects NaN
-                raise ValueError(f"{name} must be in [-{MAX_PENALTY:g}, {MAX_PENALTY:g}], got {value}")
+        # One rule per field, in the fields' order: the first value refused is the one named. A value of the wrong
+        # type (from a loosely typed front, e.g. JSON) fails its rule's comparison and is named the same way.
+        for where, rule in _SAMPLING_RULES:
+            name = where.head
+            try:
+                problem = rule(name, getattr(self, name))
+            except TypeError as e:
+                raise InvalidArgument(f"a sampling value has the wrong type: {e}", where) from None
+            if problem is not None:
+                raise InvalidArgument(problem, where)
 
     @property
     def greedy(self) -> bool:
@@ -100,6 +88,76 @@ class SamplingParams:
     @property
     def penalized(self) -> bool:
         return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+
+def _max_tokens(name: str, v: int) -> str | None:
+    return f"{name} must be >= 1, got {v}" if v < 1 else None
+
+
+def _temperature(name: str, v: float) -> str | None:
+    ok = v >= 0.0 and math.isfinite(v)  # NaN fails both comparisons
+    return None if ok else f"{name} must be >= 0 and finite, got {v}"
+
+
+def _top_k(name: str, v: int) -> str | None:
+    return f"{name} must be -1 (off) or >= 1, got {v}" if v < -1 or v == 0 else None
+
+
+def _top_p(name: str, v: float) -> str | None:
+    return None if 0.0 < v <= 1.0 else f"{name} must be in (0, 1], got {v}"  # also refuses NaN and infinities
+
+
+def _min_p(name: str, v: float) -> str | None:
+    return None if 0.0 <= v <= 1.0 else f"{name} must be in [0, 1], got {v}"
+
+
+def _seed(name: str, v: int | None) -> str | None:
+    ok = v is None or SEED_RANGE[0] <= v <= SEED_RANGE[1]
+    return None if ok else f"{name} must be in [{SEED_RANGE[0]}, {SEED_RANGE[1]}], got {v}"
+
+
+def _stop_token_ids(name: str, v: tuple[int, ...]) -> str | None:
+    return f"{name} allows at most {MAX_STOP_TOKEN_IDS} ids, got {len(v)}" if len(v) > MAX_STOP_TOKEN_IDS else None
+
+
+def _stop(name: str, v: tuple[str, ...]) -> str | None:
+    if len(v) > MAX_STOP_STRINGS:
+        return f"{name} allows at most {MAX_STOP_STRINGS} strings, got {len(v)}"
+    for s in v:
+        if not s or len(s) > MAX_STOP_STRING_CHARS:
+            return f"each stop string must have 1..{MAX_STOP_STRING_CHARS} characters, got {len(s)}"
+    return None
+
+
+def _top_logprobs(name: str, v: int) -> str | None:
+    return None if 0 <= v <= MAX_TOP_LOGPROBS else f"{name} must be in [0, {MAX_TOP_LOGPROBS}], got {v}"
+
+
+def _n(name: str, v: int) -> str | None:
+    return None if 1 <= v <= MAX_SAMPLES else f"{name} must be in [1, {MAX_SAMPLES}], got {v}"
+
+
+def _penalty(name: str, v: float) -> str | None:
+    ok = -MAX_PENALTY <= v <= MAX_PENALTY  # also refuses NaN
+    return None if ok else f"{name} must be in [-{MAX_PENALTY:g}, {MAX_PENALTY:g}], got {v}"
+
+
+# SamplingParams' value rules, in its fields' order (the fields without one take any value): a rule gets the field's
+# name and value and says what is wrong, or None.
+_SAMPLING_RULES: tuple[tuple[FieldPath, Callable[[str, Any], str | None]], ...] = (
+    (FieldPath.of("max_tokens"), _max_tokens),
+    (FieldPath.of("temperature"), _temperature),
+    (FieldPath.of("top_k"), _top_k),
+    (FieldPath.of("top_p"), _top_p),
+    (FieldPath.of("min_p"), _min_p),
+    (FieldPath.of("seed"), _seed),
+    (FieldPath.of("stop_token_ids"), _stop_token_ids),
+    (FieldPath.of("stop"), _stop),
+    (FieldPath.of("top_logprobs"), _top_logprobs),
+    (FieldPath.of("n"), _n),
+    (FieldPath.of("presence_penalty"), _penalty),
+    (FieldPath.of("frequency_penalty"), _penalty),
+)
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
@@ -34,6 +35,18 @@ def stop_prefix_at_end(text: str, stops: tuple[str, ...]) -> int:
     return longest
 
 
+class Detokenizer(Protocol):
+    """What a Sequence asks of its detokenizer (the model's IncrementalDetokenizer; tests pass scripted ones)."""
+
+    def push(self, token_id: int) -> str:
+        """The text `token_id` completes (may be "")."""
+        ...
+
+    def flush(self) -> str:
+        """What is still held back, at the end."""
+        ...
+
+
 class SeqStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
@@ -44,7 +57,7 @@ class SeqStatus(enum.Enum):
 class Sequence:
     request: Request
     on_output: Callable[[RequestOutput], None]
-    detokenizer: object  # IncrementalDetokenizer: push(token_id) -> str, flush() -> str
+    detokenizer: Detokenizer
     stop_token_ids: frozenset[int]
     index: int = 0  # which of the request's n samples this is
     tokens: list[int] = field(default_factory=list)  # prompt + generated; the last one may be uncomputed
@@ -58,7 +71,7 @@ class Sequence:
     arrival: float = field(default_factory=time.monotonic)
     waited_steps: int = 0
     first_token_at: float | None = None
-    generator: torch.Generator | None = None
+    generator: torch.Generator = field(init=False)  # made in __post_init__, from the request's seed
     text: str = ""  # everything detokenized so far
     emitted_chars: int = 0  # how much of `text` was sent
     pending_ids: list[int] = field(default_factory=list)  # sampled this step, not yet sent

@@ -72,6 +72,7 @@ def build_pool(loaded: LoadedModel, config: EngineConfig) -> KVPool:
     A model with sliding layers gets them paged apart (window_paging), with window_slots_needed slots."""
     param = next(loaded.model.parameters())
     mc = loaded.config
+    assert mc.head_dim is not None, "ModelConfig derives head_dim when the checkpoint leaves it out"
     shape = KVShape(layers=mc.num_layers, kv_heads=mc.num_kv_heads, head_dim=mc.head_dim)
     kv_dtype = param.dtype if config.kv_dtype == "auto" else config.kv_dtype
     paging = window_paging(mc, config)
@@ -166,6 +167,7 @@ class ModelStep:
             ids.extend(c.seq.tokens[start : start + c.num_new])
             ids.extend(c.draft)
             rows.extend(range(len(ids) - c.num_rows, len(ids)))
+            assert c.seq.lease is not None, f"{c.seq.name} is scheduled without a lease"
             pages = c.seq.lease.pages
             slots = self.window_slots(pages) if self.window_slots is not None else None
             slices.append(SequenceSlice(pages, start, c.num_tokens, slots))
@@ -194,11 +196,11 @@ class ModelStep:
         chunks that sample this step (all masks of the batch in one call). Draft rows need the grammar state after
         the accepted tokens: `constrained_row`."""
         firsts = self.first_rows(chunks)
-        wanted = [i for i, c in enumerate(chunks) if c.seq.matcher is not None and c.samples]
+        wanted = [(i, c.seq.matcher) for i, c in enumerate(chunks) if c.seq.matcher is not None and c.samples]
         if not wanted:
             return {}
-        masked = self.grammars.mask_logits(logits, [firsts[i] for i in wanted], [chunks[i].seq.matcher for i in wanted])
-        return dict(zip(wanted, masked, strict=True))
+        masked = self.grammars.mask_logits(logits, [firsts[i] for i, _ in wanted], [m for _, m in wanted])
+        return {i: row for (i, _), row in zip(wanted, masked, strict=True)}
 
     def constrained_row(self, seq: Sequence, row: torch.Tensor) -> torch.Tensor | None:
         """One row of logits masked by seq's grammar in its current state; None when seq is unconstrained."""

@@ -140,7 +140,7 @@ class GrammarCache:
     @property
     def mask_vocab(self) -> int:
         """Ids a mask covers (the llguidance tokenizer's vocabulary, at least the model's)."""
-        return self._tokenizer_tables().vocab_size  # type: ignore[no-any-return]
+        return self._tokenizer_tables().vocab_size
 
     def _tokenizer_tables(self) -> Any:
         with self._lock:

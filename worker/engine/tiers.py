@@ -29,7 +29,7 @@ from radixcache.host_tier import HostTier
 from radixcache.page_data import PageData
 from radixcache.pool import KVPool
 from radixcache.store import Codec, DiskStore
-from radixcache.tier import TierChain
+from radixcache.tier import PageTier, TierChain
 from radixcache.tiering import STEP_WRITE_BUDGET_S, LoadJob, TierLink
 from radixcache.worker.engine.config import EngineConfig
 from radixcache.worker.model.loader import LoadedModel
@@ -44,7 +44,7 @@ def build_tier_link(pool: KVPool, config: EngineConfig, notify: Callable[[], Non
     """The cache's TierLink for `config`, with its host tier (if any); None when no tier is configured."""
     if config.kv_disk_dir is None and config.kv_host_bytes is None:
         return None
-    tiers = []
+    tiers: list[PageTier] = []
     if config.kv_host_bytes is not None:
         tiers.append(HostTier(config.kv_host_bytes, pin=pool.device.type == "cuda"))
     through = config.kv_disk_dir is not None and config.kv_disk_write == "through"
@@ -124,7 +124,8 @@ class EngineTiers:
             started = time.monotonic()
             parts = fingerprint_parts(loaded, pool=pool, page_size=c.page_size, device=str(device), backend=backend)
             digest = weights_digest(loaded, remember_in=c.kv_disk_dir)
-            folder = store_folder(c.kv_disk_dir, parts, digest)  # type: ignore[arg-type]
+            assert c.kv_disk_dir is not None, "the disk is opened only where one is configured"
+            folder = store_folder(c.kv_disk_dir, parts, digest)
             store = DiskStore(
                 folder, c.kv_disk_bytes, codec=PAGE_CODEC, queue_pages=c.kv_disk_queue_pages, kv_dtype=pool.kv_dtype
             ).start()

@@ -39,7 +39,7 @@ from radixcache.worker.engine.api import (
     ModelFacts,
     RequestTooLargeError,
 )
-from radixcache.worker.engine.checks import CONSTRAINT, PROMPT, ContextOverflow, FieldPath, InvalidArgument
+from radixcache.worker.engine.field_errors import CONSTRAINT, PROMPT, ContextOverflow, FieldPath, InvalidArgument
 from radixcache.worker.engine.request import ErrorKind, FinishReason, Request, SamplingParams
 from radixcache.worker.engine.stream import EngineStream, engine_request_id
 from radixcache.worker.engine.structured import ConstraintError
@@ -319,8 +319,8 @@ class FrontCore:
         engine = self.ready()
         checked = self.check_prompt(prompt)
         try:
-            remembered = tenant is not None and checked.kind == "messages"
-            replies = self.memory.lookup(tenant, prompt.messages) if remembered else {}  # type: ignore[arg-type]
+            messages = prompt.messages if checked.kind == "messages" else None
+            replies = self.memory.lookup(tenant, messages) if tenant is not None and messages is not None else {}
             ids, text = await render_off_loop(checked, engine.tokenizer, replies)
             check_prompt_ids(checked, ids, self.limits, fit=fit)
         except InvalidArgument as e:

@@ -1,5 +1,6 @@
 """What the worker generated, as token ids, so that a conversation that sends the assistant's own output back
-continues from the very tokens the model wrote (DESIGN.md, "Fronts, engine, hosts").
+continues from the very tokens the model wrote: its reuse of the cache does not depend on re-tokenizing the history
+the same way.
 
 Why: a reply's text does not tokenize back to the ids that produced it. Constrained decoding writes a name as
 `a` + `dd` where the tokenizer writes `add`, a sampled reply may take any split of a word, and once the re-tokenized

@@ -28,15 +28,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from radixcache.worker.engine.checks import (
+from radixcache.worker.engine.checks import check_prompt_length, check_token_ids
+from radixcache.worker.engine.field_errors import (
     CONSTRAINT,
     PROMPT,
     TOKEN_IDS,
     ContextOverflow,
     FieldPath,
     InvalidArgument,
-    check_prompt_length,
-    check_token_ids,
 )
 from radixcache.worker.engine.request import (
     CONSTRAINT_KINDS,
@@ -68,7 +67,7 @@ PROMPT_FIELDS = frozenset({PROMPT.head, "text", TOKEN_IDS.head})
 CONSTRAINT_FIELDS = frozenset({CONSTRAINT.head, *CONSTRAINT_KINDS})
 MESSAGES = FieldPath.of("messages")
 TOOLS = FieldPath.of("tools")
-_SAMPLING_FIELDS = tuple(f.name for f in dataclasses.fields(SamplingParams))  # in the order its rules run
+_SAMPLING_FIELDS = tuple(f.name for f in dataclasses.fields(SamplingParams))  # the values a front may set
 
 
 class TokenizerLike(Protocol):
@@ -473,32 +472,11 @@ def sampling_params(values: SamplingValues, limits: ModelLimits) -> SamplingPara
         if value is not None and name not in kwargs:
             kwargs[name] = value
     kwargs.setdefault("max_tokens", max(1, min(DEFAULT_MAX_TOKENS, limits.max_prompt_tokens)))
-    try:
-        params = SamplingParams(**kwargs)  # its messages already name the field and the range
-    except (ValueError, TypeError) as e:
-        raise _sampling_error(e, kwargs) from None
+    params = SamplingParams(**kwargs)  # InvalidArgument naming the field and the range
     # After SamplingParams has bounded their counts:
     for i, s in enumerate(params.stop):
         _utf8_size(s, FieldPath.of("stop", i))
     return params
-
-
-def _sampling_error(error: ValueError | TypeError, kwargs: dict[str, Any]) -> InvalidArgument:
-    """SamplingParams' refusal as an InvalidArgument with its field. Each of its rules reads one field, so the first
-    value (in its order) that it refuses alone is the field, and that refusal is the message. A TypeError is a value
-    of the wrong type from a loosely typed front (e.g. JSON). Runs only for a refused request."""
-    for name in _SAMPLING_FIELDS:
-        if name in kwargs:
-            try:
-                SamplingParams(**{name: kwargs[name]})
-            except (ValueError, TypeError) as alone:
-                error, where = alone, FieldPath.of(name)
-                break
-    else:
-        where = None  # a rule across fields (there is none today): the request's sampling as a whole
-    if isinstance(error, TypeError):
-        return InvalidArgument(f"a sampling value has the wrong type: {error}", where)
-    return InvalidArgument(str(error), where)
 
 
 def fit_max_tokens(

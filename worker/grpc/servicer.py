@@ -27,7 +27,7 @@ import grpc
 from radixcache.v1 import radixcache_pb2 as pb
 from radixcache.v1 import radixcache_pb2_grpc as pb_grpc
 from radixcache.worker.engine.api import ModelFacts
-from radixcache.worker.engine.checks import FieldPath
+from radixcache.worker.engine.field_errors import FieldPath
 from radixcache.worker.engine.request import FinishReason, RequestOutput
 from radixcache.worker.front.core import FrontCore, Refusal, RefusalKind
 from radixcache.worker.front.validation import MAX_CHAT_MESSAGES

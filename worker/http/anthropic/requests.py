@@ -262,7 +262,7 @@ def _breakpoints(
     for i, j, ttl in marks:
         cut_turns = turns[:i] + [replace(turns[i], blocks=turns[i].blocks[: j + 1])]
         cut = PromptInput(messages=_chat(system, cut_turns), tools=everything)
-        found.append(Breakpoint(f"messages[{i}].content[{j}]", ttl, cut))  # type: ignore[arg-type]
+        found.append(Breakpoint(f"messages[{i}].content[{j}]", ttl, cut))
     if len(found) > MAX_BREAKPOINTS:
         raise bad_request(
             f"A maximum of {MAX_BREAKPOINTS} blocks with cache_control may be provided. Found {len(found)}.",

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from radixcache.worker.engine.checks import FieldPath
+from radixcache.worker.engine.field_errors import FieldPath
 from radixcache.worker.front.core import Refusal, RefusalKind
 from radixcache.worker.front.validation import CONSTRAINT_FIELDS, MESSAGES, PROMPT_FIELDS, TOOLS
 from radixcache.worker.http.errors import HTTP_STATUS, APIError
