@@ -4,17 +4,22 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 # The CPU build of torch; installing it first means the `torch>=` range in pyproject adds nothing heavier.
 TORCH  ?= torch==2.13.0
+# FlashInfer's Python sources only (--no-deps: its CUDA dependencies, and a CUDA torch, stay out): tests/
+# test_flashinfer_api.py reads its wrappers' signatures with ast, never imports it. The latest 0.6.x; pyproject's
+# `cuda` extra admits it.
+FLASHINFER ?= flashinfer-python==0.6.18.post1
 STAMP  := $(VENV)/.installed
 
 .PHONY: setup test lint proto proto-check run bench bench-llamacpp soak gpu-check mutation clean
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip "setuptools>=70" wheel
 	$(PY) -m pip install -q "$(TORCH)"
 	$(PY) -m pip install -q -e ".[test,bench]"
+	$(PY) -m pip install -q --no-deps "$(FLASHINFER)"
 	touch $(STAMP)
 
 test: setup

@@ -20,7 +20,10 @@ Reported per trace and router: hit rate as a share of the theoretical maximum (b
 infinite cache, arrival order), TTFT p50/p90, failed requests; the present trace adds the largest share of the
 unique prompts one replica got. Also our router's decision time in process. Last line: one JSON object.
 
-    python bench/cluster_bench.py [--rounds 6] [--traces present,eviction,two_tenant,flush_restart]
+    python bench/cluster_bench.py [--rounds 6] [--traces present,eviction,two_tenant,flush_restart] [--smoke]
+
+--smoke (tests/test_bench_smoke.py): the present trace at one round (2 chats of 2 rounds, 4 unique prompts), our
+router and Ray's prefix router, 2 tokens per request (the same keys per trace and router; the figures mean nothing).
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import free_port, max_reusable, percentile  # noqa: E402
+from common import SMOKE_HELP, free_port, max_reusable, percentile  # noqa: E402
 
 ROUTERS = {
     "exact": "radixcache.cluster.router:CacheAwareRouter",
@@ -194,7 +197,8 @@ def restart_step(run: Run) -> None:
 def present(a: argparse.Namespace) -> Trace:
     rng = random.Random(0)
     prefixes = [tokens(rng, PREFIX) for _ in range(4)]
-    steps = [jobs_step(group_rounds(rng, prefixes, a.rounds, a.output)), chats_step(4, 3), spread_step()]
+    chats, spread = (chats_step(2, 2), spread_step(4)) if a.smoke else (chats_step(4, 3), spread_step())
+    steps = [jobs_step(group_rounds(rng, prefixes, a.rounds, a.output)), chats, spread]
     return Trace(pages=2 * PREFIX // PAGE + 48, steps=steps)
 
 
@@ -317,7 +321,10 @@ def main() -> None:
     p.add_argument("--output", type=int, default=8, help="tokens generated per request")
     p.add_argument("--routers", default=",".join(ROUTERS))
     p.add_argument("--traces", default=",".join(TRACES))
+    p.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     a = p.parse_args()
+    if a.smoke:
+        a.rounds, a.output, a.routers, a.traces = 1, 2, "exact,ray_prefix", "present"
 
     import ray
     from ray import serve
@@ -338,7 +345,7 @@ def main() -> None:
     finally:
         serve.shutdown()
         ray.shutdown()
-    decision = decision_time_ms()
+    decision = decision_time_ms(20 if a.smoke else 2000)
     load_after = load_average()
     print("\n| trace | router | hit rate of max | TTFT p50 ms | TTFT p90 ms | failed |")
     print("|---|---|---|---|---|---|")
@@ -361,6 +368,7 @@ def main() -> None:
     }
     summary["decision_ms_p50"] = round(decision, 4)
     summary["load_average"] = [load_before, load_after]
+    summary["smoke"] = a.smoke
     print(json.dumps(summary))
 
 

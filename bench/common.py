@@ -24,6 +24,11 @@ REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
 PLOTS = REPO / "bench" / "plots"
 DEFAULT_CKPT = RESULTS / "ckpt-125m"
+# --smoke (every bench script has it; tests/test_bench_smoke.py runs them): the same code paths and the same last-line
+# JSON keys in seconds, at sizes whose figures mean nothing. Its files go here, never over a real run's results/plots.
+SMOKE_RESULTS = RESULTS / "smoke"
+SMOKE_CKPT = RESULTS / "ckpt-smoke"
+SMOKE_HELP = "seconds: tiny sizes and few iterations, the same JSON keys; checks the script, the figures mean nothing"
 
 # ~125M Llama: 12 layers, hidden 768, 12 heads, 4 KV heads, vocab 32000, intermediate 2048, fp32.
 LLAMA_125M = {
@@ -41,6 +46,14 @@ LLAMA_125M = {
     "eos_token_id": 2,
 }
 VOCAB = LLAMA_125M["vocab_size"]
+# --smoke's Llama: the 125M one's vocabulary (so every workload's token ids fit), two narrow layers.
+LLAMA_SMOKE = LLAMA_125M | {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+}
 # Workload token ids stay clear of the special ids at the bottom of the vocabulary.
 MIN_TOKEN_ID = 16
 
@@ -70,22 +83,48 @@ def _write_tokenizer(out: Path) -> None:
     (out / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>"}))
 
 
-def ensure_checkpoint(path: Path = DEFAULT_CKPT, seed: int = 0) -> Path:
-    """Build (once) the random-weight ~125M Llama in Hugging Face format: config.json, model.safetensors (fp32),
-    tokenizer.json. Reused when already there; returns the folder."""
+def ensure_checkpoint(path: Path = DEFAULT_CKPT, seed: int = 0, config: dict | None = None) -> Path:
+    """Build (once) the random-weight Llama of `config` (default: the ~125M one) in Hugging Face format: config.json,
+    model.safetensors (fp32), tokenizer.json. Reused when already there; returns the folder. Written beside it and
+    renamed into place, so a process that finds the folder finds it whole."""
     path = Path(path)
     if (path / "model.safetensors").is_file() and (path / "tokenizer.json").is_file():
         return path
+    import shutil
+    import tempfile
+
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    path.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(seed)
-    config = LlamaConfig(**LLAMA_125M)
-    model = LlamaForCausalLM(config).to(torch.float32).eval()
-    model.save_pretrained(str(path), safe_serialization=True)
-    _write_tokenizer(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
+    staging.chmod(0o755)  # mkdtemp makes it private; the folder is a plain, shared one
+    try:
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(LlamaConfig(**(config or LLAMA_125M))).to(torch.float32).eval()
+        model.save_pretrained(str(staging), safe_serialization=True)
+        _write_tokenizer(staging)
+        try:
+            staging.rename(path)
+        except OSError:  # another process won the race (or a partial folder is in the way): keep a whole one
+            if not (path / "model.safetensors").is_file():
+                shutil.rmtree(path, ignore_errors=True)
+                staging.rename(path)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     return path
+
+
+def bench_checkpoint(smoke: bool = False) -> Path:
+    """The serving benchmarks' checkpoint: the ~125M Llama, or --smoke's two narrow layers."""
+    return ensure_checkpoint(SMOKE_CKPT, config=LLAMA_SMOKE) if smoke else ensure_checkpoint()
+
+
+def smoke_out(path: Path, smoke: bool) -> Path:
+    """Where a bench writes its result file: `path`, or under SMOKE_RESULTS for a smoke run left at the default."""
+    if smoke and Path(path).parent == RESULTS:
+        return SMOKE_RESULTS / Path(path).name
+    return Path(path)
 
 
 def weight_bytes_read_per_decode_step(config: dict | None = None) -> int:

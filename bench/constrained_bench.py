@@ -1,7 +1,7 @@
 """What structured outputs cost: decode step time with a JSON-schema constraint vs without, at batch 1 and 16, and
 grammar compile time per schema, cold and cached.
 
-    python bench/constrained_bench.py [--quick] [--threads N]
+    python bench/constrained_bench.py [--quick] [--threads N] [--smoke]
 
 Models: the shipped default model (4M parameters, its own 4,096-token vocabulary) and, without --quick, the ~125M
 random Llama of the serving benchmarks with the default model's tokenizer (32,000-row vocabulary, so 27,904 padding
@@ -10,6 +10,8 @@ every request go to max_tokens (the schema asks for more than that), so both sid
 same number of steps. Prints a table; the LAST line is one JSON object with constrained_step_overhead_b1 and
 constrained_step_overhead_b16 (constrained / unconstrained median decode step wall time, for the largest model
 measured) and the same ratios of CPU time per step (constrained_step_cpu_overhead_b*), steadier on a busy machine.
+Plain decode: speculation is off (speculate=0; the JSON says so), so both sides decode one token per step.
+--smoke: the default model, one run per side of 4 tokens (seconds; the figures mean nothing).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-from common import LLAMA_125M, REPO  # noqa: E402
+from common import LLAMA_125M, REPO, SMOKE_HELP  # noqa: E402
 
 from radixcache.worker.engine.engine import Engine, EngineConfig  # noqa: E402
 from radixcache.worker.engine.request import Constraint, Request, SamplingParams  # noqa: E402
@@ -33,6 +35,7 @@ from radixcache.worker.model.config import ModelConfig  # noqa: E402
 from radixcache.worker.model.loader import load_checkpoint, random_model  # noqa: E402
 
 DEFAULT_MODEL = REPO / "worker" / "default_model"
+SPECULATE = 0  # plain decode: both sides one token per sequence per step
 
 # Longer than any decode run: a list of at least 40 records, so no constrained request ends before max_tokens.
 LONG_OUTPUT = {
@@ -210,17 +213,20 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="the default model only, fewer repetitions")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = parser.parse_args()
+    if args.smoke:
+        args.max_tokens = 4
     torch.set_num_threads(args.threads)
     began = time.perf_counter()
-    reps = 2 if args.quick else 4
+    reps = 1 if args.smoke else 2 if args.quick else 4
     models = [("default model (4M)", load_checkpoint(DEFAULT_MODEL))]
-    if not args.quick:
+    if not (args.quick or args.smoke):
         models.append(("random llama 125M", model_125m()))
     log: list[str] = []
     result: dict[str, object] = {}
     for name, loaded in models:
-        engine = Engine(loaded, EngineConfig(page_size=16, kv_pages=1024, cache_enabled=False))
+        engine = Engine(loaded, EngineConfig(page_size=16, kv_pages=1024, cache_enabled=False, speculate=SPECULATE))
         with torch.inference_mode():
             engine.runner.warm_up(engine.cache)
         short = f"{name.split()[0]}_{name.split()[-1].strip('()')}"
@@ -237,7 +243,9 @@ def main() -> None:
     result["compile_cold_ms_max"] = round(max(c["cold_ms"] for c in compiled.values()), 3)
     result["compile_cached_ms_max"] = round(max(c["cached_ms"] for c in compiled.values()), 4)
     result["threads"] = torch.get_num_threads()
+    result["speculate"] = SPECULATE
     result["quick"] = args.quick
+    result["smoke"] = args.smoke
     result["elapsed_s"] = round(time.perf_counter() - began, 1)
     print(json.dumps(result))
 

@@ -1,6 +1,10 @@
 """Decode step time at batch 1, 4, 16, 32 (in-process engine, ~256-token contexts) against the memory floor.
 
-    .venv/bin/python bench/decode_floor.py [--batches 1,4,16,32] [--context 256] [--steps 8] [--profile]
+    .venv/bin/python bench/decode_floor.py [--batches 1,4,16,32] [--context 256] [--steps 8] [--profile] [--smoke]
+
+Plain decode: speculation is off (EngineConfig(speculate=0)), so a step emits one token per sequence and a timed step
+is a decode of exactly the batch (with it on, drafts the random weights' repetitions make acceptable finish sequences
+early and change what a step reads). The output says so ("speculate": 0).
 
 Decode is bandwidth bound: a step reads every weight once (the embedding only by the rows it looks up; the untied
 lm_head in full) plus the K/V of every sequence's context. Floor = those bytes / the best read bandwidth, where the
@@ -19,6 +23,7 @@ step is the same as for private pages: every sequence reads its whole block tabl
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -31,9 +36,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 from common import (  # noqa: E402
     RESULTS,
-    ensure_checkpoint,
+    SMOKE_HELP,
+    bench_checkpoint,
     kv_bytes_per_token,
     random_tokens,
+    smoke_out,
     weight_bytes_read_per_decode_step,
     write_json,
 )
@@ -152,19 +159,28 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--clock", choices=("cpu", "wall"), default="cpu", help="time CPU time of the thread, or wall")
     p.add_argument("--profile", action="store_true", help="print torch.profiler's top ops for each batch")
     p.add_argument("--out", type=Path, default=RESULTS / "decode_floor.json")
+    p.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = p.parse_args(argv)
+    if args.smoke:  # the --smoke checkpoint, short contexts, a 16 MiB copy
+        args.batches, args.context, args.steps = "1,4,16", 32, 3
+    args.out = smoke_out(args.out, args.smoke)
     global clock
     clock = time.thread_time if args.clock == "cpu" else time.perf_counter
     torch.set_num_threads(args.threads)
     batches = sorted({int(b) for b in args.batches.split(",")}, reverse=True)
 
-    loaded = load_checkpoint(args.model or ensure_checkpoint())
-    engine = Engine(loaded, EngineConfig(page_size=args.page_size, kv_memory_bytes=1 << 30, max_step_tokens=512))
+    path = args.model or bench_checkpoint(args.smoke)
+    hf_config = json.loads((Path(path) / "config.json").read_text())
+    loaded = load_checkpoint(path)
+    config = EngineConfig(page_size=args.page_size, kv_memory_bytes=1 << 30, max_step_tokens=512, speculate=0)
+    engine = Engine(loaded, config)
+    print(f"  plain decode: speculation off (speculate={config.speculate}), {torch.get_num_threads()} thread(s)")
     rng = random.Random(5)
     prompts = [random_tokens(rng, args.context) for _ in range(max(batches))]
-    weights = weight_bytes_read_per_decode_step()
-    copy_bw, read_bws = copy_bandwidth(), read_bandwidth(weights)
-    per_token = kv_bytes_per_token()
+    weights = weight_bytes_read_per_decode_step(hf_config)
+    copy_bytes = (16 if args.smoke else 512) * 2**20
+    copy_bw, read_bws = copy_bandwidth(copy_bytes), read_bandwidth(weights)
+    per_token = kv_bytes_per_token(hf_config)
     rows = []
     for b in batches:
         m = measure(engine, prompts[:b], args.steps, f"b{b}", args.profile)
@@ -172,7 +188,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if m["profile"]:
             print(m["profile"])
     # Bandwidth again after the steps; the best of both runs (the machine is shared: load only lowers it).
-    copy_bw = max(copy_bw, copy_bandwidth())
+    copy_bw = max(copy_bw, copy_bandwidth(copy_bytes))
     read_bws = {name: max(bw, read_bws[name]) for name, bw in read_bandwidth(weights).items()}
     read_bw = max(read_bws.values())
     # The floor reads the step's bytes at the best bandwidth any read kernel reached (the lowest floor, so
@@ -210,6 +226,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     by_batch = {r["batch"]: r for r in rows}
     result: dict[str, Any] = {
         "threads": torch.get_num_threads(),
+        "speculate": config.speculate,
+        "smoke": args.smoke,
         "clock": args.clock,
         "copy_bandwidth_bytes_s": copy_bw,
         "read_bandwidth_bytes_s": read_bw,
@@ -224,6 +242,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if 16 in by_batch:
             result["b16_over_b1"] = by_batch[16]["tokens_per_s"] / by_batch[1]["tokens_per_s"]
     write_json(args.out, result)
+    print(json.dumps(result))
     return result
 
 

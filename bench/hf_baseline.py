@@ -1,6 +1,7 @@
 """The user's alternative on a CPU: Hugging Face transformers' generate() on the same weights and workloads.
 
     .venv/bin/python bench/hf_baseline.py [--batch-size 4] [--workloads gsp,unique] [same size flags as serve_bench]
+                                          [--smoke]
 
 The honest best use of it: prompts go in batches of --batch-size through one batched generate() each (left
 padding when lengths differ; the gsp and unique prompts of one workload have equal lengths, so none is needed),
@@ -11,11 +12,15 @@ Timing: wall = the whole workload, batch after batch. TTFT of a request = from t
 call until the first call of a logits processor, i.e. the batch's prefill forward (which is when the first token
 of every request of the batch exists); this is the TTFT of a closed-loop client whose request waits for nothing
 but its own batch. TPOT = (end of generate - first token) / (tokens - 1).
+
+Writes the result (with every output) to --out; the LAST line printed is the same JSON without the outputs.
+--smoke: the two-layer smoke checkpoint, two requests of a few tokens per workload.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -24,7 +29,20 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-from common import RESULTS, Job, ensure_checkpoint, gsp_workload, percentile, unique_workload, write_json  # noqa: E402
+from common import (  # noqa: E402
+    RESULTS,
+    SMOKE_HELP,
+    Job,
+    bench_checkpoint,
+    gsp_workload,
+    percentile,
+    smoke_out,
+    unique_workload,
+    write_json,
+)
+
+SMOKE_SIZES = {"batch_size": 2, "groups": 1, "prompts": 2, "system": 32, "question": 8, "output": 3, "unique_n": 2,
+               "unique_prompt": 16, "unique_output": 3}  # fmt: skip
 
 
 class FirstCall:
@@ -110,11 +128,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch threads (the workers get the same)")
     p.add_argument("--out", type=Path, default=RESULTS / "hf.json")
+    p.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = p.parse_args(argv)
+    if args.smoke:
+        vars(args).update(SMOKE_SIZES)
+    args.out = smoke_out(args.out, args.smoke)
     torch.set_num_threads(args.threads)
     from transformers import LlamaForCausalLM
 
-    path = args.model or ensure_checkpoint()
+    path = args.model or bench_checkpoint(args.smoke)
     model = LlamaForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
     # Warm-up: the first forward pays one-time costs (allocator, kernels' lazy init).
     with torch.inference_mode():
@@ -136,6 +158,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             flush=True,
         )
     write_json(args.out, result)
+    print(json.dumps({k: {n: x for n, x in v.items() if n != "outputs"} if isinstance(v, dict) else v
+                      for k, v in result.items()}))  # fmt: skip
     return result
 
 

@@ -1,6 +1,6 @@
 """What the HTTP front holds against header floods and slow clients, per server configuration, measured.
 
-    python bench/http_hostile.py [--variants default,uvicorn,h11] [--flood-mib 64] [--slow 200] [--hold-s 30]
+    python bench/http_hostile.py [--variants default,uvicorn,h11] [--flood-mib 64] [--slow 200] [--hold-s 30] [--smoke]
 
 For each variant it starts `radixcache serve --random-model --http-port 0` (a separate process: its RSS is read
 from /proc) and runs, one after the other, while probing HTTP /health and gRPC health every 50 ms:
@@ -11,7 +11,8 @@ from /proc) and runs, one after the other, while probing HTTP /health and gRPC h
 Variants: default (the worker as shipped), uvicorn (the same server with the guard taken out: uvicorn's own
 settings, httptools), h11 (uvicorn's h11 protocol with h11_max_incomplete_event_size=64 KiB, limit_concurrency=64,
 timeout_keep_alive=5: every bound uvicorn itself offers). A watchdog kills a worker past --rss-limit-mb.
-Prints one JSON object per variant and phase; bounded by the sizes and seconds above.
+Prints one JSON object per variant and phase (the LAST line: the last variant's idle phase); bounded by the sizes
+and seconds above. --smoke: the default variant, a 1 MiB flood for 0.5 s, 4 slow and 4 idle connections held 1 s.
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # before bench/: its http_hostile
 
+from common import SMOKE_HELP  # noqa: E402
 from http_hostile import Attack, HealthProbe, header_flood, hold_connections, rss_mb  # noqa: E402
 
 # Runs `radixcache serve` with uvicorn.Config's keyword arguments overridden (a JSON object in argv[1]).
@@ -121,7 +123,10 @@ def main() -> None:
     p.add_argument("--slow", type=int, default=200)
     p.add_argument("--hold-s", type=float, default=30.0)
     p.add_argument("--rss-limit-mb", type=float, default=3000.0)
+    p.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = p.parse_args()
+    if args.smoke:
+        args.variants, args.flood_mib, args.flood_s, args.slow, args.hold_s = "default", 1.0, 0.5, 4, 1.0
     for variant in args.variants.split(","):
         worker = Worker(VARIANTS[variant], args.rss_limit_mb)
         try:

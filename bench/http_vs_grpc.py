@@ -26,7 +26,9 @@ each turn's input and its TTFT (official openai client, streaming).
 
 Prints a table (TTFT p50/p90, TPOT p50, output tokens/s per front) and, as its last line, one JSON object with
 `http_ttft_p50_overhead_ms` (HTTP minus gRPC) and `http_throughput_ratio` (HTTP / gRPC) with the lean client, the
-same two for the openai client (`http_openai_*`), the Responses figures, and each row's figures. Not a test.
+same two for the openai client (`http_openai_*`), the Responses figures, and each row's figures. Not a test; its
+--smoke is (tests/test_bench_smoke.py): 2 requests per round, one round per front, 16 + 4 tokens, 2 agent turns, 3
+repetitions of the front cost (the same keys; the figures mean nothing).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import REPO, Worker, percentile  # noqa: E402
+from common import REPO, SMOKE_HELP, Worker, percentile  # noqa: E402
 
 from radixcache.client import AsyncClient, Client  # noqa: E402
 
@@ -421,7 +423,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--no-openai-client", dest="openai_client", action="store_false",
         help="leave out the row of the official openai client (its Python parsing runs in this process)",
     )  # fmt: skip
-    return p.parse_args(argv)
+    p.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.concurrency, args.requests, args.rounds, args.prompt, args.output, args.turns = 2, 2, 1, 16, 4, 2
+    return args
 
 
 def openai_url(worker: Worker) -> str:
@@ -469,6 +475,7 @@ def main(argv: list[str] | None = None) -> dict:
             f"{s['tok_s']:>8.1f}{s['worker_cpu_ms_per_token']:>19.2f}{s['client_cpu_ms_per_token']:>19.2f}"
         )
     headline: dict = {
+        "smoke": args.smoke,
         "http_ttft_p50_overhead_ms": round(h["ttft_p50_ms"] - g["ttft_p50_ms"], 2),
         "http_throughput_ratio": round(h["tok_s"] / g["tok_s"], 3),
         "http_worker_cpu_per_token_ratio": round(h["worker_cpu_ms_per_token"] / g["worker_cpu_ms_per_token"], 3),
@@ -477,7 +484,7 @@ def main(argv: list[str] | None = None) -> dict:
         o = result["http_openai"]
         headline["http_openai_ttft_p50_overhead_ms"] = round(o["ttft_p50_ms"] - g["ttft_p50_ms"], 2)
         headline["http_openai_throughput_ratio"] = round(o["tok_s"] / g["tok_s"], 3)
-    cost = front_cost()
+    cost = front_cost(3 if args.smoke else 300)
     print("front cost (ms, in process, no engine):", cost)
     headline["front_cost"] = cost
     c, r = result["grpc_chat"], result["responses"]

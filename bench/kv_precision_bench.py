@@ -1,6 +1,6 @@
 """What 8- and 4-bit KV pages buy and cost, measured side by side in one run:
 
-    .venv/bin/python bench/kv_precision_bench.py [--quick]
+    .venv/bin/python bench/kv_precision_bench.py [--quick] [--smoke]
 
 1. bytes per token (scales included) of every --kv-dtype for the ~125M bench model, and pages in a 512 MiB pool;
 2. quality on the embedded default model's held-out text (tests/test_default_model.py's windows): bits per byte
@@ -13,7 +13,9 @@
    at full precision, at int8, and with --kv-demote int4: hit rate (cached / prompt tokens after a warm-up pass
    over every prefix), TTFT p50 / p90, pages demoted and promoted.
 
-Prints a table; the LAST line is one JSON object (see BENCHMARKS.md, "KV precision"). Not in `make test`.
+Prints a table; the LAST line is one JSON object (see BENCHMARKS.md, "KV precision"). Not in `make test`; its
+--smoke is (tests/test_bench_smoke.py): one held-out window, the two-layer smoke model for 3. and 4. at a few
+tokens, one repetition (the same keys; the figures mean nothing).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 import torch  # noqa: E402
-from common import LLAMA_125M, MIN_TOKEN_ID, VOCAB, percentile  # noqa: E402
+from common import LLAMA_125M, LLAMA_SMOKE, MIN_TOKEN_ID, SMOKE_HELP, VOCAB, percentile  # noqa: E402
 
 from radixcache.kv_dtypes import KV_DTYPES, QUANTIZED_KV_DTYPES  # noqa: E402
 from radixcache.pool import KVPool, KVShape, kv_bytes_per_token  # noqa: E402
@@ -42,6 +44,7 @@ from radixcache.worker.model.config import ModelConfig  # noqa: E402
 from radixcache.worker.model.loader import random_model  # noqa: E402
 
 CONFIG_125M = ModelConfig.from_hf_config({"architectures": ["LlamaForCausalLM"], **LLAMA_125M})
+CONFIG_SMOKE = ModelConfig.from_hf_config({"architectures": ["LlamaForCausalLM"], **LLAMA_SMOKE})
 clock = time.thread_time  # CPU time of this thread: robust to the other sessions' time slices
 
 
@@ -62,7 +65,9 @@ def sizes() -> dict[str, dict[str, float]]:
 
 
 # --- 2. quality -------------------------------------------------------------------------------------------------
-def quality(windows: int) -> dict[str, dict[str, float]]:
+def quality(windows: int, smoke: bool = False) -> dict[str, dict[str, float]]:
+    """Bits per byte and KL against fp32 pages on the held-out documents (--smoke: on README.md's text, which needs
+    no pass over the standard library to build)."""
     import importlib.util
 
     import test_default_model as tdm
@@ -74,7 +79,10 @@ def quality(windows: int) -> dict[str, dict[str, float]]:
     script = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
     spec.loader.exec_module(script)  # type: ignore[union-attr]
     tok = Tokenizer.from_file(str(tdm.MODEL_DIR / "tokenizer.json"))
-    _, val = script.split_documents(script.build_documents())
+    if smoke:
+        val = [("README.md", (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8"))]
+    else:
+        _, val = script.split_documents(script.build_documents())
     ids = script.validation_token_stream(tok, val)[: windows * tdm.SEQ_LEN]
     byte_lengths = script.token_byte_lengths(tok)
     chunks = tdm._windows(ids)
@@ -106,9 +114,15 @@ class TiledTorchBackend(TorchAttentionBackend):
 
 
 def decode_ms(
-    model: torch.nn.Module, kv_dtype: str, batch: int, context: int, repeats: int, *, tiled: bool = False
+    model: torch.nn.Module,
+    kv_dtype: str,
+    batch: int,
+    context: int,
+    repeats: int,
+    *,
+    tiled: bool = False,
+    c: ModelConfig = CONFIG_125M,
 ) -> float:
-    c = CONFIG_125M
     ps = 16
     per_seq = context // ps
     pool = KVPool(KVShape(c.num_layers, c.num_kv_heads, c.head_dim), page_size=ps, num_pages=batch * per_seq,
@@ -185,9 +199,13 @@ def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="small sizes: checks the script, not the figures")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = p.parse_args(argv)
+    if args.smoke:
+        args.repeats = 1
+    model_config = CONFIG_SMOKE if args.smoke else CONFIG_125M  # sections 3 and 4
     torch.set_num_threads(1)
-    result: dict = {"load_before": load()}
+    result: dict = {"load_before": load(), "smoke": args.smoke}
     print(result["load_before"], flush=True)
 
     result.update(sizes())
@@ -196,29 +214,30 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"  {n:<9} {result['bytes_per_token'][n]:>6} B  {result['bytes_per_token_vs_fp16'][n]:.3f}x  "
               f"{result['pages_in_512mib'][n]:>6} pages")  # fmt: skip
 
-    q = quality(2 if args.quick else 8)
+    q = quality(1 if args.smoke else 2 if args.quick else 8, smoke=args.smoke)
     result.update(q)
     print(f"held-out quality, embedded model, {int(q['positions']['count'])} positions:")
     for n in QUANTIZED_KV_DTYPES:
         print(f"  {n:<9} bits/byte {q['bpb'][n]:.4f} vs fp32 {q['bpb']['fp32']:.4f} ({q['bpb_delta'][n]:+.3%}), "
               f"mean KL {q['kl'][n]:.5f} nats")  # fmt: skip
 
-    model = random_model(CONFIG_125M, seed=0).model
-    batch, context = (2, 512) if args.quick else (8, 4096)
-    ms = {n: decode_ms(model, n, batch, context, args.repeats) for n in ("fp32", "int8", "int4", "fp8_e4m3", "bf16")}
-    ms["fp32_tiled"] = decode_ms(model, "fp32", batch, context, args.repeats, tiled=True)
+    model = random_model(model_config, seed=0).model
+    batch, context = (2, 64) if args.smoke else (2, 512) if args.quick else (8, 4096)
+    dtypes = ("fp32", "int8", "int4", "fp8_e4m3", "bf16")
+    ms = {n: decode_ms(model, n, batch, context, args.repeats, c=model_config) for n in dtypes}
+    ms["fp32_tiled"] = decode_ms(model, "fp32", batch, context, args.repeats, tiled=True, c=model_config)
     result["decode_ms"] = ms
     result["decode_b8_4k_vs_full"] = {n: ms[n] / ms["fp32"] for n in ("int8", "int4", "fp8_e4m3", "bf16", "fp32_tiled")}
     print(f"decode step, b{batch} x {context}, one thread (CPU ms, best of {args.repeats}):")
     for n, v in ms.items():
         print(f"  {n:<9} {v:8.1f} ms  {v / ms['fp32']:.2f}x of fp32")
 
-    prefixes, prefix_len, requests = (6, 64, 12) if args.quick else (24, 512, 120)
+    prefixes, prefix_len, requests = (6, 64, 6) if args.smoke else (6, 64, 12) if args.quick else (24, 512, 120)
     warm, measured = workload(prefixes, prefix_len, requests)
-    loaded = random_model(CONFIG_125M, seed=0)
+    loaded = random_model(model_config, seed=0)
     # The pool holds a third of the prefixes at full precision (fp32): 1/3 x 24 x (512 + 16 + 4) tokens.
     budget = (prefixes * (prefix_len + 32) // 3) * kv_bytes_per_token(
-        CONFIG_125M.num_layers, CONFIG_125M.num_kv_heads, CONFIG_125M.head_dim, "fp32"
+        model_config.num_layers, model_config.num_kv_heads, model_config.head_dim, "fp32"
     )
     base = {"page_size": 16, "kv_memory_bytes": budget, "max_step_tokens": 1024}
     runs = {

@@ -22,6 +22,10 @@ output tokens per second and TTFT p90 of gsp and multiturn. The LAST line is one
 ours / theirs: decode_b1_vs_llamacpp_f32, decode_int8_vs_llamacpp_f16 (ms per token: below 1 means faster),
 gsp_throughput_vs_llamacpp, multiturn_throughput_vs_llamacpp, agentic_speculative_vs_llamacpp (tokens per second:
 above 1 means faster), and llamacpp_speculation (the spec type llama-server ran the agentic trace with).
+
+--smoke: the two-layer smoke checkpoint (converted to GGUF like the other), one parity prompt, 4 decoded tokens, one
+gsp question per group of 2 tokens, one agentic session. It still needs the llama-server build of step 1, so
+tests/test_bench_smoke.py runs it only where that build is already cached.
 """
 
 from __future__ import annotations
@@ -45,15 +49,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import (  # noqa: E402
     RESULTS,
+    SMOKE_HELP,
     Job,
     Worker,
-    ensure_checkpoint,
+    bench_checkpoint,
     free_port,
     gsp_workload,
     multiturn_first_round,
     next_round,
     percentile,
     random_tokens,
+    smoke_out,
     write_json,
 )
 
@@ -467,10 +473,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--parity-prompts", type=int, default=3)
     p.add_argument("--agentic-sessions", type=int, default=3, help="sessions of the agentic trace (at most 8)")
     p.add_argument("--out", type=Path, default=RESULTS / "llamacpp_compare.json")
+    p.add_argument("--smoke", action="store_true", help=SMOKE_HELP + " (needs the llama-server build)")
     args = p.parse_args(argv)
+    if args.smoke:
+        args.decode_tokens, args.context, args.gsp_prompts, args.gsp_output = 4, 16, 1, 2
+        args.parity_prompts, args.agentic_sessions = 1, 1
+    args.out = smoke_out(args.out, args.smoke)
 
     binary = ensure_llama_server(args.jobs)
-    ckpt = ensure_checkpoint()
+    ckpt = bench_checkpoint(args.smoke)
     ggufs = {t: ensure_gguf(ckpt, t) for t in ("f32", "f16")}
     rng = random.Random(3)
     prompts = [random_tokens(rng, 24) for _ in range(args.parity_prompts)]

@@ -1,12 +1,14 @@
 """Resident memory of an in-process engine over many requests of varied sizes (the default bf16 model by default).
 
     python bench/rss_growth.py [--requests 1000] [--dtype bfloat16] [--weights int8] [--concurrency 8] [--no-row-buckets]
+                               [--every 100] [--smoke]
 
 Each step's token count differs (prompts of 1..400 tokens, 1..64 generated, several at once), which is what makes
 per-shape kernel caches grow (see worker/model/llama.py `Linear`; --no-row-buckets turns its rounding off, to compare).
-Prints RSS every 100 requests; the LAST line is one JSON object:
+Prints RSS every --every requests; the LAST line is one JSON object:
 {"dtype", "requests", "rss_after_warmup_mb", "rss_end_mb", "growth_mb"} where the growth is measured from the end of
-the first 100 requests (warm-up) to the end. Bounded: a fixed number of requests, seeded.
+the first --warmup requests (100) to the end. Bounded: a fixed number of requests, seeded. --smoke: 20 requests of
+at most 48 prompt and 4 generated tokens, RSS every 5 (seconds; the figures mean nothing).
 """
 
 from __future__ import annotations
@@ -14,11 +16,16 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import sys
 from pathlib import Path
 
-from radixcache.worker.engine.engine import Engine, EngineConfig
-from radixcache.worker.engine.request import Request, SamplingParams
-from radixcache.worker.model.loader import load_checkpoint
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import SMOKE_HELP  # noqa: E402
+
+from radixcache.worker.engine.engine import Engine, EngineConfig  # noqa: E402
+from radixcache.worker.engine.request import Request, SamplingParams  # noqa: E402
+from radixcache.worker.model.loader import load_checkpoint  # noqa: E402
 
 
 def rss_mb() -> float:
@@ -35,9 +42,14 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=100, help="requests before the baseline is taken")
     parser.add_argument("--max-tokens", type=int, default=16, help="tokens generated per request at most")
+    parser.add_argument("--max-prompt", type=int, default=400, help="prompt tokens per request: fewer than this")
     parser.add_argument("--no-row-buckets", action="store_true", help="GEMMs see each step's exact row count")
     parser.add_argument("--weights", default="full", choices=("full", "int8"))
+    parser.add_argument("--every", type=int, default=100, help="print RSS each time this many more requests ended")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = parser.parse_args()
+    if args.smoke:
+        args.requests, args.warmup, args.every, args.max_tokens, args.max_prompt = 20, 10, 5, 4, 48
     if args.no_row_buckets:
         from torch import nn
 
@@ -61,12 +73,12 @@ def main() -> None:
     marks = []
     while done[0] < args.requests:
         while submitted < args.requests and submitted - done[0] < args.concurrency:
-            prompt = [rng.randrange(7, vocab) for _ in range(rng.randrange(1, 400))]
+            prompt = [rng.randrange(7, vocab) for _ in range(rng.randrange(1, args.max_prompt))]
             params = SamplingParams(max_tokens=rng.randrange(1, args.max_tokens + 1), ignore_eos=True)
             engine.submit(Request(f"r{submitted}", prompt, params), on_output)
             submitted += 1
         engine.step()
-        if done[0] // 100 > len(marks):  # crossed the next hundred (several may finish in one step)
+        if done[0] // args.every > len(marks):  # crossed the next mark (several may finish in one step)
             marks.append((done[0], rss_mb()))
             print(f"{done[0]:5d} requests  rss {marks[-1][1]:8.1f} MB", flush=True)
             if baseline is None and done[0] >= args.warmup:
@@ -81,6 +93,7 @@ def main() -> None:
                 "row_buckets": not args.no_row_buckets,
                 "weights": args.weights,
                 "requests": args.requests,
+                "smoke": args.smoke,
                 "rss_after_warmup_mb": round(baseline, 1),
                 "rss_end_mb": round(end, 1),
                 "growth_mb": round(end - baseline, 1),

@@ -1,11 +1,13 @@
 """`make bench`: a small version of every serving benchmark, one table, and a JSON object as the LAST line.
 
-    .venv/bin/python bench/run_all.py [--tiny] [--skip-decode]
+    .venv/bin/python bench/run_all.py [--tiny] [--skip-decode] [--smoke]
 
 Runs, each in its own process (so torch settings and memory do not leak between them): hf_baseline.py (gsp and
 unique through transformers' generate), serve_bench.py (cache-on and cache-off workers side by side: gsp, multiturn,
 unique; plots into bench/plots/), decode_floor.py. Sizes are the scripts' defaults (scaled to a 2-core CPU), or
-minimal ones with --tiny (a smoke test: the figures mean nothing). Results: bench/results/*.json.
+minimal ones with --tiny (the plumbing on the real checkpoint: the figures mean nothing). Results:
+bench/results/*.json. --smoke runs every script in its own --smoke mode (the two-layer checkpoint, seconds), files
+under bench/results/smoke/; each script's last line is its JSON, and the LAST line of all is the summary.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import PLOTS, REPO, RESULTS, ensure_checkpoint  # noqa: E402
+from common import PLOTS, REPO, RESULTS, SMOKE_HELP, SMOKE_RESULTS, bench_checkpoint  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 TINY_GSP = ["--groups", "2", "--prompts", "3", "--system", "64", "--question", "8", "--output", "4"]
@@ -44,24 +46,29 @@ def main() -> None:
     p.add_argument("--skip-decode", action="store_true")
     p.add_argument("--threads", default="1", help="torch threads of every process (workers, HF, decode)")
     p.add_argument("--plots", default=str(PLOTS))
+    p.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = p.parse_args()
     start = time.perf_counter()
-    ensure_checkpoint()
+    bench_checkpoint(args.smoke)
+    results = SMOKE_RESULTS if args.smoke else RESULTS
+    if args.smoke and args.plots == str(PLOTS):
+        args.plots = str(SMOKE_RESULTS / "plots")
+    smoke = ["--smoke"] if args.smoke else []
     gsp = TINY_GSP if args.tiny else []
     unique = TINY_UNIQUE if args.tiny else []
     threads = ["--threads", args.threads]
-    run("hf_baseline.py", *gsp, *unique, *threads, "--out", str(RESULTS / "hf.json"))
-    serve_args = [*gsp, *unique, *(TINY_MT if args.tiny else []), *threads, "--plots", args.plots]
+    run("hf_baseline.py", *smoke, *gsp, *unique, *threads, "--out", str(results / "hf.json"))
+    serve_args = [*smoke, *gsp, *unique, *(TINY_MT if args.tiny else []), *threads, "--plots", args.plots]
     if args.tiny:
         serve_args += ["--sweep", "1,8"]
-    run("serve_bench.py", *serve_args, "--hf-json", str(RESULTS / "hf.json"), "--out", str(RESULTS / "serve.json"))
+    run("serve_bench.py", *serve_args, "--hf-json", str(results / "hf.json"), "--out", str(results / "serve.json"))
     if not args.skip_decode:
         decode = ["--context", "64", "--steps", "3", "--batches", "1,4,16"] if args.tiny else []
-        run("decode_floor.py", *decode, *threads, "--out", str(RESULTS / "decode_floor.json"))
+        run("decode_floor.py", *smoke, *decode, *threads, "--out", str(results / "decode_floor.json"))
 
-    serve = json.loads((RESULTS / "serve.json").read_text())
-    hf = json.loads((RESULTS / "hf.json").read_text())
-    dec = json.loads((RESULTS / "decode_floor.json").read_text()) if not args.skip_decode else {}
+    serve = json.loads((results / "serve.json").read_text())
+    hf = json.loads((results / "hf.json").read_text())
+    dec = json.loads((results / "decode_floor.json").read_text()) if not args.skip_decode else {}
     print_table(serve, hf, dec)
     g, mt, u = serve["gsp"], serve["multiturn"], serve["unique"]
     sweep = g["throughput_vs_concurrency"]["cache_on"]
@@ -83,7 +90,9 @@ def main() -> None:
         "multiturn_hit_rate_of_max": round(mt["cache_on"]["hit_rate_of_max"], 4),
         "greedy_outputs_identical_on_off": bool(g.get("outputs_identical")) and bool(mt.get("outputs_identical")),
         "cache_check": dec.get("cache_check"),
+        "decode_speculate": dec.get("speculate"),
         "tiny": args.tiny,
+        "smoke": args.smoke,
         "elapsed_s": round(time.perf_counter() - start, 1),
     }
     print(json.dumps(summary))

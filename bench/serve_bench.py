@@ -11,13 +11,16 @@ Workloads (token-id prompts, greedy, ignore_eos, exactly --*-output tokens each)
 
 Two workers of the same binary run side by side, one with --no-cache; each workload starts on a flushed cache.
 Reports output throughput, TTFT p50/p90/p99, TPOT p50/p99, cached tokens and the hit rate against the workload's
-theoretical maximum (common.max_reusable). Writes a JSON result and PNG plots.
+theoretical maximum (common.max_reusable). Writes a JSON result and PNG plots; the LAST line printed is that result
+without its per-request records. --smoke: the two-layer smoke checkpoint, a few short requests per workload, files
+under bench/results/smoke/ (the figures mean nothing).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import random
 import sys
 import time
@@ -30,14 +33,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
     PLOTS,
     RESULTS,
+    SMOKE_HELP,
+    SMOKE_RESULTS,
     Job,
     Worker,
-    ensure_checkpoint,
+    bench_checkpoint,
     gsp_workload,
     max_reusable,
     multiturn_first_round,
     next_round,
     percentile,
+    smoke_out,
     unique_workload,
     write_json,
 )
@@ -372,6 +378,13 @@ def _save(fig: Any, path: Path) -> Path:
 
 
 # --- main -------------------------------------------------------------------------------------------------------
+SMOKE_SIZES = {
+    "concurrency": 2, "sweep": "1", "groups": 2, "prompts": 2, "system": 48, "question": 8, "output": 3,
+    "mt_clients": 2, "mt_rounds": 3, "mt_system": 32, "mt_user": 8, "mt_output": 3, "unique_n": 2,
+    "unique_prompt": 16, "unique_output": 3, "unique_repeats": 1, "kv_memory": "16MiB",
+}  # fmt: skip
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", type=Path, help="HF checkpoint (default: build the random ~125M Llama once)")
@@ -401,7 +414,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=RESULTS / "serve.json")
     p.add_argument("--plots", default=str(PLOTS), help="folder for PNGs ('' for none)")
     p.add_argument("--hf-json", type=Path, help="hf_baseline.py result to draw on the throughput plot")
+    p.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = p.parse_args(argv)
+    if args.smoke:
+        vars(args).update(SMOKE_SIZES)
+        if args.plots == str(PLOTS):  # never over the committed plots
+            args.plots = str(SMOKE_RESULTS / "plots")
+    args.out = smoke_out(args.out, args.smoke)
     args.sweep = [int(x) for x in args.sweep.split(",") if x.strip()]
     args.workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
     return args
@@ -415,7 +434,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if args.target:
             targets = {"worker": args.target}
         else:
-            model = args.model or ensure_checkpoint()
+            model = args.model or bench_checkpoint(args.smoke)
             common = ["--page-size", str(args.page_size), "--kv-memory", args.kv_memory]
             common += ["--max-step-tokens", str(args.max_step_tokens)]
             on = Worker(model, *common, name="cache-on", threads=args.threads)
@@ -435,14 +454,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for w in workers:
             w.stop()
     if args.hf_json and args.hf_json.is_file():
-        import json
-
         result["hf"] = json.loads(args.hf_json.read_text())
     write_json(args.out, result)
     if args.plots:
         for path in plot(result, Path(args.plots)):
             print(f"  wrote {path}")
+    print(json.dumps(without_records(result)))
     return result
+
+
+def without_records(result: dict[str, Any]) -> dict[str, Any]:
+    """The result without its per-request rows and outputs (what the last line prints)."""
+    if not isinstance(result, dict):
+        return result
+    return {k: without_records(v) for k, v in result.items() if k not in ("records", "outputs")}
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Speculative decoding drafted from the radix tree (issue 26): an agentic trace and unique prompts, speculation off
 against on, side by side in one process, one thread.
 
-    .venv/bin/python bench/spec_bench.py [--speculate 8] [--quick]
+    .venv/bin/python bench/spec_bench.py [--speculate 8] [--quick] [--smoke]
 
 The trace (bench/traces/agentic.json, described in BENCHMARKS.md) is an agent loop: every step resends the whole
 history; tool results quote the last tool call; retried steps resend a prompt unchanged; tool calls are JSON under a
@@ -21,6 +21,8 @@ Unique prompts are random tokens, 16 requests one after another: `unique` sample
 The LAST line is one JSON object: agentic_speedup_b1 / agentic_speedup_b8 (tokens per second on / off, embedded
 model), accepted_per_step (accepted draft tokens per verification, embedded model, batch 1), unique_overhead (on /
 off time of `unique`, embedded model), greedy_identical, seeded_identical, and everything per model under "models".
+--smoke: the embedded model only, one session of the trace's first four steps (8 tokens each), one unique prompt,
+one repetition (seconds; the figures mean nothing).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-from common import LLAMA_125M  # noqa: E402
+from common import LLAMA_125M, SMOKE_HELP  # noqa: E402
 
 from radixcache.worker.cli import default_model_path  # noqa: E402
 from radixcache.worker.engine.engine import Engine, EngineConfig  # noqa: E402
@@ -293,11 +295,17 @@ def main() -> None:
     parser.add_argument("--models", default="embedded,125m", help="comma-separated: embedded, 125m")
     parser.add_argument("--dtype", default=None, help="the embedded model's dtype (default: its checkpoint's, bf16)")
     parser.add_argument("--quick", action="store_true", help="3 sessions, 3 unique prompts, 1 repetition")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = parser.parse_args()
     if args.quick:
         args.sessions, args.unique, args.reps = 3, 3, 1
-    torch.set_num_threads(args.threads)
     trace = json.loads(TRACE.read_text())
+    if args.smoke:
+        args.sessions, args.unique, args.unique_prompt, args.unique_tokens, args.reps = 1, 1, 16, 8, 1
+        args.models, args.kv_pages = "embedded", 256
+        steps = trace["steps"][:4]  # plan, call, tool, retry: every kind of step but the answer
+        trace["steps"] = [s | {"max_tokens": min(8, s["max_tokens"])} if "max_tokens" in s else s for s in steps]
+    torch.set_num_threads(args.threads)
     embedded = load_checkpoint(default_model_path(), dtype=args.dtype)
     models: dict[str, Any] = {}
     for name in args.models.split(","):
@@ -322,6 +330,7 @@ def main() -> None:
                 "seeded_identical": all(m["seeded_identical"] for m in models.values()),
                 "speculate": args.speculate,
                 "threads": args.threads,
+                "smoke": args.smoke,
                 "models": models,
             }
         )

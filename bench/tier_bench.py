@@ -1,6 +1,6 @@
 """The disk tier on the ~125M bench model, one thread per worker: what it saves and what it costs, side by side.
 
-    python bench/tier_bench.py [--quick]
+    python bench/tier_bench.py [--quick] [--smoke]
 
 Phases (each against workers started here on loopback, sequential requests unless said otherwise):
 1. re-hit: a 1,024-token prefix asked cold (TTFT = its prefill), pushed out of a 1,536-token pool by three other
@@ -26,7 +26,10 @@ Phases (each against workers started here on loopback, sequential requests unles
    and without. Wall time and the engine thread's CPU time (the wall time includes being preempted on a busy
    machine).
 
-The last line printed is one JSON object (also written to bench/results/tier_bench.json). Not part of `make test`.
+The last line printed is one JSON object (also written to bench/results/tier_bench.json). Not part of `make test`;
+its --smoke is (tests/test_bench_smoke.py): every phase once on the two-layer smoke checkpoint, with one repetition
+of each, one kill and 24 decoded tokens (the same keys; the figures mean nothing; written under results/smoke/).
+Phase 6 decodes with speculation off (speculate=0: one token per sequence per step, what "per decode step" means).
 """
 
 from __future__ import annotations
@@ -48,7 +51,16 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import RESULTS, Worker, ensure_checkpoint, percentile, random_tokens, write_json  # noqa: E402
+from common import (  # noqa: E402
+    RESULTS,
+    SMOKE_HELP,
+    Worker,
+    bench_checkpoint,
+    percentile,
+    random_tokens,
+    smoke_out,
+    write_json,
+)
 
 PAGE = 16
 POOL = ("--page-size", str(PAGE), "--kv-pages", "96", "--max-step-tokens", "512")  # 1,536 tokens
@@ -202,7 +214,7 @@ def timed_start(worker: Worker) -> float:
     return time.perf_counter() - start
 
 
-def restart(ckpt: Path, tmp: Path) -> dict:
+def restart(ckpt: Path, tmp: Path, pairs: int = 3) -> dict:
     from radixcache.client import Client
 
     rng = random.Random(13)
@@ -225,7 +237,7 @@ def restart(ckpt: Path, tmp: Path) -> dict:
         share[how] = round(after / before, 4)
         detail[how] = {"cached_before": before, "cached_after": after}
     delays = []
-    for _ in range(3):  # alternating pairs: a worker without the tier, then one over the populated folder
+    for _ in range(pairs):  # alternating pairs: a worker without the tier, then one over the populated folder
         started = []
         for extra in ((), tier_args(tmp / "restart-sigterm")):
             worker = Worker(ckpt, *pool, *extra, threads=1, name="ready")
@@ -340,7 +352,7 @@ def ready_delay_in_process(loaded, folder: Path, pairs: int = 5) -> dict:
     return {"median": statistics.median(delays), "pairs": delays}
 
 
-def spill_cost(ckpt: Path, tmp: Path) -> dict:
+def spill_cost(ckpt: Path, tmp: Path, pairs: int = 5, decode_tokens: int = 96) -> dict:
     import torch
 
     from radixcache.worker.engine.engine import Engine, EngineConfig
@@ -350,9 +362,10 @@ def spill_cost(ckpt: Path, tmp: Path) -> dict:
     torch.set_num_threads(1)
     loaded = load_checkpoint(ckpt)
     rng = random.Random(19)
-    out: dict = {"ready_delay_s": ready_delay_in_process(loaded, tmp / "restart-sigterm")}
+    out: dict = {"ready_delay_s": ready_delay_in_process(loaded, tmp / "restart-sigterm", pairs), "speculate": 0}
     for label, folder in (("no_tier", None), ("tier", tmp / "spill")):
-        config = EngineConfig(page_size=PAGE, kv_pages=96, max_step_tokens=512, kv_disk_dir=folder and str(folder))
+        config = EngineConfig(page_size=PAGE, kv_pages=96, max_step_tokens=512, kv_disk_dir=folder and str(folder),
+                              speculate=0)  # fmt: skip
         engine = Engine(loaded, config)
         engine.start_tiers()
         assert engine.wait_tier_ready(120)
@@ -365,7 +378,7 @@ def spill_cost(ckpt: Path, tmp: Path) -> dict:
             engine.submit(Request(f"fill-{i}", random_tokens(rng, 240), SamplingParams(max_tokens=1)), lambda o: None)
             engine.run_until_idle()
         for i in range(8):
-            params = SamplingParams(max_tokens=96, ignore_eos=True)
+            params = SamplingParams(max_tokens=decode_tokens, ignore_eos=True)
             engine.submit(Request(f"dec-{i}", random_tokens(rng, 40), params), lambda o: None)
         steps, tier_ms, tier_cpu_ms = [], [], []
         engine.step()  # takes the submissions in, starts the prefills
@@ -402,25 +415,28 @@ def spill_cost(ckpt: Path, tmp: Path) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run, not the figures)")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stopped: the workers' `with` blocks still stop them
-    ckpt = ensure_checkpoint()
+    ckpt = bench_checkpoint(args.smoke)
+    small = args.quick or args.smoke
     tmp = Path(tempfile.mkdtemp(prefix="tier-bench-"))
     load_before = uptime()
     results: dict = {}
     try:
         rng = random.Random(5)
-        results["rehit"] = rehit(ckpt, tmp, rng, reps=1 if args.quick else 3)
+        results["rehit"] = rehit(ckpt, tmp, rng, reps=1 if small else 3)
         print("rehit", json.dumps(results["rehit"]), flush=True)
-        results["oversub"] = oversub(ckpt, tmp, groups=4 if args.quick else 6, rounds=2 if args.quick else 4)
+        groups, rounds = (2, 2) if args.smoke else (4, 2) if args.quick else (6, 4)
+        results["oversub"] = oversub(ckpt, tmp, groups=groups, rounds=rounds)
         print("oversub", json.dumps(results["oversub"]), flush=True)
-        results["unique"] = unique(ckpt, tmp, requests=4 if args.quick else 16)
+        results["unique"] = unique(ckpt, tmp, requests=2 if args.smoke else 4 if args.quick else 16)
         print("unique", json.dumps(results["unique"]), flush=True)
-        results["restart"] = restart(ckpt, tmp)
+        results["restart"] = restart(ckpt, tmp, pairs=1 if args.smoke else 3)
         print("restart", json.dumps(results["restart"]), flush=True)
-        results["crashes"] = crashes(ckpt, tmp, kills=3 if args.quick else 20)
+        results["crashes"] = crashes(ckpt, tmp, kills=1 if args.smoke else 3 if args.quick else 20)
         print("crashes", json.dumps(results["crashes"]), flush=True)
-        results["spill_cost"] = spill_cost(ckpt, tmp)
+        results["spill_cost"] = spill_cost(ckpt, tmp, *((1, 24) if args.smoke else (5, 96)))
         print("spill_cost", json.dumps(results["spill_cost"]), flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -445,11 +461,12 @@ def main() -> int:
         "ready_delay_in_process_s": results["spill_cost"]["ready_delay_s"],
         "decode_step_ms_p99": {k: results["spill_cost"][k]["step_ms_p99"] for k in ("no_tier", "tier")},
         "quick": args.quick,
+        "smoke": args.smoke,
         "load_before": load_before,
         "load_after": uptime(),
         "details": results,
     }
-    write_json(RESULTS / "tier_bench.json", summary)
+    write_json(smoke_out(RESULTS / "tier_bench.json", args.smoke), summary)
     print(json.dumps(summary))
     return 0
 

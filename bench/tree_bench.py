@@ -16,7 +16,9 @@ only records page ids on the inserting thread; turning them into hashed events h
 loaded machine wall-clock times swing by tens of percent between runs; the insert phase is therefore also timed in
 CPU time of this process (`insert_cpu_us`, `insert_cpu_us_with_sink`), and `sink_overhead` is their ratio - 1.
 
-Prints a table, then as its LAST line one JSON object. `--quick` keeps it well under a minute.
+Prints a table, then as its LAST line one JSON object. `--quick` keeps it well under a minute; `--smoke`
+(tests/test_bench_smoke.py) runs in about a second: 400 requests, one run each, 20 evict calls, and the three
+scaling sizes cut to 1k, 2k and 4k leaves (reported under the same keys, so its figures mean nothing).
 """
 
 from __future__ import annotations
@@ -32,6 +34,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import SMOKE_HELP  # noqa: E402
 
 from radixcache.event_log import EventLog  # noqa: E402
 from radixcache.keys import encode  # noqa: E402
@@ -151,20 +157,25 @@ def bench_convert(trace: list[list[int]]) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer evict calls at the scaling sizes")
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = parser.parse_args(argv)
-    trace = make_trace(4000)
+    trace = make_trace(400 if args.smoke else 4000)
     # The machine is shared and noisy: each figure is the best of `repeats` runs on a fresh tree.
-    repeats = 2 if args.quick else 5
+    repeats = 1 if args.smoke else 2 if args.quick else 5
+    evict_calls = 20 if args.smoke else 200
     results, with_sink = {}, {}
     for ps in (1, 16):
         runs, sink_runs = [], []
         for _ in range(repeats):  # alternating, so both see the same machine load
-            runs.append(bench_trace(trace, ps, evict_calls=200))
-            sink_runs.append(bench_trace(trace, ps, evict_calls=200, sink=True))
+            runs.append(bench_trace(trace, ps, evict_calls=evict_calls))
+            sink_runs.append(bench_trace(trace, ps, evict_calls=evict_calls, sink=True))
         results[ps] = {name: min(run[name] for run in runs) for name in runs[0]}
         with_sink[ps] = {name: min(run[name] for run in sink_runs) for name in sink_runs[0]}
-    calls = 200 if args.quick else 1000
-    scaling = {n: bench_evict_scaling(n, calls) for n in (1_000, 10_000, 100_000)}
+    calls = 20 if args.smoke else 200 if args.quick else 1000
+    # The sizes the keys name (1k, 10k, 100k); --smoke measures 1k, 2k and 4k under those keys.
+    measured = (1_000, 2_000, 4_000) if args.smoke else (1_000, 10_000, 100_000)
+    sizes = dict(zip((1_000, 10_000, 100_000), measured, strict=True))
+    scaling = {key: bench_evict_scaling(n, calls) for key, n in sizes.items()}
     convert = bench_convert(trace)
 
     print(f"trace: {len(trace)} requests of {len(trace[0])} tokens ({PREFIXES} shared prefixes of {PREFIX_LEN})")
@@ -172,8 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     for ps, r in results.items():
         print(f"{ps:>5} {r['insert_us']:>13.2f} {r['match_us']:>12.2f} {r['evict_us']:>21.1f} {r['leaves']:>7}")
     print(f"\n{'evictable leaves':>16} {'evict(256 tok) us':>18} {'heap rebuild us':>16} {'rebuild/evict':>14}")
-    for n, (ev, rebuild) in scaling.items():
-        print(f"{n:>16} {ev:>18.1f} {rebuild:>16.0f} {rebuild / ev:>13.0f}x")
+    for key, (ev, rebuild) in scaling.items():
+        print(f"{sizes[key]:>16} {ev:>18.1f} {rebuild:>16.0f} {rebuild / ev:>13.0f}x")
     print(f"\n{'page':>5} {'insert us/op':>13} {'with event sink':>16} {'CPU us/op':>10} {'with sink':>10}", end="")
     print(f" {'overhead (CPU)':>15} {'drain to events us/op':>22}")
     for ps, r in results.items():
@@ -202,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         "match_us_page1": round(results[1]["match_us"], 3),
         "evict_us_page1": round(results[1]["evict_us"], 2),
         "heap_rebuild_us_100k": round(scaling[100_000][1], 1),
+        "smoke": args.smoke,
     }
     print(json.dumps(summary))
     return 0

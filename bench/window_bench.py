@@ -1,6 +1,6 @@
 """What window paging buys a sliding-window model, measured side by side in one run:
 
-    .venv/bin/python bench/window_bench.py [--tokens 16384] [--quick]
+    .venv/bin/python bench/window_bench.py [--tokens 16384] [--quick] [--smoke]
 
 A tiny Gemma-3-shaped decoder (random weights, fp32): 6 layers, 5 sliding (window 512, as the smallest Gemma 3) to
 1 global, 1 KV head of 64, the Gemma switches on. In-process engines, one thread, torch backend:
@@ -17,7 +17,12 @@ A tiny Gemma-3-shaped decoder (random weights, fp32): 6 layers, 5 sliding (windo
    just before its turn): hit rate (cached / prompt tokens) with window paging on and off, and the idle window
    parts given back to make room.
 
-Prints a table; the LAST line is one JSON object (BENCHMARKS.md, "Sliding windows"). Not in `make test`.
+Plain decode: speculation is off in every engine (EngineConfig(speculate=0); the JSON says "speculate": 0), so each
+step emits one token of the sequence: with it on, the random weights' repetitions are drafted and accepted, the
+sequence ends before its steps are timed, and a step's time is no longer one token's.
+
+Prints a table; the LAST line is one JSON object (BENCHMARKS.md, "Sliding windows"). --smoke (tests/
+test_bench_smoke.py): a 64-token window, 256 tokens, 2 rounds of the hits workload.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import sys
 import time
 
 import torch
+from common import SMOKE_HELP  # noqa: E402
 
 from radixcache.worker.engine.engine import Engine, EngineConfig
 from radixcache.worker.engine.request import Request, SamplingParams
@@ -47,8 +53,8 @@ GEMMA3_SHAPED = dict(
 )  # fmt: skip
 
 
-def model(all_global: bool = False):  # noqa: ANN201
-    fields = dict(GEMMA3_SHAPED)
+def model(all_global: bool = False, window: int = WINDOW):  # noqa: ANN201
+    fields = dict(GEMMA3_SHAPED, sliding_window=window)
     if all_global:
         fields |= {"layer_kinds": ("global",) * 6, "sliding_window": None}
     return random_model(ModelConfig(**fields), seed=0, std=0.05)
@@ -75,7 +81,8 @@ def long_sequences(runs: dict[str, tuple[object, str]], tokens: int, generate: i
     engines = {}
     for name, (loaded, paging) in runs.items():
         engine = Engine(loaded, EngineConfig(page_size=PAGE, kv_pages=pages, max_running=4, kv_window_paging=paging,
-                                             max_step_tokens=1024, cache_enabled=False, backend="torch"))  # fmt: skip
+                                             max_step_tokens=1024, cache_enabled=False, backend="torch",
+                                             speculate=0))  # fmt: skip
         engine.submit(Request("long", prompt, SamplingParams(max_tokens=generate, ignore_eos=True)), lambda out: None)
         while not any(s.num_computed >= s.num_prompt for s in engine.scheduler.running):
             engine.step()  # the prefill
@@ -91,12 +98,13 @@ def long_sequences(runs: dict[str, tuple[object, str]], tokens: int, generate: i
     return {name: {"bytes": held[name], "decode_ms": 1000 * statistics.median(steps[name][1:])} for name in runs}
 
 
-def shared_prefixes(loaded, budget: int, paging: str) -> dict:
+def shared_prefixes(loaded, budget: int, paging: str, window: int = WINDOW, rounds: int = 6) -> dict:
     rng = random.Random(2)
-    prefixes = [[rng.randrange(8, 1000) for _ in range(3 * WINDOW)] for _ in range(4)]
-    prompts = [p + [rng.randrange(8, 1000) for _ in range(32)] for _ in range(6) for p in prefixes]
+    prefixes = [[rng.randrange(8, 1000) for _ in range(3 * window)] for _ in range(4)]
+    prompts = [p + [rng.randrange(8, 1000) for _ in range(32)] for _ in range(rounds) for p in prefixes]
     engine = Engine(loaded, EngineConfig(page_size=PAGE, kv_memory_bytes=budget, max_running=4,
-                                         kv_window_paging=paging, max_step_tokens=512, backend="torch"))  # fmt: skip
+                                         kv_window_paging=paging, max_step_tokens=512, backend="torch",
+                                         speculate=0))  # fmt: skip
     cached = {}
     for start in range(0, len(prompts), len(prefixes)):  # a round: each prefix once, one after another
         for i in range(start, start + len(prefixes)):
@@ -116,20 +124,25 @@ def main() -> int:
     p.add_argument("--tokens", type=int, default=16384, help="context of the long sequence (default 16384)")
     p.add_argument("--generate", type=int, default=32)
     p.add_argument("--quick", action="store_true", help="a 4k context: a smoke run")
+    p.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = p.parse_args()
     tokens = 4096 if args.quick else args.tokens
+    window, rounds = WINDOW, 6
+    if args.smoke:
+        window, rounds, tokens, args.generate = 64, 2, 256, 6
     torch.set_num_threads(1)
     load = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
-    print(f"# window bench: Gemma-3-shaped tiny model, window {WINDOW}, page {PAGE}, {tokens} tokens; load: {load}")
-    gemma, flat = model(), model(all_global=True)
+    print(f"# window bench: Gemma-3-shaped tiny model, window {window}, page {PAGE}, {tokens} tokens; load: {load}")
+    print("# plain decode: speculation off (speculate=0) in every engine")
+    gemma, flat = model(window=window), model(all_global=True)
     with torch.inference_mode():
         runs = long_sequences({"on": (gemma, "auto"), "off": (gemma, "off"), "global": (flat, "off")}, tokens,
                               args.generate)  # fmt: skip
         on, off, glob = runs["on"], runs["off"], runs["global"]
-        per_request = (3 * WINDOW + 36) * 6 * 2 * 64 * 4  # tokens x layers x K/V x head_dim x fp32
+        per_request = (3 * window + 36) * 6 * 2 * 64 * 4  # tokens x layers x K/V x head_dim x fp32
         budget = 3 * per_request
-        hits_on = shared_prefixes(gemma, budget, "auto")
-        hits_off = shared_prefixes(gemma, budget, "off")
+        hits_on = shared_prefixes(gemma, budget, "auto", window, rounds)
+        hits_off = shared_prefixes(gemma, budget, "off", window, rounds)
     print(f"{'':28} {'window paging':>14} {'paging off':>12} {'all global':>12}")
     print(f"{'KV bytes of one sequence':28} {on['bytes']:>14,} {off['bytes']:>12,} {glob['bytes']:>12,}")
     print(f"{'decode ms per step':28} {on['decode_ms']:>14.2f} {off['decode_ms']:>12.2f} {glob['decode_ms']:>12.2f}")
@@ -138,7 +151,9 @@ def main() -> int:
     print(f"{'  idle windows given back':28} {hits_on['dropped']:>14,}")
     result = {
         "tokens": tokens,
-        "window": WINDOW,
+        "window": window,
+        "speculate": 0,
+        "smoke": args.smoke,
         "window_bytes_ratio": round(on["bytes"] / off["bytes"], 4),
         "decode_16k_vs_global": round(on["decode_ms"] / glob["decode_ms"], 3),
         "decode_16k_vs_off": round(on["decode_ms"] / off["decode_ms"], 3),

@@ -1,7 +1,9 @@
-"""A stand-in for flashinfer-python 0.6.1 and a CUDA device, so the flashinfer backend's logic runs on the CPU.
+"""A stand-in for flashinfer-python 0.6.x and a CUDA device, so the flashinfer backend's logic runs on the CPU.
 
 FakeFlashInfer is a module to put in sys.modules["flashinfer"]. Its two wrappers take the constructor, plan() and
-run() parameters of 0.6.1 under the same names (a misspelt keyword is a TypeError, as it would be there), record
+run() parameters of 0.6.x under the same names, in the same order and with the same defaults (written from 0.6.1;
+tests/test_flashinfer_api.py checks them against the installed release the Makefile pins), so a misspelt keyword
+is a TypeError, as it would be there. They record
 every call, and check what the real kernels assume: int32 index arrays, NHD paged K/V of the planned geometry and
 dtype, q in the planned dtype. run() then computes what FlashInfer documents, in float32 torch: each sequence's
 K/V gathered through kv_indptr / kv_indices / last_page_len, query head h reading KV head h // group, scores
@@ -239,6 +241,7 @@ class BatchDecodeWithPagedKVCacheWrapper(_Wrapper):
         num_kv_heads: int,
         head_dim: int,
         page_size: int,
+        *,  # 0.6.x deprecates the rest positionally (0.6.18.post1: plan(..., page_size, *deprecated, **kwargs))
         pos_encoding_mode: str = "NONE",
         window_left: int = -1,
         logits_soft_cap: float | None = None,
@@ -283,7 +286,7 @@ class FakeFlashInfer(types.ModuleType):
 
     def __init__(self, *, hopper: bool = True) -> None:
         super().__init__("flashinfer")
-        self.__version__ = "0.6.1+fake"
+        self.__version__ = "0.6.18.post1+fake"
         self.hopper = hopper
         self.calls: list[tuple[str, str, Any]] = []
         self.wrappers: list[_Wrapper] = []

@@ -1,4 +1,4 @@
-"""The flashinfer path on the CPU: backend selection, the backend's calls into FlashInfer 0.6.1 and the start-up
+"""The flashinfer path on the CPU: backend selection, the backend's calls into FlashInfer 0.6.x and the start-up
 warm-up, with CUDA and flashinfer faked (tests/fake_flashinfer.py) so the first GPU run finds a working path."""
 
 from __future__ import annotations
