@@ -180,6 +180,9 @@ EXPECTED: dict[str, dict] = {
             "smoke",
         ]
     ),  # fmt: skip
+    "exact_cost.py": dict.fromkeys(
+        ["dtype", "threads", "decode_b1_ratio", "decode_b8_ratio", "prefill_ratio", "decode_b1_exact_tok_s"]
+    ),
     "cluster_bench.py": {
         "present": {
             router: dict.fromkeys(["hit_rate_of_max", "ttft_p50_ms", "failed"]) for router in ("exact", "ray_prefix")
