@@ -211,7 +211,9 @@ def test_warm_up_runs_prefill_decode_and_mixed(monkeypatch: pytest.MonkeyPatch) 
     engine = Engine(tiny_model(), EngineConfig(page_size=4, kv_pages=64, backend="torch"))
     engine.start()
     try:
-        assert seen == [([6], [0]), ([1], [6]), ([1, 6], [7, 0])]  # a prefill across pages; decodes start mid-page
+        assert seen[:3] == [([6], [0]), ([1], [6]), ([1, 6], [7, 0])]  # a prefill across pages; decodes start mid-page
+        # then the row check (worker/engine/row_check.py): 3 prefills, 4 decodes alone, 4 in pairs, a verify, a chunk
+        assert [len(new) for new, _ in seen[3:]] == [3] + [1] * 4 + [2] * 4 + [2, 2]
         engine.cache.check(idle=True)
         assert engine.cache.stats().pages_in_use == 0  # nothing of the warm-up is kept or served
     finally:
