@@ -230,6 +230,10 @@ class WorkerMetrics:
         self._http: Any = None
         self._thread: threading.Thread | None = None
 
+    def attached(self) -> None:
+        """The engine is attached (its model's name known): vLLM's request series show from now on, at 0."""
+        self.vllm.show()
+
     def observe(self, out: RequestOutput, *, first: bool) -> None:
         """Record one RequestOutput of a stream (first: the stream's first output)."""
         self.vllm.observe(out, first=first)

@@ -177,6 +177,7 @@ class WorkerServer:
         """Serve `engine` (already started and warmed up): health turns SERVING."""
         await self._start_events(engine)
         self.core.attach(engine, facts)
+        self.metrics.attached()
         for service in ("", SERVICE_NAME):
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
 

@@ -112,16 +112,22 @@ class VllmRequestMetrics:
         )  # fmt: skip
         self._named: str | None = None
 
-    def _labels(self) -> dict[str, str]:
+    def show(self) -> dict[str, str]:
+        """Make every series exist (at 0) under the current model name, as vLLM's exist from start-up, so that a
+        rate() over them starts with the first request, not after it; returns the labels. Call it once the model's
+        name is known (WorkerMetrics.attached); observe calls it when the name changed."""
         name = self._model_name()
-        if name != self._named:  # every finished_reason shows (at 0) from the first request on, as vLLM's do
+        labels = {"model_name": name, "engine": ENGINE}
+        if name != self._named:
+            for metric in (self.prompt_tokens, self.generation_tokens, self.ttft, self.tpot):
+                metric.labels(**labels)
             for reason in dict.fromkeys(FINISHED_REASON.values()):
-                self.request_success.labels(model_name=name, engine=ENGINE, finished_reason=reason)
+                self.request_success.labels(**labels, finished_reason=reason)
             self._named = name
-        return {"model_name": name, "engine": ENGINE}
+        return labels
 
     def observe(self, out: RequestOutput, *, first: bool) -> None:
-        labels = self._labels()
+        labels = self.show()
         if first:
             self.prompt_tokens.labels(**labels).inc(out.prompt_tokens)
         if out.token_ids:

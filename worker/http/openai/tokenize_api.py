@@ -74,7 +74,7 @@ class TokenizeEndpoint:
         try:
             check_token_ids(body.tokens, limits.vocab_size, TOKENS)
         except InvalidArgument as e:
-            raise bad_request(str(e), "tokens") from None
+            raise bad_request(str(e), str(e.field or TOKENS)) from None  # tokens[i], as pydantic's type errors
         tokenizer = engine.tokenizer
         if tokenizer is None:
             raise bad_request("tokens: this worker's model has no tokenizer to decode them with", "tokens")
