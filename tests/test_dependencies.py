@@ -21,6 +21,7 @@ WORKER_FLOORS = (
     ("server",),
     ("grpc", "http"),
     ("events", "metrics", "front"),
+    ("vllm_metrics",),
     ("engine",),
     ("speculation", "model"),
     ("attention",),

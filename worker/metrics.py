@@ -1,7 +1,8 @@
 """Prometheus metrics of one worker, in a private registry (so a test process can run several workers).
 
 Request-level metrics (tokens, finish reasons, time to first token, time per output token) are recorded by the
-server as streams finish; cache and scheduler gauges are read from `engine.stats()` at scrape time.
+server as streams finish; cache and scheduler gauges are read from `engine.stats()` at scrape time. The same figures
+are also exported under vLLM's names and labels (worker/vllm_metrics.py has the table), for tools written for vLLM.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from radixcache.worker import vllm_metrics
 from radixcache.worker.engine.request import RequestOutput
 
 PAGE_STATES = ("free", "cached", "evictable", "pinned", "in_use")
@@ -87,8 +89,8 @@ def flatten_stats(stats: Any) -> dict[str, float]:
 
 
 class _EngineCollector(Collector):
-    def __init__(self, stats: Callable[[], Any | None]) -> None:
-        self._stats = stats
+    def __init__(self, stats: Callable[[], Any | None], model_name: Callable[[], str]) -> None:
+        self._stats, self._model_name = stats, model_name
 
     def collect(self) -> Iterator[Metric]:
         raw = self._stats()
@@ -148,6 +150,7 @@ class _EngineCollector(Collector):
         yield CounterMetricFamily(
             "radixcache_cache_promoted_pages", "demoted pages brought back by a hit", value=s["promoted_pages"]
         )
+        yield from vllm_metrics.engine_families(s, self._model_name())
 
 
 def _window_metrics(s: dict[str, float]) -> Iterator[Metric]:
@@ -194,9 +197,10 @@ def _tier_metrics(s: dict[str, float]) -> Iterator[Metric]:
 
 
 class WorkerMetrics:
-    """The metrics of one worker. `stats` returns engine.stats(), or None while there is no engine yet."""
+    """The metrics of one worker. `stats` returns engine.stats(), or None while there is no engine yet; `model_name`
+    the served model's name (vLLM's names carry it as a label; read at each use, as it is known once loaded)."""
 
-    def __init__(self, stats: Callable[[], Any | None]) -> None:
+    def __init__(self, stats: Callable[[], Any | None], model_name: Callable[[], str] = lambda: "") -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("radixcache_requests", "finished requests", ["finish_reason"], registry=r)
@@ -221,12 +225,18 @@ class WorkerMetrics:
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
             registry=r,
         )
-        r.register(_EngineCollector(stats))
+        r.register(_EngineCollector(stats, model_name))
+        self.vllm = vllm_metrics.VllmRequestMetrics(r, model_name)
         self._http: Any = None
         self._thread: threading.Thread | None = None
 
+    def attached(self) -> None:
+        """The engine is attached (its model's name known): vLLM's request series show from now on, at 0."""
+        self.vllm.show()
+
     def observe(self, out: RequestOutput, *, first: bool) -> None:
         """Record one RequestOutput of a stream (first: the stream's first output)."""
+        self.vllm.observe(out, first=first)
         if first:
             self.prompt_tokens.inc(out.prompt_tokens)
             self.cached_tokens.inc(out.cached_tokens)

@@ -102,7 +102,9 @@ class WorkerServer:
     def __init__(self, options: ServerOptions) -> None:
         self.options = options
         # The metrics read the core's engine lazily (once attached), so they can be made first and handed to it.
-        self.metrics = WorkerMetrics(lambda: self.core.engine.stats() if self.core.engine else None)
+        self.metrics = WorkerMetrics(
+            lambda: self.core.engine.stats() if self.core.engine else None, lambda: self.core.facts.model_name
+        )
         # Both fronts (gRPC and HTTP) share this core: one engine, one Authenticator, one drain.
         memory = GeneratedTokens(max_bytes=options.remember_generated_bytes)
         self.core = FrontCore(Authenticator(options.auth_tokens, options.admin_tokens or ()), self.metrics, memory)
@@ -175,6 +177,7 @@ class WorkerServer:
         """Serve `engine` (already started and warmed up): health turns SERVING."""
         await self._start_events(engine)
         self.core.attach(engine, facts)
+        self.metrics.attached()
         for service in ("", SERVICE_NAME):
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
 

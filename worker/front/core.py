@@ -310,18 +310,19 @@ class FrontCore:
 
     # -- the other calls -------------------------------------------------------------------------------------
     async def tokenize(
-        self, prompt: PromptInput, *, fit: bool = False, tenant: str | None = None
+        self, prompt: PromptInput, *, fit: bool = False, tenant: str | None = None, **options: bool
     ) -> tuple[list[int], str]:
         """The prompt's token ids and rendered text, tokenized off the loop. Nothing is submitted, so the engine's
         prompt rules run here (validation.check_prompt_ids): token ids sent in the vocabulary, and with fit, room
         left to generate. tenant: a chat history is tokenized with that tenant's remembered replies, as `admit`
-        tokenizes it (the ids are the ones admit would submit)."""
+        tokenizes it (the ids are the ones admit would submit). options: validation.render's add_special_tokens and
+        add_generation_prompt (both true by default, as admit renders)."""
         engine = self.ready()
         checked = self.check_prompt(prompt)
         try:
             messages = prompt.messages if checked.kind == "messages" else None
             replies = self.memory.lookup(tenant, messages) if tenant is not None and messages is not None else {}
-            ids, text = await render_off_loop(checked, engine.tokenizer, replies)
+            ids, text = await render_off_loop(checked, engine.tokenizer, replies, **options)
             check_prompt_ids(checked, ids, self.limits, fit=fit)
         except InvalidArgument as e:
             raise Refusal.of_invalid(e) from None

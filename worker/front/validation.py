@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -383,7 +384,12 @@ def check_text_bytes(num_bytes: int, limits: ModelLimits) -> int:
 
 
 def render(
-    checked: CheckedPrompt, tokenizer: TokenizerLike | None, replies: Mapping[int, Reply] | None = None
+    checked: CheckedPrompt,
+    tokenizer: TokenizerLike | None,
+    replies: Mapping[int, Reply] | None = None,
+    *,
+    add_special_tokens: bool = True,
+    add_generation_prompt: bool = True,
 ) -> tuple[list[int], str]:
     """The token ids of a checked prompt, and the text they encode ("" for token ids). Slow: run it off the event
     loop (render_off_loop). Checks nothing more than that the chat template renders the messages.
@@ -392,15 +398,17 @@ def render(
     writes the special tokens (BOS) itself, so the rendered text is encoded without adding them again. `replies`
     (message index -> remembered generation, worker/front/generated.py): those assistant turns keep the ids the model
     generated where the template wrote their exact text. The length is not checked against the context: Tokenize
-    reports any length, and an admitted prompt meets the engine's check at submit.
+    reports any length, and an admitted prompt meets the engine's check at submit. add_special_tokens (text only) and
+    add_generation_prompt (messages only) are for a front that only tokenizes (vLLM's /tokenize): what is admitted
+    is always rendered with both.
     """
     if checked.kind == "token_ids":
         return list(checked.prompt.token_ids or ()), ""
     assert tokenizer is not None  # check_prompt_input refuses text and messages without one
     if checked.kind == "text":
         text = checked.prompt.text or ""
-        return list(tokenizer.encode(text)), text
-    messages, render_messages = chat_renderer(checked, tokenizer)
+        return list(tokenizer.encode(text, add_special_tokens=add_special_tokens)), text
+    messages, render_messages = chat_renderer(checked, tokenizer, add_generation_prompt=add_generation_prompt)
     rendered = render_chat(render_messages, messages)
     return encode_rendered(tokenizer, rendered, render_messages, messages, replies or {}), rendered
 
@@ -416,16 +424,17 @@ def render_prompt(
 
 
 def chat_renderer(
-    checked: CheckedPrompt, tokenizer: TokenizerLike
+    checked: CheckedPrompt, tokenizer: TokenizerLike, *, add_generation_prompt: bool = True
 ) -> tuple[list[dict[str, Any]], Callable[[list[dict[str, Any]]], str]]:
     """A checked chat prompt's messages, and the function that renders a conversation with the model's template
-    (generation prompt included, the prompt's tools as the template's `tools`)."""
+    (generation prompt included unless add_generation_prompt is false, the prompt's tools as the template's
+    `tools`)."""
     assert checked.messages is not None, "a chat prompt"
     tools = checked.prompt.tools
     variables = {"tools": list(tools)} if tools else {}
 
     def render_messages(conversation: list[dict[str, Any]]) -> str:
-        return tokenizer.apply_chat_template(conversation, add_generation_prompt=True, **variables)
+        return tokenizer.apply_chat_template(conversation, add_generation_prompt=add_generation_prompt, **variables)
 
     return checked.messages, render_messages
 
@@ -439,13 +448,15 @@ def render_chat(render_messages: Callable[[list[dict[str, Any]]], str], messages
 
 
 async def render_off_loop(
-    checked: CheckedPrompt, tokenizer: TokenizerLike | None, replies: Mapping[int, Reply] | None = None
+    checked: CheckedPrompt, tokenizer: TokenizerLike | None, replies: Mapping[int, Reply] | None = None, **options: bool
 ) -> tuple[list[int], str]:
     """render, for a front's event loop: in a worker thread, so a long text or chat template never stalls other
-    streams; token ids in place (nothing to tokenize, and a thread hop would only add latency)."""
+    streams; token ids in place (nothing to tokenize, and a thread hop would only add latency). options: render's
+    add_special_tokens / add_generation_prompt."""
     if checked.kind == "token_ids":
         return render(checked, tokenizer)
-    return await asyncio.get_running_loop().run_in_executor(None, render, checked, tokenizer, replies)
+    work = functools.partial(render, checked, tokenizer, replies, **options)
+    return await asyncio.get_running_loop().run_in_executor(None, work)
 
 
 def check_prompt_ids(checked: CheckedPrompt, ids: Sequence[int], limits: ModelLimits, *, fit: bool) -> None:

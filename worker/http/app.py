@@ -1,5 +1,6 @@
 """The one HTTP app of the worker (FastAPI): OpenAI's chat/completions and models routes (openai/chat_api.py), its
-Responses API (openai/responses_api.py) and Anthropic's Messages API (anthropic/messages_api.py) on one port, with
+Responses API (openai/responses_api.py), vLLM's /tokenize and /detokenize (openai/tokenize_api.py) and Anthropic's
+Messages API (anthropic/messages_api.py) on one port, with
 the same tokens and front core, over one HttpFront (front.py: what the routes share); errors in the shape of the
 API a path belongs to (Anthropic's for /v1/messages, OpenAI's elsewhere)."""
 
@@ -21,6 +22,7 @@ from radixcache.worker.http.openai import errors as openai_errors
 from radixcache.worker.http.openai.chat_api import ChatEndpoint
 from radixcache.worker.http.openai.response_store import ResponseStore
 from radixcache.worker.http.openai.responses_api import ResponsesEndpoint
+from radixcache.worker.http.openai.tokenize_api import TokenizeEndpoint
 
 log = logging.getLogger("radixcache.serve")
 
@@ -39,6 +41,7 @@ def create_app(
     chat = ChatEndpoint(front)
     responses = ResponsesEndpoint(front, store if store is not None else ResponseStore())
     messages = MessagesEndpoint(front)
+    tokens = TokenizeEndpoint(front)
     app = FastAPI(title="radixcache", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(HostCheck, allowed=allowed_hosts)
 
@@ -74,4 +77,6 @@ def create_app(
     app.add_api_route("/v1/responses/{response_id}", responses.delete, methods=["DELETE"])
     app.add_api_route("/v1/messages", messages.create, methods=["POST"])
     app.add_api_route("/v1/messages/count_tokens", messages.count_tokens, methods=["POST"])
+    app.add_api_route("/tokenize", tokens.tokenize, methods=["POST"])  # vLLM's paths: no /v1 prefix
+    app.add_api_route("/detokenize", tokens.detokenize, methods=["POST"])
     return app

@@ -50,7 +50,8 @@ class ChatEndpoint:
     def models(self, request: Request) -> ModelList:
         self.front.tenant(request)
         self.front.engine()
-        card = ModelCard(id=self.front.model_name, max_model_len=int(self.front.core.facts.context_length))
+        name = self.front.model_name
+        card = ModelCard(id=name, root=name, max_model_len=int(self.front.core.facts.context_length))
         return ModelList(data=[card])
 
     async def chat(self, request: Request) -> Response:

@@ -228,7 +228,8 @@ class ModelCard(BaseModel):
     object: Literal["model"] = "model"
     created: int = Field(default_factory=_now)
     owned_by: str = "radixcache"
-    max_model_len: int | None = None
+    root: str | None = None  # vLLM's: the model the served name stands for (here the same name)
+    max_model_len: int | None = None  # vLLM's: the context length
 
 
 class ModelList(BaseModel):
