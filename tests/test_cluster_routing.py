@@ -487,8 +487,14 @@ def test_prompts_that_share_nothing_take_turns_whatever_the_load_noise():
     for _ in range(20):
         noisy = [
             Candidate("a", requests=rng.choice([0, 1]), matched_pages=0, kv_busy=rng.uniform(0.0, 0.05)),
-            Candidate("b", requests=rng.choice([1, 2]), matched_pages=0, kv_busy=rng.uniform(0.05, 0.15),
-                      free_tokens=prompt - PAGE, victim_uses=(1,)),  # fmt: skip
+            Candidate(
+                "b",
+                requests=rng.choice([1, 2]),
+                matched_pages=0,
+                kv_busy=rng.uniform(0.05, 0.15),
+                free_tokens=prompt - PAGE,
+                victim_uses=(1,),
+            ),
         ]
         assert len({cost(c, prompt, 0, LoadWeights(), PAGE) for c in noisy}) == 2  # never an exact tie
         picks.append(policy.pick(noisy, prompt, PAGE).replica)
