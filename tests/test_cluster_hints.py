@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 
 import pytest
+from helpers import FakeClock
 
 from radixcache.cluster.decide import Decider
 from radixcache.cluster.hints import RoutedHints
@@ -173,3 +174,30 @@ def test_an_evicted_prefix_and_a_dead_replicas_prefixes_go_where_the_cost_says()
     assert fleet.view.hints.home("", fleet.decider.hashes(fleet.ask(on_x[1]))) == (None, 0)
     assert fleet.send([fleet.ask(on_x[1])]) == ["z"]
     assert fleet.send([fleet.ask(g) for g in range(4) if home[g] == "y"]) == ["y", "y"]  # y's groups hit there
+
+
+def test_a_choice_counts_from_the_moment_it_is_made():
+    """Serve asks for several requests' replicas before the first reaches its replica: each choice must see the
+    ones before it, or a burst of unrelated prompts piles onto whichever replica looks idlest."""
+    fleet = Fleet(["x", "y"])
+    rng = random.Random(5)
+    unrelated = [Request(f"u{i}", [rng.randrange(3, 190) for _ in range(PREFIX)]) for i in range(8)]
+    fleet.feed([], {"y": EngineLoad(2, 0, 600, 0, 1000, 0)})  # x looks idle, y busier by more than noise
+    chosen = fleet.send(unrelated)
+    assert chosen[0] == "x" and max(chosen.count(r) for r in "xy") <= 5, chosen
+    clock = FakeClock()
+    view = FleetView(clock=clock)
+    decider = Decider(view, Policy(), PAGE, clock=clock)
+    first = Request("r1", list(range(3, 3 + PREFIX)))
+    chosen = decider.choose(first, ["x", "y"])
+    assert view.loads.requests(chosen) == 1 and view.index.match(chosen, "", decider.hashes(first)) == 64
+    assert decider.choose(first, ["x", "y"]) == chosen and view.loads.requests(chosen) == 1  # asked again: recounted
+    other = "y" if chosen == "x" else "x"
+    sent = decider.routed(other, first)  # Serve sent it elsewhere: it counts there instead
+    assert (view.loads.requests(chosen), view.loads.requests(other), decider.pending) == (0, 1, 0)
+    view.loads.finished(other, sent)
+    assert decider.choose(Request("r2", [7] * PREFIX), ["x", "y"])  # never routed (cancelled before it was sent)
+    assert sum(view.loads.requests(r) for r in "xy") == 1
+    clock.advance(11.0)
+    decider.choose(Request("r3", [9] * PREFIX), ["x", "y"])
+    assert sum(view.loads.requests(r) for r in "xy") == 1 and decider.pending == 1  # r2 no longer counts

@@ -525,3 +525,27 @@ def test_prompts_that_share_nothing_take_turns_whatever_the_load_noise():
     assert {Policy(t).pick(skewed, prompt, PAGE).replica for _ in range(4)} == {"b"}
     with pytest.raises(ValueError, match="tie_share"):
         RoutingThresholds(tie_share=1.5)
+
+
+def test_requests_this_router_saw_end_are_taken_off_the_report_that_counted_them():
+    """The present trace's unrelated prompts came right after its chats: the last report still counted the four
+    chats running, with 351 tokens queued, and every prompt went to the other replica until the next report."""
+    clock = FakeClock()
+    view = LoadView(report_lag_s=0.2, clock=clock)
+    chats = [view.routed("a", 300) for _ in range(4)]
+    clock.now = 0.5
+    view.reported("a", load(running=4, queued=351))  # taken while the four ran
+    late = view.routed("a", 128)  # sent after it: not in it
+    clock.now = 0.6
+    for sent in chats:
+        view.finished("a", sent)
+    assert view.requests("a") == 1 and view.queued_tokens("a") == 128  # what is left: ours, still running
+    view.finished("a", late)  # it was never in the report: nothing more comes off
+    assert view.requests("a") == 0 and view.queued_tokens("a") == 0
+    clock.now = 1.0
+    view.reported("a", load(running=2, queued=40))  # other routers' requests: a new report is the truth again
+    assert view.requests("a") == 2 and view.queued_tokens("a") == 40
+    withdrawn = view.routed("a", 50)  # counted, then never sent
+    clock.now = 2.0
+    view.withdrawn("a", withdrawn)
+    assert view.requests("a") == 2 and view.queued_tokens("a") == 40  # the report's figures stand
