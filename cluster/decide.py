@@ -27,7 +27,6 @@ from radixcache.cluster.view import FleetView
 from radixcache.events import page_hashes
 from radixcache.worker.engine.request import Request
 
-
 PENDING_S = 10.0  # a choice Serve never routed (the request was cancelled first) counts this long at most
 
 
