@@ -99,12 +99,14 @@ def build_app(options: ClusterOptions) -> Any:
             balance_abs=t.balance_abs,
             balance_rel=t.balance_rel,
             min_match_pages=t.min_match_pages,
+            tie_share=t.tie_share,
             inflight_ttl_s=options.inflight_ttl_s,
             queued_weight=w.queued,
             requests_weight=w.requests,
             kv_weight=w.kv,
             evict_weight=w.evict,
             tier_weight=w.tier,
+            hint_weight=w.hint,
         )
     scaling: dict[str, Any] = (
         {"autoscaling_config": dict(options.autoscaling)} if options.autoscaling else {"num_replicas": options.replicas}
@@ -193,6 +195,7 @@ def options_from_args(args: dict[str, Any]) -> ClusterOptions:
             int(args.get("balance_abs", t.balance_abs)),
             float(args.get("balance_rel", t.balance_rel)),
             int(args.get("min_match_pages", t.min_match_pages)),
+            float(args.get("tie_share", t.tie_share)),
         ),
         weights=LoadWeights(
             float(args.get("queued_weight", w.queued)),
@@ -200,6 +203,7 @@ def options_from_args(args: dict[str, Any]) -> ClusterOptions:
             float(args.get("kv_weight", w.kv)),
             float(args.get("evict_weight", w.evict)),
             float(args.get("tier_weight", w.tier)),
+            float(args.get("hint_weight", w.hint)),
         ),
         auth_tokens=tokens,
         admin_tokens=frozenset(admins),

@@ -14,7 +14,13 @@ import sys
 import threading
 from pathlib import Path
 
-from radixcache.cluster.policy import DEFAULT_BALANCE_ABS, DEFAULT_BALANCE_REL, DEFAULT_MIN_MATCH_PAGES, LoadWeights
+from radixcache.cluster.policy import (
+    DEFAULT_BALANCE_ABS,
+    DEFAULT_BALANCE_REL,
+    DEFAULT_MIN_MATCH_PAGES,
+    DEFAULT_TIE_SHARE,
+    LoadWeights,
+)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -51,6 +57,9 @@ def parser() -> argparse.ArgumentParser:
     )
     r.add_argument("--min-match-pages", type=int, default=DEFAULT_MIN_MATCH_PAGES,
                    help=f"cached pages below which a match is ignored (default {DEFAULT_MIN_MATCH_PAGES})")  # fmt: skip
+    r.add_argument("--tie-share", type=float, default=DEFAULT_TIE_SHARE,
+                   help="with equal cache hits everywhere, load differences below this share of the tokens to "
+                        f"compute are noise: tied replicas take turns (default {DEFAULT_TIE_SHARE})")  # fmt: skip
     w = LoadWeights()
     r.add_argument("--queued-weight", type=float, default=w.queued,
                    help=f"cost of a queued prefill token, in uncached prompt tokens (default {w.queued})")  # fmt: skip
@@ -63,6 +72,9 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--tier-weight", type=float, default=w.tier,
                    help=f"cost of a token a replica loads from its host-memory or disk tier, in uncached tokens "
                         f"(default {w.tier})")  # fmt: skip
+    r.add_argument("--hint-weight", type=float, default=w.hint,
+                   help="worth of a prompt token last sent to a replica, when no replica's events show the prompt "
+                        f"(after a flush or a reset), in cached tokens (default {w.hint})")  # fmt: skip
     return p
 
 
@@ -83,9 +95,14 @@ def main(argv: list[str]) -> int:
             replicas=args.replicas,
             replica_cpus=args.replica_cpus,
             replica_gpus=args.replica_gpus,
-            thresholds=RoutingThresholds(args.balance_abs, args.balance_rel, args.min_match_pages),
+            thresholds=RoutingThresholds(args.balance_abs, args.balance_rel, args.min_match_pages, args.tie_share),
             weights=LoadWeights(
-                args.queued_weight, args.requests_weight, args.kv_weight, args.evict_weight, args.tier_weight
+                args.queued_weight,
+                args.requests_weight,
+                args.kv_weight,
+                args.evict_weight,
+                args.tier_weight,
+                args.hint_weight,
             ),
             auth_tokens=tokens,
             admin_tokens=frozenset(admins),

@@ -8,6 +8,12 @@ include them has arrived (one received more than `report_lag_s` after the reques
 `max_age_s` passed with no report at all (the hub down). With several ingress replicas each router sees the others' requests only
 through the reports.
 
+A report is up to a period stale the other way too: requests it counted may have ended since. Those this router
+sent (sent long enough before the report to be in it) and saw end after it arrived are taken off its figures, a
+request each and its prompt's uncached tokens (a finished request queues nothing), until the next report; without
+this, a burst of short requests right after a busy spell all went to the replica that had been idle (the present
+trace of bench/cluster_bench.py). The figures never go below zero, nor below what this router has outstanding.
+
 Thread-safe: Serve calls `routed` / `finished` from its own threads, the feed calls `reported` on the router's loop.
 """
 
@@ -30,6 +36,7 @@ class Sent:
 
     at: float
     tokens: int  # its uncached prompt tokens (0 once it finished)
+    prefill: int = 0  # its uncached prompt tokens, kept
 
 
 @dataclass
@@ -38,6 +45,8 @@ class _ReplicaLoad:
     report_at: float = float("-inf")  # when it arrived (this router's clock)
     outstanding: int = 0  # requests this router sent there whose stream has not ended
     sent: deque[Sent] = field(default_factory=deque)  # requests sent there that no report covers yet
+    ended: int = 0  # requests the last report counted that ended since it arrived
+    ended_tokens: int = 0  # ...and their uncached prompt tokens
 
 
 class LoadView:
@@ -54,18 +63,30 @@ class LoadView:
         with self._lock:
             view = self._view(replica)
             view.report, view.report_at = load, self.clock()
+            view.ended = view.ended_tokens = 0
             self._prune(view)
 
     def routed(self, replica: Hashable, prefill_tokens: int) -> Sent:
         with self._lock:
             view = self._view(replica)
             view.outstanding += 1
-            sent = Sent(self.clock(), prefill_tokens)
+            sent = Sent(self.clock(), prefill_tokens, prefill_tokens)
             view.sent.append(sent)
             return sent
 
     def finished(self, replica: Hashable, sent: Sent) -> None:
         """The request's stream ended: it runs no more, and queues nothing."""
+        with self._lock:
+            sent.tokens = 0
+            view = self._replicas.get(replica)
+            if view is not None:
+                view.outstanding = max(0, view.outstanding - 1)
+                if view.report is not None and sent.at <= view.report_at - self.report_lag_s:  # the report has it
+                    view.ended += 1
+                    view.ended_tokens += sent.prefill
+
+    def withdrawn(self, replica: Hashable, sent: Sent) -> None:
+        """The request was counted there but never reached it (a choice Serve did not carry out)."""
         with self._lock:
             sent.tokens = 0
             view = self._replicas.get(replica)
@@ -83,7 +104,7 @@ class LoadView:
             view = self._replicas.get(replica)
             if view is None:
                 return 0
-            reported = view.report.running + view.report.waiting if view.report else 0
+            reported = view.report.running + view.report.waiting - view.ended if view.report else 0
             return max(reported, view.outstanding)
 
     def queued_tokens(self, replica: Hashable) -> int:
@@ -93,7 +114,7 @@ class LoadView:
             if view is None:
                 return 0
             self._prune(view)
-            reported = view.report.queued_prefill_tokens if view.report else 0
+            reported = max(0, view.report.queued_prefill_tokens - view.ended_tokens) if view.report else 0
             return reported + sum(s.tokens for s in view.sent)
 
     def kv_busy(self, replica: Hashable) -> float:

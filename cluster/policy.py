@@ -17,10 +17,19 @@ token there:
                                                    counted as often as routed prompts used its page (at least
                                                    once): where pools are full everywhere, a new prefix displaces
                                                    the least asked-for cache (cluster.reuse)
+         - weights.hint     x hinted               when no replica's events (or prompts in flight) show any of
+                                                   the prompt's pages: the tokens of its leading pages the
+                                                   router's hints say it sent there last (cluster.hints), as if
+                                                   cached there: after a flush or an engine reset a conversation
+                                                   goes back where it was, and the fleet keeps its partition
 
-and the cheapest wins (`cheapest` lists those within TIE_TOKENS of it). `Policy.pick`, the router's, takes tied
-ones in turn, so prompts that share nothing alternate over an idle fleet instead of drifting by chance; `choose`
-picks one at random. With the default weights a cached prefix keeps its requests until the
+and the cheapest wins. Ties: `cheapest` lists those within TIE_TOKENS of it, and, when no candidate has a cache
+advantage over another (every one hits the same tokens, none at all included) and load is balanced, those within
+`tie_share` of the tokens to compute: load figures are up to a report period old (a request or two, a few percent
+of a pool), so differences that small are noise, and prompts that share nothing must not pile up wherever the noise
+points. `Policy.pick`, the router's, takes the tied one it chose least recently (deterministic, and it counts
+concurrent decisions that have not reached a replica yet); `choose` picks one at random. With the default weights a
+cached prefix keeps its requests until the
 queue there is longer than recomputing it elsewhere: 1,024 cached tokens outweigh 1,024 queued ones, or 256 running
 requests (the imbalance rule below steps in long before). A prefix on a replica's disk tier scores below the same
 prefix in another's device and above nothing: with the default tier weight, 1,024 tokens to load cost ~51.
@@ -46,6 +55,7 @@ from hashlib import blake2b
 DEFAULT_BALANCE_ABS = 8
 DEFAULT_BALANCE_REL = 1.5
 DEFAULT_MIN_MATCH_PAGES = 1
+DEFAULT_TIE_SHARE = 0.5
 TIE_TOKENS = 1.0
 
 
@@ -54,6 +64,7 @@ class RoutingThresholds:
     balance_abs: int = DEFAULT_BALANCE_ABS
     balance_rel: float = DEFAULT_BALANCE_REL
     min_match_pages: int = DEFAULT_MIN_MATCH_PAGES
+    tie_share: float = DEFAULT_TIE_SHARE  # of the tokens to compute: the load noise tolerated between equal hits
 
     def __post_init__(self) -> None:
         if self.balance_abs < 0:
@@ -62,6 +73,8 @@ class RoutingThresholds:
             raise ValueError(f"balance_rel must be >= 1, got {self.balance_rel}")
         if self.min_match_pages < 1:
             raise ValueError(f"min_match_pages must be >= 1, got {self.min_match_pages}")
+        if not 0.0 <= self.tie_share <= 1.0:
+            raise ValueError(f"tie_share must be in [0, 1], got {self.tie_share}")
 
 
 @dataclass(frozen=True)
@@ -77,9 +90,12 @@ class LoadWeights:
     # came 19.3x sooner than its cold prefill (disk_rehit_ttft_speedup), so 1 / 19.3 ~ 0.05. Host memory loads
     # faster still; the disk's figure is used for both (an upper bound).
     tier: float = 0.05
+    # Per token of the leading pages the hints say were sent to a replica, when no events show them anywhere: as
+    # much as a cached token (bench/cluster_bench.py's flush_restart trace; a real queue elsewhere still wins).
+    hint: float = 1.0
 
     def __post_init__(self) -> None:
-        for name in ("queued", "requests", "kv", "evict", "tier"):
+        for name in ("queued", "requests", "kv", "evict", "tier", "hint"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"load weight {name} must be >= 0, got {getattr(self, name)}")
 
@@ -94,6 +110,7 @@ class Candidate:
     free_tokens: int | None = None  # room in its pool before anything cached is evicted (None: not known yet)
     victim_uses: tuple[int, ...] = ()  # request counts of the pages it would evict next, in eviction order
     tier_pages: int = 0  # the prompt's pages right after matched_pages that a tier below the device holds
+    hinted_pages: int = 0  # leading pages of the prompt the router last sent here (cluster.hints)
 
 
 def imbalanced(requests: Sequence[int], t: RoutingThresholds) -> bool:
@@ -102,15 +119,22 @@ def imbalanced(requests: Sequence[int], t: RoutingThresholds) -> bool:
 
 
 def cost(
-    c: Candidate, prompt_tokens: int, cached_tokens: int, w: LoadWeights, page_size: int = 1, loaded_tokens: int = 0
+    c: Candidate,
+    prompt_tokens: int,
+    cached_tokens: int,
+    w: LoadWeights,
+    page_size: int = 1,
+    loaded_tokens: int = 0,
+    hinted_tokens: int = 0,
 ) -> float:
     """Estimated tokens of prefill work before this request's first token on `c` (see the module docstring):
-    `cached_tokens` hit in the device, the next `loaded_tokens` loaded from a tier below it."""
+    `cached_tokens` hit in the device, the next `loaded_tokens` loaded from a tier below it; less the affinity of
+    `hinted_tokens` computed where the hints send them."""
     uncached = max(0, prompt_tokens - cached_tokens - loaded_tokens)
     new = uncached + loaded_tokens
     load = uncached + w.tier * loaded_tokens + w.kv * new * c.kv_busy
     load += w.queued * c.queued_tokens + w.requests * c.requests
-    return load + w.evict * eviction_tokens(c, new, page_size)
+    return load + w.evict * eviction_tokens(c, new, page_size) - w.hint * hinted_tokens
 
 
 def eviction_tokens(c: Candidate, uncached: int, page_size: int) -> int:
@@ -129,25 +153,38 @@ def cheapest(
     t: RoutingThresholds | None = None,
     w: LoadWeights | None = None,
 ) -> list[Candidate]:
-    """The candidates a request of `prompt_tokens` tokens may go to: those within TIE_TOKENS of the lowest cost (in
-    the order given; candidates must not be empty)."""
+    """The candidates a request of `prompt_tokens` tokens may go to: the cheapest and those tied with it (see the
+    module docstring), in the order given; candidates must not be empty."""
     if not candidates:
         raise ValueError("no candidate replicas")
     t, w = t or RoutingThresholds(), w or LoadWeights()
     use_cache = not imbalanced([c.requests for c in candidates], t)
+    shown = any(c.matched_pages + c.tier_pages >= t.min_match_pages for c in candidates)  # events show a prefix
 
-    def hits(c: Candidate) -> tuple[int, int]:
-        """(tokens hit in the device, tokens then loaded from a tier): one token is always computed."""
-        if not use_cache or c.matched_pages + c.tier_pages < t.min_match_pages:
-            return 0, 0
-        device = min(c.matched_pages * page_size, prompt_tokens - 1)
-        return device, min(c.tier_pages * page_size, prompt_tokens - 1 - device)
+    def hits(c: Candidate) -> tuple[int, int, int]:
+        """(tokens hit in the device, tokens then loaded from a tier, tokens hinted): one token is always computed."""
+        if not use_cache:
+            return 0, 0, 0
+        if c.matched_pages + c.tier_pages >= t.min_match_pages:
+            device = min(c.matched_pages * page_size, prompt_tokens - 1)
+            return device, min(c.tier_pages * page_size, prompt_tokens - 1 - device), 0
+        if not shown and c.hinted_pages >= t.min_match_pages:
+            return 0, 0, min(c.hinted_pages * page_size, prompt_tokens - 1)
+        return 0, 0, 0
 
     if not use_cache:  # load alone decides: what a new prefix would evict is a cache consideration too
         w = dataclasses.replace(w, evict=0.0)
-    costs = [cost(c, prompt_tokens, device, w, page_size, loaded) for c in candidates for device, loaded in [hits(c)]]
+    found = [hits(c) for c in candidates]
+    costs = [
+        cost(c, prompt_tokens, device, w, page_size, loaded, hinted)
+        for c, (device, loaded, hinted) in zip(candidates, found, strict=True)
+    ]
     best = min(costs)
-    return [c for c, x in zip(candidates, costs, strict=True) if x <= best + TIE_TOKENS]
+    tolerance = TIE_TOKENS
+    if use_cache and len(set(found)) == 1:  # no cache advantage anywhere: small load differences are noise
+        device, loaded, _ = found[0]
+        tolerance += t.tie_share * (prompt_tokens - device - loaded)
+    return [c for c, x in zip(candidates, costs, strict=True) if x <= best + tolerance]
 
 
 def choose(
@@ -176,24 +213,34 @@ def key_home(namespace: str, cache_key: str, replicas: Sequence[Hashable]) -> Ha
 
 
 class Policy:
-    """The router's decision: thresholds, weights, and whose turn it is among tied candidates. Not thread-safe."""
+    """The router's decision: thresholds, weights, and which of tied candidates it chose least recently. Not
+    thread-safe."""
 
     def __init__(self, thresholds: RoutingThresholds | None = None, weights: LoadWeights | None = None) -> None:
         self.thresholds = thresholds or RoutingThresholds()
         self.weights = weights or LoadWeights()
         self.ties = 0  # decisions that had several cheapest candidates
+        self.decisions = 0
+        self._chosen_at: dict[Hashable, int] = {}  # replica -> the decision that last chose it
 
     def pick(
         self, candidates: Sequence[Candidate], prompt_tokens: int, page_size: int, *, namespace: str = "",
         cache_key: str = "",
     ) -> Candidate:  # fmt: skip
-        """The cheapest candidate (ties in turn), or with a cache key and balanced load, the key's home."""
+        """The cheapest candidate (of tied ones, the least recently chosen, then by name), or with a cache key and
+        balanced load, the key's home."""
         if cache_key and not imbalanced([c.requests for c in candidates], self.thresholds):
             home = key_home(namespace, cache_key, [c.replica for c in candidates])
-            return next(c for c in candidates if c.replica == home)
-        tied = cheapest(candidates, prompt_tokens, page_size, self.thresholds, self.weights)
-        if len(tied) == 1:
-            return tied[0]
-        tied.sort(key=lambda c: str(c.replica))
-        self.ties += 1
-        return tied[self.ties % len(tied)]
+            chosen = next(c for c in candidates if c.replica == home)
+        else:
+            tied = cheapest(candidates, prompt_tokens, page_size, self.thresholds, self.weights)
+            if len(tied) > 1:
+                self.ties += 1
+            chosen = min(tied, key=lambda c: (self._chosen_at.get(c.replica, -1), str(c.replica)))
+        self.decisions += 1
+        self._chosen_at[chosen.replica] = self.decisions
+        return chosen
+
+    def forget(self, replica: Hashable) -> None:
+        """The replica is gone (its turn with it)."""
+        self._chosen_at.pop(replica, None)

@@ -2,11 +2,11 @@
 soonest: the one holding the longest prefix of its prompt, unless load elsewhere makes recomputing it cheaper.
 
 Ray Serve calls `choose_replicas` for every request sent through a handle to the EngineReplica deployment. For a
-Generate (a `Request` as first argument) it hashes the prompt's whole pages with the same chained page hash the
-replicas' cache events carry, asks its PrefixIndex how many leading pages each candidate holds in the request's
-namespace (in the device, then in a tier below it: host memory or disk, scored lower), asks its LoadView for each
-candidate's load in tokens, and lets `policy.choose` weigh the two. Other calls go to the replica with the fewest
-requests.
+Generate (a `Request` as first argument) its Decider (cluster.decide) hashes the prompt's whole pages with the same
+chained page hash the replicas' cache events carry, asks its PrefixIndex how many leading pages each candidate holds
+in the request's namespace (in the device, then in a tier below it: host memory or disk, scored lower), its hints
+where it sent the prompt's pages before, its LoadView each candidate's load in tokens, and lets the Policy weigh
+them. Other calls go to the replica with the fewest requests.
 
 The index and the load view (a FleetView) are fed by a background task long-polling the cluster's EventHub; it
 runs on the router's own event loop, so a routing decision is local work only (no remote call). Hub restarts: see
@@ -23,10 +23,11 @@ import time
 
 from ray.serve.request_router import PendingRequest, ReplicaID, ReplicaResult, RequestRouter, RunningReplica
 
+from radixcache.cluster.decide import Decider
 from radixcache.cluster.fleet_events import ReplicaTarget
-from radixcache.cluster.policy import Candidate, LoadWeights, Policy, RoutingThresholds
+from radixcache.cluster.hints import CAPACITY
+from radixcache.cluster.policy import DEFAULT_TIE_SHARE, LoadWeights, Policy, RoutingThresholds
 from radixcache.cluster.view import FleetView
-from radixcache.events import page_hashes
 from radixcache.worker.engine.request import Request
 
 log = logging.getLogger("radixcache.cluster")
@@ -43,29 +44,34 @@ class CacheAwareRouter(RequestRouter):
         balance_abs: int = 8,
         balance_rel: float = 1.5,
         min_match_pages: int = 1,
+        tie_share: float = DEFAULT_TIE_SHARE,
         inflight_ttl_s: float = 30.0,
+        hint_pages: int = CAPACITY,
         queued_weight: float | None = None,
         requests_weight: float | None = None,
         kv_weight: float | None = None,
         evict_weight: float | None = None,
         tier_weight: float | None = None,
+        hint_weight: float | None = None,
     ) -> None:
         defaults = LoadWeights()
         self.page_size = page_size
         self.kv_dtype = kv_dtype  # the replicas' KV precision: quantized pages have their own hashes
-        self.thresholds = RoutingThresholds(balance_abs, balance_rel, min_match_pages)
+        self.thresholds = RoutingThresholds(balance_abs, balance_rel, min_match_pages, tie_share)
         self.weights = LoadWeights(
             defaults.queued if queued_weight is None else queued_weight,
             defaults.requests if requests_weight is None else requests_weight,
             defaults.kv if kv_weight is None else kv_weight,
             defaults.evict if evict_weight is None else evict_weight,
             defaults.tier if tier_weight is None else tier_weight,
+            defaults.hint if hint_weight is None else hint_weight,
         )
-        self.view = FleetView(inflight_ttl_s=inflight_ttl_s)
+        self.view = FleetView(inflight_ttl_s=inflight_ttl_s, hint_pages=hint_pages)
         self.index, self.loads, self.reuse = self.view.index, self.view.loads, self.view.reuse
         self.hub_name, self.hub_namespace = hub_name, hub_namespace
         self._sync_task: asyncio.Task | None = None
         self.policy = Policy(self.thresholds, self.weights)
+        self.decider = Decider(self.view, self.policy, page_size, kv_dtype)
         self._rng = random.Random()
         self.decision_seconds: list[float] = []  # bounded sample, for the benchmark
 
@@ -96,14 +102,7 @@ class CacheAwareRouter(RequestRouter):
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: ReplicaResult) -> None:
         key = replica_id.to_full_id_str()
         request = pending_request.args[0] if pending_request.args else None
-        uncached = 0
-        if isinstance(request, Request):
-            hashes = self._hashes(request)
-            device, below = self.index.match_split(key, request.namespace, hashes)
-            uncached = max(0, len(request.prompt_ids) - (device + below) * self.page_size)  # loads are not prefill
-            self.index.routed(key, request.namespace, hashes)
-            self.reuse.routed(key, request.namespace, hashes)
-        sent = self.loads.routed(key, uncached)
+        sent = self.decider.routed(key, request) if isinstance(request, Request) else self.loads.routed(key, 0)
         result.add_done_callback(lambda _: self.loads.finished(key, sent))
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
@@ -118,36 +117,8 @@ class CacheAwareRouter(RequestRouter):
 
     # -- the decision --------------------------------------------------------------------------------------------
     def route(self, request: Request, candidates: list[RunningReplica]) -> RunningReplica:
-        hashes = self._hashes(request)
         by_key = {r.replica_id.to_full_id_str(): r for r in candidates}
-        prompt = len(request.prompt_ids)
-        scored = [self._candidate(key, request.namespace, hashes, prompt) for key in by_key]
-        chosen = self.policy.pick(
-            scored, prompt, self.page_size, namespace=request.namespace, cache_key=request.cache_key
-        )
-        return by_key[chosen.replica]
-
-    def _candidate(self, key: str, namespace: str, hashes: list[int], prompt: int) -> Candidate:
-        total = self.loads.pages_total(key)
-        free = None if total is None else max(0, total - self.index.held_pages(key)) * self.page_size
-        victims: list[int] = []
-        if free is not None and free < prompt:  # the prompt might not fit without evicting: what would go
-            victims = self.reuse.victim_uses(key, -(-(prompt - free) // self.page_size), self.index.holds)
-        device, below = self.index.match_split(key, namespace, hashes)
-        return Candidate(
-            key,
-            requests=self.loads.requests(key),
-            matched_pages=device,
-            tier_pages=below,
-            queued_tokens=self.loads.queued_tokens(key),
-            kv_busy=self.loads.kv_busy(key),
-            free_tokens=free,
-            victim_uses=tuple(victims),
-        )
-
-    def _hashes(self, request: Request) -> list[int]:
-        """The prompt's page hashes as the replicas' cache events name them (page size, namespace, KV dtype)."""
-        return page_hashes(request.prompt_ids, self.page_size, request.namespace, kv_dtype=self.kv_dtype)
+        return by_key[self.decider.choose(request, list(by_key))]
 
     def _least_loaded(self, candidates: list[RunningReplica]) -> RunningReplica:
         counts = [self.loads.requests(r.replica_id.to_full_id_str()) for r in candidates]
@@ -155,7 +126,7 @@ class CacheAwareRouter(RequestRouter):
         return self._rng.choice([r for r, n in zip(candidates, counts, strict=True) if n == least])
 
     def _forget(self, key: str) -> None:
-        self.view.forget(key)
+        self.decider.forget(key)
 
     def _ensure_sync(self) -> None:
         if self._sync_task is None and self.hub_name is not None:

@@ -2,7 +2,7 @@
 it current from the cluster's EventHub, across restarts of the hub.
 
 The feed long-polls `EventHub.poll(cursor, epoch)` on the router's event loop and folds each answer in (`apply`):
-cache events into the PrefixIndex and the ReuseTracker, load reports into the LoadView. A snapshot from the same hub incarnation (the
+cache events into the PrefixIndex, the ReuseTracker and the RoutedHints, load reports into the LoadView. A snapshot from the same hub incarnation (the
 router fell behind) replaces everything. A snapshot from a new incarnation (the hub restarted empty) replaces only
 the replicas it names; the others keep what the router knew, since their caches did not go anywhere, until they
 register with the new hub (their reset + snapshot arrives within about a report period) or `stale_s` passed.
@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Hashable
 from typing import Any
 
+from radixcache.cluster.hints import CAPACITY, RoutedHints
 from radixcache.cluster.hub import Poll
 from radixcache.cluster.index import PrefixIndex
 from radixcache.cluster.load import REPORT_PERIOD_S, LoadView
@@ -30,11 +31,17 @@ STALE_S = 10.0  # after a hub restart, how long a replica's old view is kept whi
 
 class FleetView:
     def __init__(
-        self, *, inflight_ttl_s: float = 30.0, stale_s: float = STALE_S, clock: Callable[[], float] = time.monotonic
+        self,
+        *,
+        inflight_ttl_s: float = 30.0,
+        stale_s: float = STALE_S,
+        hint_pages: int = CAPACITY,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.index = PrefixIndex(inflight_ttl_s=inflight_ttl_s, clock=clock)
         self.loads = LoadView(clock=clock)
         self.reuse = ReuseTracker()
+        self.hints = RoutedHints(hint_pages)  # kept through hub restarts and resets: what this router sent
         self.stale_s = stale_s
         self.clock = clock
         self.epoch: str | None = None  # of the hub incarnation the view follows
@@ -47,6 +54,7 @@ class FleetView:
         self.index.forget(replica)
         self.loads.forget(replica)
         self.reuse.forget(replica)
+        self.hints.forget(replica)
         self._unconfirmed.pop(replica, None)
         if self.hub is not None:
             self.hub.forget.remote(replica)
@@ -73,6 +81,7 @@ class FleetView:
             self._unconfirmed.pop(replica, None)
             self.index.apply(replica, events)
             self.reuse.apply(replica, events)
+            self.hints.apply(replica, events)
         for replica, deadline in list(self._unconfirmed.items()):
             if deadline <= now:
                 log.warning("replica %s did not register with the new event hub; dropping its view", replica)
