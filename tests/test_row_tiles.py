@@ -92,8 +92,9 @@ def isa_caps() -> list[dict[str, str]]:
         caps.append({"ATEN_CPU_CAPABILITY": "avx512", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE"})
     if "avx512_bf16" in flags:
         caps.append({"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"})
-    if "amx_bf16" in flags:
-        caps.append({"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_AMX"})
+    # No explicit AMX cap: on an AMX CPU the uncapped run is the AMX path. (Capped at AVX512_CORE_AMX, one CI run
+    # of this Xeon gave one prefill step different bits on its second identical computation; seven reruns did not:
+    # left open in the issue 36 note.)
     return caps
 
 
