@@ -184,7 +184,7 @@ def _scores(q3: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
     from a product of the last GEMM_COLUMNS columns instead. W >= MIN_WIDTH."""
     width = keys.shape[2]
     tail = width % GEMM_COLUMNS
-    if tail == 0:
+    if tail == 0 or width < GEMM_COLUMNS:  # (narrower only if a pool holds fewer than MIN_WIDTH positions)
         return _products(q3, keys)
     whole = _products(q3, keys[:, :, : width - tail])
     last = _products(q3, keys[:, :, width - GEMM_COLUMNS :])[:, :, GEMM_COLUMNS - tail :]
