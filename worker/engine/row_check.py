@@ -22,8 +22,8 @@ import torch
 from radixcache.cache import Lease
 from radixcache.cache_base import BaseCache
 from radixcache.pool import KVPool
-from radixcache.worker.attention import AttentionBackend, BatchLayout, SequenceSlice
-from radixcache.worker.engine.warmup import WARM_UP_OWNER
+from radixcache.worker.attention import AttentionBackend, BatchLayout
+from radixcache.worker.engine.warmup import WARM_UP_OWNER, lease_slice
 
 CHECKED = 4  # positions compared in every way (a verify chunk of one last token and three drafts)
 PROMPT_TOKENS = 72  # a prefill chunk past the 32- and 64-row marks where CPU kernels change their order
@@ -66,11 +66,9 @@ def check_rows(
     a, b, c = leases  # a: the reference and the verify; b: the batched decodes; c: the other sequence
 
     def run(parts: list[tuple[Lease, int, list[int]]]) -> torch.Tensor:
-        slices = [
-            SequenceSlice(lease.pages, start, len(ids), cache.window_slots(lease.pages) if cache.window else None)
-            for lease, start, ids in parts
-        ]
-        layout = BatchLayout.build(slices, ps, device)
+        layout = BatchLayout.build(
+            [lease_slice(cache, lease, start, len(ids)) for lease, start, ids in parts], ps, device
+        )
         ids_t = torch.tensor([t for _, _, ids in parts for t in ids], dtype=torch.long, device=device)
         return model(ids_t, layout, pool, backend, all_logits=True)
 

@@ -17,6 +17,12 @@ from radixcache.worker.attention import AttentionBackend, BatchLayout, SequenceS
 WARM_UP_OWNER = "warm-up"
 
 
+def lease_slice(cache: BaseCache, lease: Lease, cached: int, new: int) -> SequenceSlice:
+    """The SequenceSlice of a start-up lease that has `cached` tokens and computes `new` (its window slots when the
+    model slides): what the warm-up and the row check step with."""
+    return SequenceSlice(lease.pages, cached, new, cache.window_slots(lease.pages) if cache.window else None)
+
+
 def warm_up_prompt_len(page_size: int, num_pages: int) -> int | None:
     """Tokens of the warm-up prompts: one page and two more (so a prefill crosses a page boundary and the decodes
     start mid-page), shrunk until both warm-up sequences fit in the pool; at least 2 (a prefill, not a decode).
@@ -42,7 +48,7 @@ def warm_up(model: torch.nn.Module, pool: KVPool, cache: BaseCache, backend: Att
     second = cache.acquire(WARM_UP_OWNER, [0] * (n or 1), "", max_cached=0, count=False)
 
     def part(lease: Lease, cached: int, new: int) -> SequenceSlice:
-        return SequenceSlice(lease.pages, cached, new, cache.window_slots(lease.pages) if cache.window else None)
+        return lease_slice(cache, lease, cached, new)
 
     try:
         if n is None:
