@@ -62,7 +62,8 @@ class PrefixCache(BaseCache):
 
     Not thread-safe: one engine thread owns it. `tier`: the link to the tiers below memory (radixcache.tiering);
     `demoted_pages` > 0 with `transcode`: demotion (radixcache.demotion); `window` > 0 with `window_slots`: window
-    parts (radixcache.lease_windows).
+    parts (radixcache.lease_windows). `eviction_policy`: "lru" (default) or "priority", where a lease's
+    `retention` (radixcache.retention) orders what is evicted: it never refuses anything.
     """
 
     def __init__(
@@ -77,13 +78,14 @@ class PrefixCache(BaseCache):
         transcode: Callable[[list[int], list[int]], None] | None = None,
         window: int = 0,
         window_slots: int = 0,
+        eviction_policy: str = "lru",
     ) -> None:
         if window and (demoted_pages or tier is not None):
             raise ValueError("window parts (sliding layers paged apart) do not combine with demotion or tiers yet")
         super().__init__(
             num_pages, page_size, max_pinned_pages=max_pinned_pages, window=window, window_slots=window_slots
         )
-        self.tree = RadixTree(page_size, clock=clock)
+        self.tree = RadixTree(page_size, clock=clock, eviction_policy=eviction_policy)
         self.room: Eviction
         if demoted_pages:
             self.room = Demotion(
@@ -232,7 +234,7 @@ class PrefixCache(BaseCache):
         key = encode(tokens)
         if not tail:
             key = key[: n * self.page_size * TOKEN_BYTES]
-        result = self.tree.insert(key, lease.pages[:n], lease.namespace, partial=tail)
+        result = self.tree.insert(key, lease.pages[:n], lease.namespace, partial=tail, retention=lease.retention)
         self.allocator.incref(result.new_pages)
         self.windows.stored(result.new_pages)
         if result.replaced:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from radixcache.node import Node
+    from radixcache.retention import Retention
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +44,8 @@ class Lease:
 
     pages: the block table in token order: shared (tree) pages first, then private pages (allocated by this lease;
     freed at release unless published). copy_from: the partial-page copy the engine owes before its next call on
-    this lease (then `copied` lets the lease stop holding its source page), or None.
+    this lease (then `copied` lets the lease stop holding its source page), or None. retention: set by the engine
+    when the request asked its prefix to be kept (radixcache.retention); every publish of the lease stamps it.
     """
 
     owner: str
@@ -52,6 +54,7 @@ class Lease:
     cached_tokens: int = 0
     copy_from: PageCopy | None = None
     released: bool = False
+    retention: Retention | None = None
     _id: int = field(default=0, repr=False)
     _node: Node | None = field(default=None, repr=False)  # the node this lease locks
     _cover: int = field(default=0, repr=False)  # leading pages of `pages` that must stay under the lock

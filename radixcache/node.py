@@ -15,7 +15,7 @@ class Node:
     __slots__ = (
         "key", "first", "pages", "parent", "children", "sorted_keys", "access", "lock", "own_locks",
         "pin_until", "pin_ref", "ev_key", "id", "evicted", "tail", "partial_children", "namespace",
-        "demoted", "full_children",
+        "demoted", "full_children", "keep_priority", "kept_until",
     )  # fmt: skip
 
     def __init__(self, key: bytes, pages: list[int], parent: Node | None, node_id: int, access: int) -> None:
@@ -40,6 +40,8 @@ class Node:
         self.namespace: str = parent.namespace if parent is not None else ""  # its root's (the tree sets roots' own)
         self.demoted = False  # its pages are demoted copies (cache --kv-demote): listed in the demoted LRU
         self.full_children = 0  # children that are not demoted (all of them, without demotion)
+        self.keep_priority = 0  # soft retention (radixcache.retention): this priority while the clock < kept_until
+        self.kept_until = 0.0
 
 
 class Match:

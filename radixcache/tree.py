@@ -28,6 +28,12 @@ Protection: a node is protected while its subtree holds a lock (`lock`, counted 
 whenever a node's leaf/lock/pin status or access time changes, so one evicted node costs O(log n) however large the
 tree is, and nothing is ever rebuilt. The integrity check lives in `radixcache.tree_check`.
 
+Soft retention (`eviction_policy="priority"`; radixcache.retention): an insert with a `Retention` stamps its path,
+and the LRU lists leaves whose retention still runs apart, evicted only after every other leaf (lowest priority,
+then least recently used first); once it runs out on the tree's clock a leaf is evicted like any other. Retention
+never protects: `evictable_pages` counts retained leaves, so nothing is ever refused for them. Under `lru` (the
+default) it is ignored.
+
 Demotion (the cache's --kv-demote): `set_pages(node, pages, demoted=True)` swaps a node's pages for demoted copies
 (the caller made them). The two classes have an LRU each: the full-precision one lists the unprotected nodes
 without full-precision children (a node whose children are all demoted is next in line for demotion: its subtree
@@ -54,24 +60,30 @@ from radixcache.keys import TOKEN_BYTES
 from radixcache.keys import common_prefix as _common
 from radixcache.lru import ID_BITS, RECENT, LeafLRU
 from radixcache.node import InsertResult, Match, Node, PathPins, PinRecord
+from radixcache.retention import check_policy
 
 if TYPE_CHECKING:
     from radixcache.events import EventSink, PageRecord
+    from radixcache.retention import Retention
 
 
 class RadixTree:
     """Compressed radix tree keyed by (namespace, token pages). See the module docstring for the contract."""
 
-    def __init__(self, page_size: int, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, page_size: int, *, clock: Callable[[], float] = time.monotonic, eviction_policy: str = "lru"
+    ) -> None:
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
+        # `priority`: leaves whose retention still runs go after all others (radixcache.retention); `lru` ignores it.
+        self.retains = check_policy(eviction_policy) == "priority"
         self.page_size = page_size
         self.bpp = page_size * TOKEN_BYTES  # bytes per page of key
         self.clock = clock
         self._roots: dict[str, Node] = {}
         self._ids = itertools.count()
         self._tick = 0  # logical LRU clock: deterministic, and never ties two touches
-        self._lru = LeafLRU()  # the evictable leaves, least recently used first
+        self._lru = LeafLRU(clock if self.retains else None)  # the evictable leaves, least recently used first
         self._dlru = LeafLRU()  # the evictable demoted leaves, likewise
         self._expiry = SortedList()  # (pin_until, node id) of pins with a TTL
         self._pinned: dict[int, Node] = {}
@@ -208,13 +220,44 @@ class RadixTree:
         return node.children[best_key], min(best, self.page_size - 1)
 
     # ---- insert / split --------------------------------------------------------------------------------------
-    def insert(self, key: bytes, pages: list[int], namespace: str = "", *, partial: bool = False) -> InsertResult:
+    def insert(
+        self,
+        key: bytes,
+        pages: list[int],
+        namespace: str = "",
+        *,
+        partial: bool = False,
+        retention: Retention | None = None,
+    ) -> InsertResult:
         """Store `pages` (one per whole page of `key`, in order) under `namespace`; already cached pages win.
 
         With `partial`, `key` may end inside its last page: `pages[-1]` then holds that partial tail (only its first
         len(key) % page_size tokens are valid) and is stored as the last page of a leaf, unless the tree already
         covers those tokens. Whole pages (and longer tails) replace a shorter cached tail: see `replaced`.
+        With `retention` (the `priority` policy only), every node on the path to the last page is stamped with it.
         """
+        result = self._insert(key, pages, namespace, partial)
+        if retention is not None and self.retains and result.node is not None:
+            self._retain(result.node, retention)
+        return result
+
+    def _retain(self, node: Node | None, retention: Retention) -> None:
+        """Stamp `node` and its ancestors with `retention` where it keeps them longer or at a higher priority than
+        their own (effective now); a listed leaf is listed again under its new stamp. O(depth + log n)."""
+        now = self.clock()
+        until = now + retention.seconds
+        while node is not None and node.parent is not None:
+            current = node.keep_priority if now < node.kept_until else 0
+            if retention.priority > current or (retention.priority == current and until > node.kept_until):
+                listed = node.ev_key is not None
+                if listed:
+                    self._lru_of(node).remove(node)
+                node.keep_priority, node.kept_until = retention.priority, until
+                if listed:
+                    self._lru_of(node).add(node)
+            node = node.parent
+
+    def _insert(self, key: bytes, pages: list[int], namespace: str, partial: bool) -> InsertResult:
         bpp, n = self.bpp, len(pages)
         end = n * bpp
         if len(key) < end:
@@ -399,6 +442,7 @@ class RadixTree:
         assert parent is not None, "a root is never split"
         upper = Node(node.key[:cut], node.pages[:j], parent, next(self._ids), node.access)
         upper.lock, upper.pin_ref, upper.demoted = node.lock, node.pin_ref, node.demoted
+        upper.keep_priority, upper.kept_until = node.keep_priority, node.kept_until  # the same request kept both
         upper.first = node.first
         parent.children[upper.first] = upper
         node.key, node.pages, node.parent = node.key[cut:], node.pages[j:], upper
@@ -550,10 +594,15 @@ class RadixTree:
         if self._expiry:
             self.expire()
         bpp, need, freed, lru = self.bpp, num_pages, [], self._dlru if demoted else self._lru
-        recent, ordered = lru.recent, lru.ordered
-        while need > 0 and (recent or ordered):
-            # The least recently used listed leaf, looked up inline: this loop is the eviction hot path.
-            if not recent:
+        recent, ordered, retained = lru.recent, lru.ordered, lru.retained
+        if retained:
+            lru.expire()  # leaves whose retention ran out join the LRU order first
+        while need > 0 and (recent or ordered or retained):
+            # The least recently used listed leaf, looked up inline: this loop is the eviction hot path. Retained
+            # leaves (the `priority` policy) only once no other is left.
+            if not recent and not ordered:
+                node = lru.held[retained[0][2]][0]
+            elif not recent:
                 node = lru.by_key[ordered[0]]
             else:
                 node = recent[next(iter(recent))]
@@ -678,10 +727,11 @@ class RadixTree:
         if self._expiry:
             self.expire()
         lru = self._dlru if demoted else self._lru
+        lru.expire()
         node = lru.recent[next(iter(lru.recent))] if lru.recent else None
         if lru.ordered and (node is None or lru.ordered[0] < (node.access << ID_BITS) | node.id):
             node = lru.by_key[lru.ordered[0]]
-        return node
+        return node if node is not None else lru.first_retained()
 
     def set_pages(self, node: Node, pages: list[int], *, demoted: bool) -> list[int]:
         """Let `node` store `pages` instead of its own (as many; the same tokens, copied by the caller, demoted or

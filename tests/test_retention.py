@@ -1,0 +1,129 @@
+"""Soft retention (radixcache.retention): under `--eviction-policy priority` a retained prefix outlives a flood of
+one-off prompts that evicts it under `lru`; after its retention runs out it is evicted like any other; it never
+refuses a request for capacity; the cache's integrity check holds throughout; the fronts' bad fields are 400s."""
+
+from __future__ import annotations
+
+import pytest
+
+from radixcache.cache import PrefixCache
+from radixcache.retention import Retention
+
+PAGE = 4
+SYSTEM = list(range(1000, 1000 + 6 * PAGE))  # a long system prompt: 6 pages
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def run(cache: PrefixCache, tokens: list[int], retention: Retention | None = None) -> int:
+    """One request: look up, compute the rest on fresh pages, publish, release; returns the tokens it hit."""
+    lease = cache.acquire("req", tokens)
+    lease.retention = retention
+    hit = lease.cached_tokens
+    if lease.copy_from is not None:
+        cache.copied(lease)
+    cache.allocate(lease, -(-len(tokens) // PAGE) - len(lease.pages))
+    cache.publish(lease, tokens)
+    cache.release(lease, tokens)
+    cache.check()
+    return hit
+
+
+def one_off(i: int) -> list[int]:
+    return [50_000 + i * 100 + j for j in range(3 * PAGE)]
+
+
+def trace(policy: str, clock: Clock, *, flood: int = 12, seconds: float = 60.0) -> tuple[int, PrefixCache]:
+    """The system prompt once (retained), then `flood` one-off prompts on a 16-page pool, then the system prompt
+    again: returns its tokens hit at the end."""
+    cache = PrefixCache(16, PAGE, clock=clock, eviction_policy=policy)
+    run(cache, SYSTEM, Retention(priority=10, seconds=seconds))
+    for i in range(flood):
+        clock.now += 1.0
+        run(cache, one_off(i))
+    return run(cache, SYSTEM), cache
+
+
+def test_priority_keeps_a_retained_prefix_that_lru_evicts():
+    lru_hit, lru = trace("lru", Clock())
+    priority_hit, cache = trace("priority", Clock())
+    assert lru_hit == 0  # the flood pushed it out
+    assert priority_hit == len(SYSTEM)
+    # the same pressure, another victim: lru also had to evict room to compute the system prompt again
+    assert cache.stats().evicted_pages == lru.stats().evicted_pages - len(SYSTEM) // PAGE
+    cache.check(idle=True)
+
+
+def test_expired_retention_is_evicted_like_any_other():
+    # 12 one-off prompts take 12 s on the clock: a 5 s retention has run out long before the prompt comes back.
+    hit, cache = trace("priority", Clock(), seconds=5.0)
+    assert hit == 0
+    cache.check(idle=True)
+
+
+def test_expiry_orders_by_last_use_again():
+    clock = Clock()
+    cache = PrefixCache(8, PAGE, clock=clock, eviction_policy="priority")
+    kept, plain = list(range(PAGE * 2)), list(range(500, 500 + PAGE * 2))
+    run(cache, kept, Retention(priority=5, seconds=10.0))
+    clock.now = 1.0
+    run(cache, plain)  # used after `kept`
+    cache.evict(2)
+    assert cache.match_length(kept) == len(kept) and cache.match_length(plain) == 0
+    run(cache, plain)
+    clock.now = 20.0  # `kept` expired: now the least recently used, it goes first
+    cache.evict(2)
+    assert cache.match_length(kept) == 0 and cache.match_length(plain) == len(plain)
+    cache.check(idle=True)
+
+
+def test_lower_priority_goes_first():
+    clock = Clock()
+    cache = PrefixCache(8, PAGE, clock=clock, eviction_policy="priority")
+    high, low = list(range(PAGE * 2)), list(range(500, 500 + PAGE * 2))
+    run(cache, high, Retention(priority=9, seconds=100.0))
+    run(cache, low, Retention(priority=2, seconds=100.0))  # more recently used, but lower
+    cache.evict(2)
+    assert cache.match_length(high) == len(high) and cache.match_length(low) == 0
+    cache.check(idle=True)
+
+
+def test_retention_never_refuses_for_capacity():
+    clock = Clock()
+    cache = PrefixCache(8, PAGE, clock=clock, eviction_policy="priority")
+    for i in range(2):  # the whole pool retained, for a long time
+        run(cache, [i * 1000 + j for j in range(4 * PAGE)], Retention(priority=100, seconds=3600.0))
+    assert cache.available_pages() == 8
+    big = list(range(90_000, 90_000 + 8 * PAGE))  # needs every page: the retained ones are evicted for it
+    assert run(cache, big) == 0
+    assert cache.match_length(big) == len(big)
+    cache.check(idle=True)
+
+
+def test_lru_policy_ignores_retention():
+    clock = Clock()
+    cache = PrefixCache(8, PAGE, clock=clock)
+    kept, plain = list(range(PAGE * 2)), list(range(500, 500 + PAGE * 2))
+    run(cache, kept, Retention(priority=100, seconds=100.0))
+    run(cache, plain)
+    cache.evict(2)
+    assert cache.match_length(kept) == 0 and cache.match_length(plain) == len(plain)
+
+
+@pytest.mark.parametrize(
+    ("priority", "seconds"), [(0, 1.0), (101, 1.0), (True, 1.0), (1, 0.0), (1, -1.0), (1, 86_401.0)]
+)
+def test_retention_bounds(priority, seconds):
+    with pytest.raises(ValueError, match="retention"):
+        Retention(priority=priority, seconds=seconds)
+
+
+def test_unknown_policy_is_refused():
+    with pytest.raises(ValueError, match="eviction policy"):
+        PrefixCache(8, PAGE, eviction_policy="lfu")
