@@ -102,6 +102,14 @@ def parser() -> argparse.ArgumentParser:
         default=0.5,
         help="share of the KV pool PinPrefix may hold, 0..1 or N%% (default 50%%): pins never starve running requests",
     )
+    e.add_argument(
+        "--eviction-policy",
+        choices=("lru", "priority"),
+        default="lru",
+        help="what eviction takes first when KV memory runs short: lru (default), or priority: a request's "
+        "retention (priority, retention_seconds) keeps its prefix after lower-priority and expired ones; it never "
+        "refuses a request (pins do, within --max-pinned)",
+    )
     t = p.add_argument_group("tiers below the KV pool (evicted pages are kept there, not recomputed)")
     t.add_argument(
         "--kv-disk",
@@ -358,6 +366,7 @@ def build_engine(args: argparse.Namespace) -> tuple[Any, Any]:
         kv_demote=args.kv_demote,
         kv_demote_share=args.kv_demote_share,
         kv_window_paging=args.kv_window_paging,
+        eviction_policy=args.eviction_policy,
         kv_disk_dir=args.kv_disk,
         kv_host_bytes=args.kv_host_memory,
         kv_disk_write=args.kv_disk_write,

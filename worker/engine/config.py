@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from radixcache.kv_dtypes import KV_DTYPES
+from radixcache.retention import check_policy
 
 DEFAULT_KV_MEMORY = 512 * 2**20
 DEFAULT_KV_DISK = 16 * 2**30
@@ -46,6 +47,8 @@ class EngineConfig:
     # Sliding layers' values paged apart, given back out of the window (radixcache.window_parts): auto = whenever
     # the model has sliding layers and nothing moves whole pages (demotion, tiers); on / off
     kv_window_paging: str = "auto"
+    # What eviction takes first (radixcache.retention): "lru", or "priority" (requests' retention kept longer)
+    eviction_policy: str = "lru"
 
     def __post_init__(self) -> None:
         if self.page_size < 1:
@@ -58,6 +61,7 @@ class EngineConfig:
             raise ValueError(f"max_step_tokens must be >= 1, got {self.max_step_tokens}")
         if self.max_running < 1:
             raise ValueError(f"max_running must be >= 1, got {self.max_running}")
+        check_policy(self.eviction_policy)
         if self.kv_disk_bytes < 1:
             raise ValueError(f"kv_disk_bytes must be >= 1, got {self.kv_disk_bytes}")
         if self.kv_disk_queue_pages < 1:

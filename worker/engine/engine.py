@@ -108,6 +108,7 @@ class Engine:
                 transcode=self.pool.transcode,
                 window=self.runner.window,
                 window_slots=self.pool.window_slots,
+                eviction_policy=self.config.eviction_policy,
             )
         else:  # --no-cache: the same leases over the same pages, nothing kept (so nothing for a tier either)
             self.cache = CacheOff(

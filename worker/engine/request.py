@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from radixcache.retention import Retention
 from radixcache.worker.engine.field_errors import FieldPath, InvalidArgument
 
 MAX_STOP_STRINGS = 16
@@ -188,6 +189,9 @@ class Request:
     # A routing hint (OpenAI's prompt_cache_key): in a cluster, requests with the same key go to the same replica
     # while load allows, so a conversation finds its pages where they are. One engine ignores it.
     cache_key: str = ""
+    # Soft retention (radixcache.retention): keep what this request computes at a priority for a while, under
+    # --eviction-policy priority (ignored under lru). Bounded by Retention itself; never refuses for capacity.
+    retention: Retention | None = None
 
     def __post_init__(self) -> None:
         if not self.request_id:

@@ -62,6 +62,7 @@ from radixcache.worker.front.validation import (
     fit_max_tokens,
     render_chat,
     render_off_loop,
+    retention,
     sampling_params,
 )
 
@@ -189,6 +190,7 @@ class FrontCore:
         fill_max_tokens: bool = False,
         cache_key: str = "",
         remember: bool | None = None,
+        keep: tuple[int | None, float | None] = (None, None),
     ) -> EngineStream:
         """Validate, tokenize, compile the constraint and submit: an open EngineStream (close it in a finally);
         its `prompt_text` is the rendered prompt ("" for token ids).
@@ -199,13 +201,14 @@ class FrontCore:
         leave), instead of validation's default. cache_key: the routing hint of Request.cache_key. Chat histories are
         tokenized with the tenant's remembered replies; remember: whether the finished samples are remembered (None:
         for chat prompts, the only ones a reply comes back in; a front that turned a conversation into token ids
-        says True).
+        says True). keep: the request's (priority, retention_seconds), checked by validation.retention.
         """
         engine = self.ready()
         request_id = request_id or uuid.uuid4().hex
         try:  # the front's rules, each once; the engine's run at submit (stream.open)
             check_request_id(request_id)
             check_cache_key(cache_key)
+            kept = retention(*keep)
             checked = (  # before tokenizing: bad shapes and sizes
                 prompt
                 if isinstance(prompt, CheckedPrompt)
@@ -229,7 +232,7 @@ class FrontCore:
         try:
             request = Request(
                 engine_request_id(tenant, request_id), ids, sampling, namespace=tenant, constraint=wanted_constraint,
-                cache_key=cache_key,
+                cache_key=cache_key, retention=kept,
             )  # fmt: skip
         except ValueError as e:  # Request's own rule: a prompt of no tokens (a text the tokenizer encodes to nothing)
             raise Refusal(RefusalKind.INVALID_ARGUMENT, str(e), field=PROMPT) from None

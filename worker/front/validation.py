@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from radixcache.retention import MAX_PRIORITY, MAX_RETENTION_SECONDS, Retention
 from radixcache.worker.engine.checks import check_prompt_length, check_token_ids
 from radixcache.worker.engine.field_errors import (
     CONSTRAINT,
@@ -191,6 +192,28 @@ def check_cache_key(cache_key: str) -> None:
             FieldPath.of("cache_key"), f" must have at most {MAX_CACHE_KEY_CHARS} characters, got {len(cache_key)}"
         )
     _utf8_size(cache_key, FieldPath.of("cache_key"))
+
+
+def retention(priority: int | None, retention_seconds: float | None) -> Retention | None:
+    """A request's soft retention (radixcache.retention): `priority` 0..MAX_PRIORITY (0 or unset: none) with
+    `retention_seconds` in (0, MAX_RETENTION_SECONDS]; one without the other names the missing one."""
+    if priority is None and retention_seconds is None:
+        return None
+    if isinstance(priority, bool) or not isinstance(priority, int | None) or not 0 <= (priority or 0) <= MAX_PRIORITY:
+        raise InvalidArgument.at(
+            FieldPath.of("priority"), f" must be an integer in 0..{MAX_PRIORITY}, got {priority!r}"
+        )
+    if priority is None:
+        raise InvalidArgument.at(FieldPath.of("priority"), " must be set with retention_seconds")
+    if isinstance(retention_seconds, bool) or not isinstance(retention_seconds, int | float | None):
+        raise InvalidArgument.at(FieldPath.of("retention_seconds"), f" must be a number, got {retention_seconds!r}")
+    if retention_seconds is None:
+        raise InvalidArgument.at(FieldPath.of("retention_seconds"), " must be set with priority")
+    if not 0 < retention_seconds <= MAX_RETENTION_SECONDS:  # also refuses NaN and infinities
+        raise InvalidArgument.at(
+            FieldPath.of("retention_seconds"), f" must be in (0, {MAX_RETENTION_SECONDS:g}], got {retention_seconds}"
+        )
+    return Retention(priority, float(retention_seconds)) if priority else None
 
 
 def check_ttl(ttl_seconds: float | None) -> None:

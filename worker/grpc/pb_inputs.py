@@ -54,3 +54,10 @@ def constraint_values(request: Any) -> tuple[str | None, str]:
     if kind is None or (kind == "json_object" and not request.json_object):
         return None, ""
     return kind, "" if kind == "json_object" else getattr(request, kind)
+
+
+def retention_values(request: Any) -> tuple[int | None, float | None]:
+    """A GenerateRequest's soft retention as (priority, retention_seconds); a field without presence set is None."""
+    priority = request.priority if request.HasField("priority") else None
+    seconds = request.retention_seconds if request.HasField("retention_seconds") else None
+    return priority, seconds

@@ -42,6 +42,7 @@ class Pages:
             return None
         prompt = seq.tokens
         lease = self.cache.acquire(seq.name, prompt, seq.request.namespace, max_cached=len(prompt) - 1, count=False)
+        lease.retention = seq.request.retention  # every publish of it stamps the request's retention
         self.copy_hit(lease)
         need = self.pages_for(len(prompt)) - len(lease.pages)
         if self.cache.available_pages() - promised - need < running:
@@ -57,6 +58,7 @@ class Pages:
         prompt = parent.tokens[: parent.num_prompt]
         # not a lookup of its own: the request's was counted with sample 0
         lease = self.cache.acquire(child.name, prompt, parent.request.namespace, max_cached=len(prompt), count=False)
+        lease.retention = parent.request.retention
         self.copy_hit(lease)
         try:
             self.cache.allocate(lease, self.pages_for(len(prompt)) - len(lease.pages))

@@ -60,6 +60,7 @@ class MessagesEndpoint:
             stream = await core.admit(
                 tenant, message_id, parsed.prompt, parsed.sampling, parsed.constraint,
                 remember=False if parsed.prewarm else None,  # a pre-warm's one token is no reply to remember
+                keep=parsed.keep,
             )  # fmt: skip
         except Refusal as r:
             raise refusal_error(r, constraint_param=parsed.constraint_param) from None

@@ -40,6 +40,9 @@ class MessagesRequest(CountTokensRequest):
     top_k: int | None = None
     stream: bool | None = False
     metadata: dict[str, Any] | None = None
+    # radixcache's own soft retention (radixcache.retention), as on OpenAI's: checked by worker/front/validation.py
+    priority: int | None = None
+    retention_seconds: float | None = None
 
 
 # --- responses ---------------------------------------------------------------------------------------------------

@@ -78,6 +78,7 @@ class MessagesInput:
     stream: bool
     prewarm: bool  # max_tokens 0: compute the prompt into the cache, generate nothing
     breakpoints: list[Breakpoint] = field(default_factory=list)
+    keep: tuple[int | None, float | None] = (None, None)  # (priority, retention_seconds): soft retention
 
 
 @dataclass(frozen=True)
@@ -386,4 +387,5 @@ def parse_messages(body: MessagesRequest) -> MessagesInput:
         stream=bool(body.stream),
         prewarm=body.max_tokens == 0,
         breakpoints=breakpoints,
+        keep=(body.priority, body.retention_seconds),
     )

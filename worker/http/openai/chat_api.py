@@ -124,7 +124,7 @@ class ChatEndpoint:
         try:
             return await self.front.core.admit(
                 tenant, request_id, parsed.prompt, parsed.sampling, parsed.constraint, fill_max_tokens=chat,
-                cache_key=parsed.cache_key,
+                cache_key=parsed.cache_key, keep=parsed.keep,
             )  # fmt: skip
         except Refusal as r:
             names = {"max_tokens": parsed.max_tokens_param, "top_logprobs": parsed.top_logprobs_param}

@@ -74,6 +74,10 @@ class _SamplingFields(_Request):
     stop_token_ids: list[int] | None = None
     # radixcache's own: false keeps this request out of speculative decoding (same output; only speed differs).
     speculate: bool | None = None
+    # radixcache's own soft retention (radixcache.retention): keep this prompt's prefix at `priority` for
+    # `retention_seconds` under --eviction-policy priority. Checked by worker/front/validation.py (a 400 names them).
+    priority: int | None = None
+    retention_seconds: float | None = None
     # Recognised so that a value changing the output gets a 400 naming it (requests.py), not silence.
     logit_bias: dict[str, float] | None = None
     response_format: dict[str, Any] | None = None

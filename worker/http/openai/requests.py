@@ -92,6 +92,7 @@ class ParsedRequest:
     constraint_param: str = "response_format"
     cache_key: str = ""  # prompt_cache_key: Request.cache_key, the cluster router's hint
     retention_s: float | None = None  # prompt_cache_retention: pin the prompt and reply this long (None: not)
+    keep: tuple[int | None, float | None] = (None, None)  # (priority, retention_seconds): soft retention
 
 
 def _refuse_unsupported(body: ChatCompletionRequest | CompletionRequest) -> None:
@@ -308,6 +309,7 @@ def parse_chat(body: ChatCompletionRequest) -> ParsedRequest:
         constraint_param="tool_choice" if forced[0] is not None else "response_format",
         cache_key=body.prompt_cache_key or "",
         retention_s=RETENTION_S[body.prompt_cache_retention],
+        keep=(body.priority, body.retention_seconds),
     )
 
 
@@ -344,4 +346,5 @@ def parse_completion(body: CompletionRequest) -> ParsedRequest:
         include_usage=bool(body.stream_options and body.stream_options.include_usage),
         top_logprobs_param="logprobs",
         constraint=response_format(body.response_format),
+        keep=(body.priority, body.retention_seconds),
     )

@@ -65,7 +65,7 @@ class ResponsesEndpoint:
             response_id = "resp_" + uuid.uuid4().hex
             stream = await self.front.core.admit(
                 tenant, response_id, prompt, parsed.sampling, parsed.constraint, fill_max_tokens=True,
-                cache_key=parsed.cache_key, remember=True,
+                cache_key=parsed.cache_key, remember=True, keep=parsed.keep,
             )  # fmt: skip
         except Refusal as r:
             raise self._error(r, parsed) from None

@@ -70,6 +70,7 @@ class ResponsesInput:
     previous_response_id: str | None
     cache_key: str
     retention_s: float | None
+    keep: tuple[int | None, float | None] = (None, None)  # (priority, retention_seconds): soft retention
 
 
 def _text(content: Any, where: str) -> str:
@@ -199,4 +200,5 @@ def parse_responses(body: ResponsesRequest) -> ResponsesInput:
         previous_response_id=body.previous_response_id,
         cache_key=body.prompt_cache_key or "",
         retention_s=RETENTION_S[body.prompt_cache_retention],
+        keep=(body.priority, body.retention_seconds),
     )

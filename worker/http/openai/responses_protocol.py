@@ -49,6 +49,9 @@ class ResponsesRequest(_Request):
     service_tier: str | None = None
     prompt_cache_key: str | None = Field(default=None, max_length=1024)
     prompt_cache_retention: Literal["in_memory", "24h"] | None = None
+    # radixcache's own soft retention (radixcache.retention), as on chat: checked by worker/front/validation.py
+    priority: int | None = None
+    retention_seconds: float | None = None
 
 
 # --- responses ---------------------------------------------------------------------------------------------------
