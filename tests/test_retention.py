@@ -127,3 +127,79 @@ def test_retention_bounds(priority, seconds):
 def test_unknown_policy_is_refused():
     with pytest.raises(ValueError, match="eviction policy"):
         PrefixCache(8, PAGE, eviction_policy="lfu")
+
+
+# ---- the fronts: every API carries the two fields to the engine's Request, and refuses bad ones by name ----------
+@pytest.fixture(scope="module")
+def worker():
+    from fake_engine import FakeEngine
+    from worker_harness import ThreadedWorker
+
+    with ThreadedWorker(FakeEngine(step_s=0.001, num_pages=64, page_size=4), http_port=0) as w:
+        w.root = f"http://127.0.0.1:{w.server.http_port}"
+        yield w
+
+
+USER = {"role": "user", "content": "hi"}
+HTTP = [  # (path, the body without the retention fields)
+    ("/v1/chat/completions", {"messages": [USER], "max_tokens": 2}),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 2}),
+    ("/v1/responses", {"input": "hi", "max_output_tokens": 2}),
+    ("/v1/messages", {"messages": [USER], "max_tokens": 2}),
+]
+BAD = [  # (retention fields, the field named)
+    ({"priority": 101, "retention_seconds": 5}, "priority"),
+    ({"priority": -1, "retention_seconds": 5}, "priority"),
+    ({"priority": 3, "retention_seconds": 0}, "retention_seconds"),
+    ({"priority": 3, "retention_seconds": 1e9}, "retention_seconds"),
+    ({"priority": 3}, "retention_seconds"),
+    ({"retention_seconds": 5}, "priority"),
+]
+
+
+def post(worker, path: str, body: dict):
+    import httpx
+
+    return httpx.post(worker.root + path, json={"model": "fake"} | body, timeout=30)
+
+
+@pytest.mark.parametrize(("path", "body"), HTTP, ids=[p for p, _ in HTTP])
+def test_http_fronts_carry_retention_to_the_request(worker, path, body):
+    r = post(worker, path, body | {"priority": 7, "retention_seconds": 30})
+    assert r.status_code == 200, r.text
+    assert worker.engine.submitted[-1].retention == Retention(7, 30.0)
+    assert post(worker, path, body).status_code == 200
+    assert worker.engine.submitted[-1].retention is None
+    post(worker, path, body | {"priority": 0, "retention_seconds": 30})  # priority 0: nothing to keep
+    assert worker.engine.submitted[-1].retention is None
+
+
+@pytest.mark.parametrize(("path", "body"), HTTP, ids=[p for p, _ in HTTP])
+@pytest.mark.parametrize(("fields", "name"), BAD, ids=[f"{n}:{sorted(f.items())}" for f, n in BAD])
+def test_http_fronts_refuse_bad_retention_naming_the_field(worker, path, body, fields, name):
+    before = len(worker.engine.submitted)
+    r = post(worker, path, body | fields)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    if path == "/v1/messages":  # Anthropic's error names the field in its message
+        assert error["message"].startswith(name), error
+    else:
+        assert error["param"] == name, error
+    assert len(worker.engine.submitted) == before  # refused before anything reached the engine
+
+
+def test_grpc_carries_and_refuses_retention(worker):
+    import grpc
+
+    from radixcache.v1 import radixcache_pb2 as pb
+    from radixcache.v1 import radixcache_pb2_grpc as pb_grpc
+
+    with grpc.insecure_channel(worker.target) as channel:
+        stub = pb_grpc.RadixCacheStub(channel)
+        list(stub.Generate(pb.GenerateRequest(text="hi", max_tokens=2, priority=9, retention_seconds=60), timeout=30))
+        assert worker.engine.submitted[-1].retention == Retention(9, 60.0)
+        for fields, name in BAD:
+            with pytest.raises(grpc.RpcError) as e:
+                list(stub.Generate(pb.GenerateRequest(text="hi", max_tokens=2, **fields), timeout=30))
+            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, e.value.details()
+            assert dict(e.value.trailing_metadata() or ()).get("radixcache-field") == name
