@@ -94,6 +94,21 @@ def test_lower_priority_goes_first():
     cache.check(idle=True)
 
 
+def test_a_split_keeps_the_retention_on_both_parts():
+    clock = Clock()
+    cache = PrefixCache(8, PAGE, clock=clock, eviction_policy="priority")
+    kept = list(range(4 * PAGE))
+    run(cache, kept, Retention(priority=5, seconds=100.0))
+    run(cache, kept[: 2 * PAGE] + list(range(700, 700 + 2 * PAGE)))  # unretained: splits `kept` after 2 pages
+    assert cache.evict(4) == 4  # its own 2 pages, then the lower half of `kept` (nothing else is left)
+    assert cache.match_length(kept) == 2 * PAGE
+    plain = list(range(900, 900 + 2 * PAGE))  # used after the upper half, but not retained: it goes first
+    run(cache, plain)
+    cache.evict(2)
+    assert cache.match_length(kept) == 2 * PAGE and cache.match_length(plain) == 0
+    cache.check(idle=True)
+
+
 def test_retention_never_refuses_for_capacity():
     clock = Clock()
     cache = PrefixCache(8, PAGE, clock=clock, eviction_policy="priority")
@@ -203,3 +218,39 @@ def test_grpc_carries_and_refuses_retention(worker):
                 list(stub.Generate(pb.GenerateRequest(text="hi", max_tokens=2, **fields), timeout=30))
             assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, e.value.details()
             assert dict(e.value.trailing_metadata() or ()).get("radixcache-field") == name
+
+
+# ---- the real engine: Request.retention reaches the cache's publish through the scheduler's lease ----------------
+def engine_trace(policy: str) -> tuple[int, list[int], object]:
+    """The system prompt (retained), a flood of one-off prompts on a 24-page pool, the system prompt again: its
+    cached tokens and its greedy tokens."""
+    from engine_fixtures import tiny_model
+
+    from radixcache.worker.engine.engine import Engine, EngineConfig
+    from radixcache.worker.engine.request import Request, SamplingParams
+
+    engine = Engine(tiny_model(), EngineConfig(page_size=PAGE, kv_pages=24, eviction_policy=policy))
+    outputs: dict[str, list] = {}
+
+    def request(rid: str, prompt: list[int], retention: Retention | None = None) -> None:
+        params = SamplingParams(max_tokens=3, ignore_eos=True)
+        engine.submit(
+            Request(rid, prompt, params, retention=retention), lambda o: outputs.setdefault(rid, []).append(o)
+        )
+        engine.run_until_idle()
+
+    system = [3 + (i * 7) % 250 for i in range(8 * PAGE)]
+    request("system", system, Retention(priority=50, seconds=600.0))
+    for i in range(10):
+        request(f"one-off-{i}", [3 + (i * 31 + j * 13) % 250 for j in range(4 * PAGE)])
+    request("again", system)
+    engine.cache.check(idle=True)
+    return outputs["again"][-1].cached_tokens, [t for o in outputs["again"] for t in o.token_ids], engine
+
+
+def test_the_engine_keeps_a_retained_prompt_under_priority_only():
+    lru_hit, lru_tokens, _ = engine_trace("lru")
+    priority_hit, priority_tokens, _ = engine_trace("priority")
+    assert lru_hit == 0
+    assert priority_hit == 8 * PAGE - 1  # all but the last token, which a prompt always computes
+    assert priority_tokens == lru_tokens  # the cache never changes an answer
