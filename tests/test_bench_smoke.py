@@ -113,6 +113,17 @@ EXPECTED: dict[str, dict] = {
             "smoke",
         ]
     ),  # fmt: skip
+    "retention_bench.py": dict.fromkeys(
+        [
+            "long_prompt_hit_rate_lru",
+            "long_prompt_hit_rate_priority",
+            "one_off_hit_rate_lru",
+            "one_off_hit_rate_priority",
+            "answers_identical",
+            "speculate",
+            "smoke",
+        ]
+    ),  # fmt: skip
     "spec_bench.py": dict.fromkeys(
         [
             "agentic_speedup_b1",
@@ -196,6 +207,7 @@ PLAIN_DECODE = {
     "engine_bench.py": ["speculate"],
     "decode_floor.py": ["speculate"],
     "window_bench.py": ["speculate"],
+    "retention_bench.py": ["speculate"],
     "constrained_bench.py": ["speculate"],
     "run_all.py": ["decode_speculate"],
     "tier_bench.py": ["details", "spill_cost", "speculate"],
