@@ -13,7 +13,8 @@ off; a random two-layer Llama-shaped model, since what is measured is what the c
 with `--eviction-policy lru` and once with `priority`, and prints, per policy, the long prompts' hit rate (their
 cached tokens over their system tokens, turns after the first round: the first is cold under either policy) and the
 one-off prompts' hit rate (cached over prompt tokens), then whether the greedy answers agree (the cache never
-changes an answer; the script exits 1 if not). The LAST line is one JSON object. --smoke (tests/test_bench_smoke.py): two rounds at tiny sizes.
+changes an answer; the script exits 1 if not). The LAST line is one JSON object. --smoke (tests/
+test_bench_smoke.py): two rounds at tiny sizes.
 """
 
 from __future__ import annotations
