@@ -6,7 +6,8 @@ The trace (seeded, the same for both policies): `agents` agent sessions, each wi
 (--system tokens), take turns; each turn is the system prompt plus a fresh question (64 tokens) and asks its prompt
 to be kept (priority 10, retention 600 s). After every turn `flood` one-off prompts (--one-off tokens) arrive: new
 ones, except that one in three repeats one of the last four (what a cache without retention would still catch).
-The pool holds the system prompts and not much more. One request at a time, 4 generated tokens each.
+The pool holds the system prompts and not much more. One request at a time, 4 generated tokens each. Retained
+pages are bounded by the pin budget (radixcache.retention): --max-pinned 100% here, so that it is not what binds.
 
 It runs through the real engine in this process (worker.engine.Engine, torch backend, one thread, speculation
 off; a random two-layer Llama-shaped model, since what is measured is what the cache keeps, not the model), once
@@ -68,7 +69,8 @@ def trace(agents: int, rounds: int, flood: int, system: int, one_off: int, seed:
 
 def run(loaded, jobs: list[tuple], policy: str, pages: int, system: int, agents: int) -> dict:
     engine = Engine(loaded, EngineConfig(page_size=PAGE, kv_pages=pages, max_running=4, max_step_tokens=1024,
-                                         backend="torch", speculate=0, eviction_policy=policy))  # fmt: skip
+                                         backend="torch", speculate=0, eviction_policy=policy,
+                                         max_pinned=1.0))  # fmt: skip
     params = SamplingParams(max_tokens=4, ignore_eos=True)
     cached: dict[str, int] = {}
     answers: dict[str, list[int]] = {}

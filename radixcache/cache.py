@@ -234,7 +234,11 @@ class PrefixCache(BaseCache):
         key = encode(tokens)
         if not tail:
             key = key[: n * self.page_size * TOKEN_BYTES]
-        result = self.tree.insert(key, lease.pages[:n], lease.namespace, partial=tail, retention=lease.retention)
+        # Retention shares the pin budget's bound: never more retained pages than pins may hold (radixcache.retention)
+        result = self.tree.insert(
+            key, lease.pages[:n], lease.namespace, partial=tail, retention=lease.retention,
+            retain_limit=self.max_pinned_pages,
+        )  # fmt: skip
         self.allocator.incref(result.new_pages)
         self.windows.stored(result.new_pages)
         if result.replaced:

@@ -14,10 +14,13 @@ Retention never refuses anything: it only orders what is evictable. Pins (radixc
 stay the one way to make pages un-evictable. A node stamped twice keeps the higher effective priority (and, at the
 same priority, the later expiry).
 
-Tenants: every namespace's leaves compete in one order, so a tenant that retains everything at the top priority
-makes the others' unretained leaves go first, for at most MAX_RETENTION_SECONDS after its last publish. That costs
-the others hits, never capacity (nothing is refused and every retained leaf is still evictable when nothing else
-is); a pin budget, by contrast, bounds pages held outright. Fronts bound both fields (worker/front/validation.py).
+Bound: retention shares the pin budget's number. The pages under a running stamp (`RadixTree.retained_pages`, all
+tenants together, as pinned pages are counted) never exceed the cache's `max_pinned_pages` (--max-pinned): a publish
+stamps its path from the root down while it fits and leaves the rest in plain LRU order (nothing is refused;
+restamping what is already retained costs nothing). So one tenant that retains everything at the top priority keeps
+at most what it could have pinned, and the other tenants' pages compete for the rest in LRU order as they would beside
+pins, only never starved of capacity: retained pages are still evicted once nothing else is left. Within the budget
+there is no per-tenant share (as with pins); fronts bound both fields (worker/front/validation.py).
 """
 
 from __future__ import annotations

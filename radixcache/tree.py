@@ -86,6 +86,10 @@ class RadixTree:
         self._lru = LeafLRU(clock if self.retains else None)  # the evictable leaves, least recently used first
         self._dlru = LeafLRU()  # the evictable demoted leaves, likewise
         self._expiry = SortedList()  # (pin_until, node id) of pins with a TTL
+        # Soft retention's stamps still running (the `priority` policy): (kept_until, node id), the nodes, their pages
+        self._stamps = SortedList()
+        self._stamped: dict[int, Node] = {}
+        self.retained_pages = 0
         self._pinned: dict[int, Node] = {}
         self.cached_pages = 0
         self.protected_pages = 0  # pages in nodes whose subtree is locked or pinned
@@ -228,34 +232,72 @@ class RadixTree:
         *,
         partial: bool = False,
         retention: Retention | None = None,
+        retain_limit: int | None = None,
     ) -> InsertResult:
         """Store `pages` (one per whole page of `key`, in order) under `namespace`; already cached pages win.
 
         With `partial`, `key` may end inside its last page: `pages[-1]` then holds that partial tail (only its first
         len(key) % page_size tokens are valid) and is stored as the last page of a leaf, unless the tree already
         covers those tokens. Whole pages (and longer tails) replace a shorter cached tail: see `replaced`.
-        With `retention` (the `priority` policy only), every node on the path to the last page is stamped with it.
+        With `retention` (the `priority` policy only), the nodes on the path to the last page are stamped with it,
+        from the root down as long as `retained_pages` stays within `retain_limit` (the insert stands either way).
         """
         result = self._insert(key, pages, namespace, partial)
         if retention is not None and self.retains and result.node is not None:
-            self._retain(result.node, retention)
+            self._retain(result.node, retention, retain_limit)
         return result
 
-    def _retain(self, node: Node | None, retention: Retention) -> None:
+    def _retain(self, node: Node | None, retention: Retention, limit: int | None) -> None:
         """Stamp `node` and its ancestors with `retention` where it keeps them longer or at a higher priority than
-        their own (effective now); a listed leaf is listed again under its new stamp. O(depth + log n)."""
-        now = self.clock()
-        until = now + retention.seconds
+        their own (effective now), root first, while `retained_pages` stays within `limit` (a node that does not fit
+        is split after the pages that do; a restamp costs nothing); a listed leaf is listed again under its new
+        stamp. O(depth log n)."""
+        self.expire_retention()
+        until = self.clock() + retention.seconds
+        path = []
         while node is not None and node.parent is not None:
-            current = node.keep_priority if now < node.kept_until else 0
-            if retention.priority > current or (retention.priority == current and until > node.kept_until):
-                listed = node.ev_key is not None
-                if listed:
-                    self._lru_of(node).remove(node)
-                node.keep_priority, node.kept_until = retention.priority, until
-                if listed:
-                    self._lru_of(node).add(node)
+            path.append(node)
             node = node.parent
+        for node in reversed(path):  # the prefix first: what a longer request shares with others
+            stamped = node.id in self._stamped
+            current = node.keep_priority if stamped else 0
+            if retention.priority < current or (retention.priority == current and until <= node.kept_until):
+                continue  # already kept at least as well
+            last = False
+            if stamped:
+                self._stamps.remove((node.kept_until, node.id))
+            else:
+                if limit is not None and self.retained_pages + len(node.pages) > limit:
+                    room = limit - self.retained_pages
+                    if room <= 0:
+                        return
+                    node, last = self._split(node, room), True  # the first pages that fit, then stop
+                self._stamped[node.id] = node
+                self.retained_pages += len(node.pages)
+            self._stamps.add((until, node.id))
+            listed = node.ev_key is not None
+            if listed:
+                self._lru_of(node).remove(node)
+            node.keep_priority, node.kept_until = retention.priority, until
+            if listed:
+                self._lru_of(node).add(node)
+            if last:
+                return
+
+    def expire_retention(self) -> None:
+        """Forget the stamps whose time is up (their pages no longer count in `retained_pages`). The LRU moves
+        expired leaves on its own (radixcache.lru), so this only keeps the count."""
+        stamps = self._stamps
+        if stamps:
+            now = self.clock()
+            while stamps and stamps[0][0] <= now:
+                _, node_id = stamps.pop(0)
+                self.retained_pages -= len(self._stamped.pop(node_id).pages)
+
+    def _unstamp(self, node: Node) -> None:
+        if self._stamped.pop(node.id, None) is not None:
+            self._stamps.remove((node.kept_until, node.id))
+            self.retained_pages -= len(node.pages)
 
     def _insert(self, key: bytes, pages: list[int], namespace: str, partial: bool) -> InsertResult:
         bpp, n = self.bpp, len(pages)
@@ -374,6 +416,8 @@ class RadixTree:
         node.key = node.key[: keep * bpp] + key
         node.pages = node.pages[:keep] + pages
         grown = len(pages) - 1
+        if node.id in self._stamped:
+            self.retained_pages += grown
         self.cached_pages += grown
         self._count(self.namespace_cached, namespace, grown)
         if node.lock or node.pin_ref:
@@ -443,6 +487,9 @@ class RadixTree:
         upper = Node(node.key[:cut], node.pages[:j], parent, next(self._ids), node.access)
         upper.lock, upper.pin_ref, upper.demoted = node.lock, node.pin_ref, node.demoted
         upper.keep_priority, upper.kept_until = node.keep_priority, node.kept_until  # the same request kept both
+        if node.id in self._stamped:  # its pages split between the two: the retained count is unchanged
+            self._stamped[upper.id] = upper
+            self._stamps.add((upper.kept_until, upper.id))
         upper.first = node.first
         parent.children[upper.first] = upper
         node.key, node.pages, node.parent = node.key[cut:], node.pages[j:], upper
@@ -628,6 +675,8 @@ class RadixTree:
                 node.pages, node.key, node.tail = node.pages[:keep], node.key[: keep * bpp], 0
                 self.cached_pages -= need
                 self._count(self.namespace_cached, node.namespace, -need)
+                if node.id in self._stamped:
+                    self.retained_pages -= need
                 if dropped is not None:
                     dropped[node.namespace] = dropped.get(node.namespace, 0) + need
                 if demoted:
@@ -656,6 +705,8 @@ class RadixTree:
         """Remove an evictable (listed) leaf with all its pages; its parent may become an evictable leaf."""
         assert not node.children, f"node {node.id} has children: not a leaf"
         self._lru_of(node).remove(node)
+        if node.id in self._stamped:
+            self._unstamp(node)
         node.evicted = True
         if self._sink is not None:
             self._sink.removed(node.pages[:-1] if node.tail else node.pages)

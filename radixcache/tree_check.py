@@ -22,7 +22,8 @@ def check_tree(tree: RadixTree) -> None:
     evicted node reachable; partial tails only as the last page of an unpinned leaf; sibling keys prefix-free.
     Raises AssertionError naming the node and the broken invariant."""
     bpp, seen = tree.bpp, set()
-    cached = protected = pinned = leaves = partial = demoted = protected_demoted = 0
+    cached = protected = pinned = leaves = partial = demoted = protected_demoted = retained = 0
+    stamped = 0
     by_namespace: dict[str, list[int]] = {}  # namespace -> [cached, pinned]
     for namespace, root in tree._roots.items():
         assert root.parent is None and not root.pages and not root.key, f"root of {namespace!r} is malformed"
@@ -72,6 +73,9 @@ def check_tree(tree: RadixTree) -> None:
                 demoted += len(node.pages)
                 protected_demoted += len(node.pages) if node.lock or node.pin_ref else 0
             pinned += len(node.pages) if node.pin_until is not None else 0
+            if tree._stamped.get(node.id) is node:
+                stamped += 1
+                retained += len(node.pages)
             # Listed: unprotected, and a leaf (demoted), or without full-precision children (not demoted).
             below = node.children if node.demoted else full
             evictable = node is not root and not below and not node.lock and not node.pin_ref
@@ -95,5 +99,9 @@ def check_tree(tree: RadixTree) -> None:
     assert (tree.demoted_pages, tree.protected_demoted_pages) == (demoted, protected_demoted), (
         f"demoted page counters {(tree.demoted_pages, tree.protected_demoted_pages)} != {(demoted, protected_demoted)}"
     )
+    assert stamped == len(tree._stamped), "a retention stamp names a node that is not in the tree"
+    assert retained == tree.retained_pages, f"retained pages {tree.retained_pages} != recomputed {retained}"
+    stamps = sorted((n.kept_until, n.id) for n in tree._stamped.values())
+    assert list(tree._stamps) == stamps, "retention stamps out of sync"
     finite = sorted((n.pin_until, n.id) for n in tree._pinned.values() if n.pin_until != math.inf)
     assert list(tree._expiry) == finite, "pin expiry list out of sync"

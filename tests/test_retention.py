@@ -109,6 +109,21 @@ def test_a_split_keeps_the_retention_on_both_parts():
     cache.check(idle=True)
 
 
+def test_retained_pages_stay_within_the_pin_budget():
+    clock = Clock()
+    cache = PrefixCache(12, PAGE, clock=clock, eviction_policy="priority", max_pinned_pages=6)
+    first, second = list(range(4 * PAGE)), list(range(300, 300 + 4 * PAGE))
+    run(cache, first, Retention(priority=5, seconds=10.0))
+    run(cache, second, Retention(priority=5, seconds=10.0))  # 2 of its 4 pages fit the budget: the prefix
+    assert cache.tree.retained_pages == 6
+    run(cache, list(range(600, 600 + 6 * PAGE)))  # evicts 2: the unretained end of `second`
+    assert cache.match_length(first) == len(first) and cache.match_length(second) == 2 * PAGE
+    clock.now = 11.0  # the stamps ran out: they count no more, and a new request may be retained
+    run(cache, second, Retention(priority=5, seconds=10.0))
+    assert cache.tree.retained_pages == 4
+    cache.check(idle=True)
+
+
 def test_retention_never_refuses_for_capacity():
     clock = Clock()
     cache = PrefixCache(8, PAGE, clock=clock, eviction_policy="priority")
