@@ -223,6 +223,8 @@ class RequestOutput:
     error_kind: ErrorKind | None = None  # set with FinishReason.ERROR
     time_to_first_token: float | None = None  # seconds, on the first output that carries a token
     time_per_output_token: float | None = None  # seconds, on the last output
+    inter_token_latency: float | None = None  # seconds since this sample's previous output with tokens
+    e2e_latency: float | None = None  # seconds from submission to the finish, on the last output
     index: int = 0  # which sample, in [0, sampling.n)
     draft_tokens: int = 0  # speculation: draft tokens verified for this sample so far
     accepted_draft_tokens: int = 0  # of those, the ones that were the sampled token (emitted without a step each)

@@ -71,6 +71,7 @@ class Sequence:
     arrival: float = field(default_factory=time.monotonic)
     waited_steps: int = 0
     first_token_at: float | None = None
+    last_output_at: float | None = None  # when the last output carrying tokens was taken (inter-token gaps)
     generator: torch.Generator = field(init=False)  # made in __post_init__, from the request's seed
     text: str = ""  # everything detokenized so far
     emitted_chars: int = 0  # how much of `text` was sent
@@ -201,7 +202,14 @@ class Sequence:
         )
         if self.pending_ids and self.first_token_at is not None and self.num_generated == len(self.pending_ids):
             out.time_to_first_token = self.first_token_at - self.arrival
+        now = time.monotonic()
         if self.finish_reason is not None and self.first_token_at is not None and self.num_generated > 1:
-            out.time_per_output_token = (time.monotonic() - self.first_token_at) / (self.num_generated - 1)
+            out.time_per_output_token = (now - self.first_token_at) / (self.num_generated - 1)
+        if self.pending_ids:
+            if self.last_output_at is not None:
+                out.inter_token_latency = now - self.last_output_at
+            self.last_output_at = now
+        if self.finish_reason is not None:
+            out.e2e_latency = now - self.arrival
         self.pending_ids, self.pending_logprobs = [], []
         return out
