@@ -325,6 +325,20 @@ class Client(_Base):
         _set_input(req, text, token_ids, messages)
         return self._stub.UnpinPrefix(req, metadata=self._metadata).unpinned_tokens
 
+    def explain(
+        self,
+        text: str | None = None,
+        *,
+        token_ids: Sequence[int] | None = None,
+        messages: Sequence[Message] | None = None,
+        timeout: float | None = None,
+    ) -> pb.ExplainPrefixResponse:
+        """What a Generate of this prompt would be served from the caller's own namespace now, page by page, and why
+        no more (ExplainPrefix; changes nothing in the cache)."""
+        req = pb.ExplainPrefixRequest()
+        _set_input(req, text, token_ids, messages)
+        return self._stub.ExplainPrefix(req, timeout=timeout, metadata=self._metadata)
+
     def abort(self, request_id: str) -> bool:
         return self._stub.Abort(pb.AbortRequest(request_id=request_id), metadata=self._metadata).aborted
 
@@ -435,6 +449,19 @@ class AsyncClient(_Base):
         req = pb.UnpinPrefixRequest()
         _set_input(req, text, token_ids, messages)
         return (await self._stub.UnpinPrefix(req, metadata=self._metadata)).unpinned_tokens
+
+    async def explain(
+        self,
+        text: str | None = None,
+        *,
+        token_ids: Sequence[int] | None = None,
+        messages: Sequence[Message] | None = None,
+        timeout: float | None = None,
+    ) -> pb.ExplainPrefixResponse:
+        """Client.explain, awaited."""
+        req = pb.ExplainPrefixRequest()
+        _set_input(req, text, token_ids, messages)
+        return await self._stub.ExplainPrefix(req, timeout=timeout, metadata=self._metadata)
 
     async def cache_events(self, timeout: float | None = None) -> AsyncIterator[pb.CacheEventBatch]:
         """Client.cache_events, as an async iterator."""
