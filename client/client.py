@@ -77,6 +77,8 @@ class Chunk:
     index: int = 0  # which sample (n > 1)
     draft_tokens: int = 0  # speculative decoding, this sample so far: draft tokens checked
     accepted_draft_tokens: int = 0  # and of those, the ones that were the sampled token
+    cache_miss_reason: str = ""  # on the last chunk: why the cache served no more of the prompt (or "")
+    cache_match_end: str = ""  # on the last chunk: how the cache's match ended
 
     @classmethod
     def from_proto(cls, m: pb.GenerateResponse) -> Chunk:
@@ -94,6 +96,8 @@ class Chunk:
             index=m.index,
             draft_tokens=m.draft_tokens,
             accepted_draft_tokens=m.accepted_draft_tokens,
+            cache_miss_reason=m.cache_miss_reason,
+            cache_match_end=m.cache_match_end,
         )
 
 
@@ -110,6 +114,8 @@ class Completion:
     finish_reason: str | None
     draft_tokens: int = 0
     accepted_draft_tokens: int = 0
+    cache_miss_reason: str = ""
+    cache_match_end: str = ""
 
     @classmethod
     def join(cls, chunks: Sequence[Chunk]) -> Completion:
@@ -127,6 +133,8 @@ class Completion:
             finish_reason=last.finish_reason,
             draft_tokens=last.draft_tokens,
             accepted_draft_tokens=last.accepted_draft_tokens,
+            cache_miss_reason=last.cache_miss_reason,
+            cache_match_end=last.cache_match_end,
         )
 
 
