@@ -47,7 +47,7 @@ from radixcache.eviction import Eviction
 from radixcache.explain import Explanation, explain_prompt
 from radixcache.keys import TOKEN_BYTES, encode
 from radixcache.lease import Lease, Lookup, PageCopy
-from radixcache.miss_reasons import NO_ROOM, WINDOW_PREFIX_RULE, diagnose
+from radixcache.miss_reasons import NO_ROOM, WINDOW_PREFIX_RULE, diagnose, match_stop
 from radixcache.tree import RadixTree
 
 if TYPE_CHECKING:
@@ -124,8 +124,14 @@ class PrefixCache(BaseCache):
         limit = len(tokens) if max_cached is None else max(0, min(max_cached, len(tokens)))
         key = encode(tokens if limit == len(tokens) else tokens[:limit])
         found = self.tree.match(key, namespace)
+        stop = match_stop(self.tree, found, key, namespace, limit)  # before the lease's lock cuts the edges
         readable = self.room.readable(found, key, namespace)
         m = self.windows.readable(self.tree, readable, key, namespace)
+        readable_tokens, windowed, whole_read = (
+            readable.tokens,
+            m.tokens,
+            bool(m.pages),
+        )  # (m.pages becomes the lease's)
         lease.pages, lease._cover = m.pages, len(m.pages)
         self.allocator.incref(m.pages)
         self.windows.hold_match(lease, m)  # before anything may make room by giving idle window parts back
@@ -138,12 +144,10 @@ class PrefixCache(BaseCache):
         lease.cached_tokens = whole * self.page_size + (copy.tokens if copy is not None else 0)
         lease._lookup = Lookup(len(tokens), lease.cached_tokens, copy.tokens if copy is not None else 0)
         # why it stopped there: a cut below what the tree holds is the window rule's or the room's
-        cut = WINDOW_PREFIX_RULE if m.tokens < readable.tokens else NO_ROOM
-        if lease.cached_tokens < m.tokens and m.pages and not lease.pages:
+        cut = WINDOW_PREFIX_RULE if windowed < readable_tokens else NO_ROOM
+        if lease.cached_tokens < windowed and whole_read and not lease.pages:
             cut = WINDOW_PREFIX_RULE  # the partial copy fell through and the whole pages' window was gone
-        lease.miss = diagnose(
-            self.tree, found, key, namespace, limit, served=lease.cached_tokens, cut=cut, below=self._below()
-        )
+        lease.miss = diagnose(stop, limit, self.page_size, served=lease.cached_tokens, cut=cut, below=self._below())
         if count:
             self.count_lookup(lease)
         return lease

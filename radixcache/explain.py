@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from radixcache.keys import encode
-from radixcache.miss_reasons import WINDOW_PREFIX_RULE, diagnose
+from radixcache.miss_reasons import WINDOW_PREFIX_RULE, diagnose, match_stop
 
 if TYPE_CHECKING:
     from radixcache.lease_windows import LeaseWindows
@@ -65,7 +65,8 @@ def explain_prompt(
     key = encode(tokens[:limit])
     m = tree.match(key, namespace, touch=False)
     served = windows.servable(m)
-    miss = diagnose(tree, m, key, namespace, limit, served=served, cut=WINDOW_PREFIX_RULE, below=below)
+    stop = match_stop(tree, m, key, namespace, limit)
+    miss = diagnose(stop, limit, ps, served=served, cut=WINDOW_PREFIX_RULE, below=below)
     read = m.read_pages()
     pages = []
     for i in range(-(-limit // ps)):

@@ -13,8 +13,8 @@ The reasons (REASONS), decided in this order from what the lookup already has (i
 - evicted / evicted_to_host / evicted_to_disk / evicted_to_store: the tree recently held the next page and evicted it
   (radixcache.recent_evictions, a bounded hint); with tiers below memory, the medium is where eviction handed it (a
   load would have brought it back had the tier kept it).
-- shorter_than_page: what is left after the whole pages matched is under one page and nothing cached continues it:
-  whole pages are cached as soon as computed, a shorter rest only as a finished request's partial tail.
+- shorter_than_page: what is left after the whole pages matched is under one page and no cached page begins with
+  any of it: whole pages are cached as soon as computed, a shorter rest only as a finished request's partial tail.
 - no_shared_prefix: nothing cached in the namespace continues the prompt past the hit (0 tokens or more).
 - cache_off: the worker runs with --no-cache.
 
@@ -82,8 +82,31 @@ class CacheMiss:
 CACHE_OFF_MISS = CacheMiss(CACHE_OFF, "")
 
 
+@dataclass(frozen=True, slots=True)
+class MatchStop:
+    """Where a tree match of a lookup stopped, read right after the match (before a lease cuts the edges it locks):
+    the tokens the tree holds of the lookup, how the match ended (MATCH_ENDS), its whole pages, and whether the page
+    after them was recently evicted from there."""
+
+    tokens: int
+    end: str
+    whole: int
+    evicted: bool
+
+
+def match_stop(tree: RadixTree, m: Match, key: bytes, namespace: str, limit: int) -> MatchStop:
+    """The MatchStop of match `m` of `key` (the lookup's `limit` tokens, encoded). O(1): reads the nodes the match
+    ends at, and one set membership."""
+    ps, whole = tree.page_size, len(m.pages)
+    evicted = False
+    if limit - whole * ps >= ps and (m.node is None or m.node_pages == len(m.node.pages)):  # at a node's end
+        bpp = ps * TOKEN_BYTES
+        evicted = tree.evicted_after(m.node, namespace, key[whole * bpp : (whole + 1) * bpp])
+    return MatchStop(m.tokens, match_end(tree, m, limit, namespace), whole, evicted)
+
+
 def match_end(tree: RadixTree, m: Match, limit: int, namespace: str) -> str:
-    """How the tree's match `m` of a lookup of `limit` tokens ended (MATCH_ENDS). O(1): reads the nodes it ends at."""
+    """How the tree's match `m` of a lookup of `limit` tokens ended (MATCH_ENDS)."""
     if m.tokens >= limit:
         return PROMPT_END
     node = m.node
@@ -96,25 +119,16 @@ def match_end(tree: RadixTree, m: Match, limit: int, namespace: str) -> str:
     return DIVERGED if anchor is not None and anchor.children else PATH_END
 
 
-def diagnose(
-    tree: RadixTree, m: Match, key: bytes, namespace: str, limit: int, *, served: int, cut: str | None, below: str
-) -> CacheMiss:
-    """The CacheMiss of a lookup of `limit` tokens (`key`, encoded) whose tree match was `m` and that served `served`
-    tokens; `cut`: the reason (WINDOW_PREFIX_RULE, NO_ROOM) that took `served` below m's tokens, if one did; `below`:
-    the medium of the first tier below memory ("" for none)."""
-    end = match_end(tree, m, limit, namespace)
+def diagnose(stop: MatchStop, limit: int, page_size: int, *, served: int, cut: str | None, below: str) -> CacheMiss:
+    """The CacheMiss of a lookup of `limit` tokens whose match stopped at `stop` and that served `served` tokens;
+    `cut`: the reason (WINDOW_PREFIX_RULE, NO_ROOM) that took `served` below what the tree holds, if one did;
+    `below`: the medium of the first tier below memory ("" for none)."""
     if served >= limit > 0:
-        return CacheMiss(HIT_FULL, end)
-    if cut is not None and served < m.tokens:
-        return CacheMiss(cut, end)
-    ps = tree.page_size
-    whole = len(m.pages)
-    rest = limit - whole * ps
-    at_boundary = m.node is None or m.node_pages == len(m.node.pages)
-    if rest >= ps and at_boundary:
-        bpp = ps * TOKEN_BYTES
-        if tree.evicted_after(m.node, namespace, key[whole * bpp : (whole + 1) * bpp]):
-            return CacheMiss(EVICTED_TO.get(below, EVICTED), end)
-    if rest < ps and end != DIVERGED:
-        return CacheMiss(SHORTER_THAN_PAGE, end)
-    return CacheMiss(NO_SHARED_PREFIX, end)
+        return CacheMiss(HIT_FULL, stop.end)
+    if cut is not None and served < stop.tokens:
+        return CacheMiss(cut, stop.end)
+    if stop.evicted:
+        return CacheMiss(EVICTED_TO.get(below, EVICTED), stop.end)
+    if limit - stop.whole * page_size < page_size and stop.tokens == stop.whole * page_size:
+        return CacheMiss(SHORTER_THAN_PAGE, stop.end)
+    return CacheMiss(NO_SHARED_PREFIX, stop.end)

@@ -544,11 +544,14 @@ class RadixTree:
         return count
 
     # ---- eviction ------------------------------------------------------------------------------------------
-    def evict(self, num_pages: int, dropped: dict[str, int] | None = None, *, demoted: bool = False) -> list[int]:
+    def evict(
+        self, num_pages: int, dropped: dict[str, int] | None = None, *, demoted: bool = False, remember: bool = True
+    ) -> list[int]:
         """Drop up to `num_pages` pages from least recently used unprotected leaves (the tail of a leaf first when
         only part of it is needed): full-precision leaves, or with `demoted` only demoted ones. Returns the dropped
         page ids; the caller releases the tree's reference. `dropped`, when given, is added the pages dropped per
-        namespace."""
+        namespace. `remember`: note where pages went in `recent_evictions` (a flush does not: flushed is not
+        evicted)."""
         if self._expiry:
             self.expire()
         bpp, need, freed, lru = self.bpp, num_pages, [], self._dlru if demoted else self._lru
@@ -561,7 +564,8 @@ class RadixTree:
                 node = recent[next(iter(recent))]
                 if ordered and ordered[0] < (node.access << ID_BITS) | node.id:
                     node = lru.by_key[ordered[0]]
-            self._remember_eviction(node)
+            if remember:
+                self._remember_eviction(node)
             if node.children:  # a full-precision node above demoted leaves only: they go with it
                 gone = self._drop_subtree(node)
                 freed += gone
@@ -574,7 +578,7 @@ class RadixTree:
                 if node.tail:
                     self.partial_pages -= 1
                 keep = n - need
-                if n - keep > (1 if node.tail else 0):  # a whole page goes: remember where (a tail is no page)
+                if remember and n - keep > (1 if node.tail else 0):  # a whole page goes (a tail is no page)
                     self.recent_evictions.add(node.id, node.key[keep * bpp : (keep + 1) * bpp])
                 freed += node.pages[keep:]
                 if self._sink is not None:
@@ -664,7 +668,9 @@ class RadixTree:
                 self._set_pin(node, None)
             holding = [ns for ns, root in self._roots.items() if root.children]
             freed: list[int] = []
-            while dropped := self.evict(self.cached_pages) + self.evict(self.cached_pages, demoted=True):
+            while dropped := self.evict(self.cached_pages, remember=False) + self.evict(
+                self.cached_pages, demoted=True, remember=False
+            ):
                 freed += dropped  # each class's evictions may leave leaves of the other class behind
             if self._sink is not None:
                 for ns in holding:
