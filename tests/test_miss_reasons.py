@@ -11,7 +11,7 @@ from contextlib import redirect_stdout
 import grpc
 import httpx
 import pytest
-from engine_fixtures import tiny_model
+from engine_fixtures import EOS, byte_tokenizer, tiny_model
 from prometheus_client.parser import text_string_to_metric_families
 from worker_harness import ThreadedWorker
 
@@ -37,6 +37,7 @@ from radixcache.recent_evictions import RecentEvictions
 from radixcache.tier import TierChain
 from radixcache.tiering import TierLink
 from radixcache.worker.engine.engine import Engine, EngineConfig
+from radixcache.worker.model.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -216,9 +217,14 @@ TOKENS = {"tok-alice": "alice", "tok-bob": "bob"}
 ALICE = {"Authorization": "Bearer tok-alice"}
 
 
+CHAT_TEMPLATE = "{% for m in messages %}<{{ m.role }}>{{ m.content }}</s>{% endfor %}<assistant>"
+
+
 @pytest.fixture(scope="module")
 def worker() -> Iterator[ThreadedWorker]:
-    engine = Engine(tiny_model(), EngineConfig(page_size=PS, kv_pages=64, max_step_tokens=64))
+    loaded = tiny_model()
+    loaded.tokenizer = Tokenizer(byte_tokenizer()._tok, eos_token=EOS, chat_template=CHAT_TEMPLATE)  # for Messages
+    engine = Engine(loaded, EngineConfig(page_size=PS, kv_pages=64, max_step_tokens=64))
     with ThreadedWorker(engine, http_port=0, metrics_port=0, auth_tokens=TOKENS) as w:
         yield w
 
