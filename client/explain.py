@@ -33,9 +33,8 @@ def explain_lines(e: Any) -> list[str]:
         lines.append(f"  page {p.index:>4}  {span:<20} {p.state:<8} served {p.served}/{p.tokens}")
     looked = sum(p.tokens for p in e.pages)
     if looked < e.cacheable_tokens:
-        lines.append(
-            f"  (the other {e.cacheable_tokens - looked} tokens are not looked at: nothing after a miss is served)"
-        )
+        rest = f"{looked}..{e.cacheable_tokens - 1}"
+        lines.append(f"  tokens {rest}: not looked at (nothing after a page not wholly served is served)")
     end = f", match {e.cache_match_end}" if e.cache_match_end else ""
     lines.append(f"cached_tokens={e.cached_tokens}: stopped at token {e.cached_tokens}, {e.cache_miss_reason}{end}")
     return lines
