@@ -30,7 +30,7 @@ path_end (the cached path ends there: at a page boundary, or a partial tail's la
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from radixcache.keys import TOKEN_BYTES
 from radixcache.tier import MEDIUM_DISK, MEDIUM_HOST, MEDIUM_STORE
@@ -80,13 +80,14 @@ class CacheMiss:
 
 
 CACHE_OFF_MISS = CacheMiss(CACHE_OFF, "")
+# Every CacheMiss a lookup can get, made once (a lookup allocates none).
+_MISSES = {(reason, end): CacheMiss(reason, end) for reason in REASONS for end in MATCH_ENDS}
 
 
-@dataclass(frozen=True, slots=True)
-class MatchStop:
+class MatchStop(NamedTuple):
     """Where a tree match of a lookup stopped, read right after the match (before a lease cuts the edges it locks):
     the tokens the tree holds of the lookup, how the match ended (MATCH_ENDS), its whole pages, and whether the page
-    after them was recently evicted from there."""
+    after them was recently evicted from there. (A tuple: one is made per lookup.)"""
 
     tokens: int
     end: str
@@ -124,11 +125,11 @@ def diagnose(stop: MatchStop, limit: int, page_size: int, *, served: int, cut: s
     `cut`: the reason (WINDOW_PREFIX_RULE, NO_ROOM) that took `served` below what the tree holds, if one did;
     `below`: the medium of the first tier below memory ("" for none)."""
     if served >= limit > 0:
-        return CacheMiss(HIT_FULL, stop.end)
+        return _MISSES[HIT_FULL, stop.end]
     if cut is not None and served < stop.tokens:
-        return CacheMiss(cut, stop.end)
+        return _MISSES[cut, stop.end]
     if stop.evicted:
-        return CacheMiss(EVICTED_TO.get(below, EVICTED), stop.end)
+        return _MISSES[EVICTED_TO.get(below, EVICTED), stop.end]
     if limit - stop.whole * page_size < page_size and stop.tokens == stop.whole * page_size:
-        return CacheMiss(SHORTER_THAN_PAGE, stop.end)
-    return CacheMiss(NO_SHARED_PREFIX, stop.end)
+        return _MISSES[SHORTER_THAN_PAGE, stop.end]
+    return _MISSES[NO_SHARED_PREFIX, stop.end]
