@@ -73,7 +73,8 @@ def build_pool(loaded: LoadedModel, config: EngineConfig) -> KVPool:
     param = next(loaded.model.parameters())
     mc = loaded.config
     assert mc.head_dim is not None, "ModelConfig derives head_dim when the checkpoint leaves it out"
-    shape = KVShape(layers=mc.num_layers, kv_heads=mc.num_kv_heads, head_dim=mc.head_dim)
+    kv_heads, head_dim = mc.kv_cache_dims  # an MLA model's latent pages: one "head" of half a latent
+    shape = KVShape(layers=mc.num_layers, kv_heads=kv_heads, head_dim=head_dim)
     kv_dtype = param.dtype if config.kv_dtype == "auto" else config.kv_dtype
     paging = window_paging(mc, config)
     if paging.layers:
@@ -145,8 +146,8 @@ class ModelStep:
         self.window_slots: Callable[[list[int]], list[int]] | None = None
         self.backend_options = dict(
             num_heads=mc.num_heads,
-            num_kv_heads=mc.num_kv_heads,
-            head_dim=mc.head_dim,
+            num_kv_heads=mc.kv_cache_dims[0],
+            head_dim=mc.kv_cache_dims[1],
             dtype=self.dtype,
             attention=attention_options(mc),
             kv_dtype=self.pool.kv_dtype,
