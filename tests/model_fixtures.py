@@ -187,6 +187,9 @@ def build_checkpoint(folder: Path, arch: str, seed: int = 0, **overrides: object
                 param.normal_(0.0, 0.25)  # transformers 5 zero-initialises V3's router: every score would tie
             elif "norm" in name:
                 param.uniform_(0.5, 1.5)
+        for name, buffer in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):  # DeepSeek V3's router bias: choices must depend on it
+                buffer.normal_(0.0, 0.1)
     model.save_pretrained(folder, safe_serialization=True)
     build_tokenizer_files(folder)
     return model
