@@ -241,6 +241,15 @@ class CausalLM(nn.Module):
         kinds = [False] + ([True] if c.rope_local_theta is not None else [])
         self.rotations = [(f.to(device), a) for f, a in (rope_frequencies(c, local=local) for local in kinds)]
 
+    def keep_float32_routers(self) -> None:
+        """Put back in float32 the routers that run in float32 (DeepSeek's mlp.gate and its correction bias), as
+        transformers keeps them in a 16-bit model (_keep_in_fp32_modules_strict). Call after module.to(dtype)."""
+        for module in self.modules():
+            if isinstance(module, SparseMoE) and module.routing.float32_logits:
+                module.gate.float()
+                if module.e_score_correction_bias is not None:
+                    module.e_score_correction_bias.data = module.e_score_correction_bias.data.float()
+
     def tie_weights(self) -> None:
         """Re-share lm_head with the embedding (needed after `to_empty`, which breaks the sharing)."""
         if self.config.tie_word_embeddings:
