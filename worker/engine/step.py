@@ -78,7 +78,9 @@ def check_latent_pages(model_config: ModelConfig, config: EngineConfig) -> None:
             "at the model's precision; use --kv-dtype auto (or the model's bf16/fp16/fp32)"
         )
     if config.kv_demote is not None:
-        raise ValueError(f"kv_demote (--kv-demote) {config.kv_demote}: latent (MLA) pages cannot be demoted to a quantized dtype")
+        raise ValueError(
+            f"kv_demote (--kv-demote) {config.kv_demote}: latent (MLA) pages cannot be demoted to a quantized dtype"
+        )
 
 
 def build_pool(loaded: LoadedModel, config: EngineConfig) -> KVPool:
