@@ -19,6 +19,7 @@ from radixcache.lease import Lease, Lookup
 
 if TYPE_CHECKING:
     from radixcache.events import EventSink, PageRecord
+    from radixcache.salt import CacheSalt
     from radixcache.tier import TierRecord
 
 
@@ -40,7 +41,14 @@ class CacheOff(BaseCache):
 
     # ---- the request path: leases over private pages -------------------------------------------------------
     def acquire(
-        self, owner: str, tokens: Tokens, namespace: str = "", max_cached: int | None = None, *, count: bool = True
+        self,
+        owner: str,
+        tokens: Tokens,
+        namespace: str = "",
+        max_cached: int | None = None,
+        *,
+        count: bool = True,
+        salt: CacheSalt | None = None,
     ) -> Lease:
         """A lease holding nothing yet (nothing is served from a cache that is off)."""
         lease = self._open(owner, namespace)
@@ -83,7 +91,7 @@ class CacheOff(BaseCache):
     def available_pages(self) -> int:
         return self.allocator.num_free
 
-    def match_length(self, tokens: Tokens, namespace: str = "") -> int:
+    def match_length(self, tokens: Tokens, namespace: str = "", *, salt: CacheSalt | None = None) -> int:
         return 0
 
     def pin(self, tokens: Tokens, namespace: str = "", ttl: float | None = None, *, keep_unpinned: int = 0) -> int:
