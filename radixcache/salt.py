@@ -68,3 +68,15 @@ def salted_split(tokens: Sequence[int], page_size: int, namespace: str, salt: Ca
         return shared, None
     hashes = page_hashes(tokens[:shared], page_size, namespace) if shared else [0]
     return shared, salted_namespace(namespace, salt.salt, hashes[-1])
+
+
+def salted_page_hashes(
+    tokens: Sequence[int], page_size: int, namespace: str, salt: CacheSalt, *, kv_dtype: str | None = None
+) -> list[int]:
+    """The page hashes of `tokens` salted so, as a worker's events name them: the shared span's in `namespace`,
+    then the rest's in the salted namespace (whose first page continues no parent). What a router looks up."""
+    shared, salted = salted_split(tokens, page_size, namespace, salt)
+    head = page_hashes(tokens[:shared], page_size, namespace, kv_dtype=kv_dtype)
+    if salted is None:
+        return head
+    return head + page_hashes(tokens[shared:], page_size, salted, kv_dtype=kv_dtype)
