@@ -238,6 +238,7 @@ def test_every_http_front_hands_the_salt_to_the_engine(worker, path: str, body: 
 def test_grpc_hands_the_salt_to_the_engine(worker) -> None:
     import grpc
 
+    from radixcache.client import Client
     from radixcache.v1 import radixcache_pb2 as pb
     from radixcache.v1 import radixcache_pb2_grpc as pb_grpc
 
@@ -246,7 +247,9 @@ def test_grpc_hands_the_salt_to_the_engine(worker) -> None:
         stub = pb_grpc.RadixCacheStub(channel)
         list(stub.Generate(pb.GenerateRequest(text="hi", max_tokens=1, cache_salt="g", cache_salt_shared_tokens=4)))
         list(stub.Generate(pb.GenerateRequest(text="hi", max_tokens=1)))
-    assert [r.cache_salt for r in worker.engine.submitted] == [CacheSalt("g", 4), None]
+    with Client(worker.target) as c:  # our client's keywords
+        c.generate_text("hi", max_tokens=1, cache_salt="h")
+    assert [r.cache_salt for r in worker.engine.submitted] == [CacheSalt("g", 4), None, CacheSalt("h")]
 
 
 def test_salted_leases_under_pressure_keep_every_invariant_and_an_exact_event_stream() -> None:
