@@ -293,3 +293,20 @@ def test_salted_leases_under_pressure_keep_every_invariant_and_an_exact_event_st
     cache.check(idle=True)
     stats = cache.stats()
     assert stats.evicted_pages > 50 and stats.hit_tokens > 0, stats  # it ran under pressure, and sharing happened
+
+
+def test_the_tiers_below_memory_key_salted_pages_by_their_salted_hashes() -> None:
+    from test_tier_stateful import TokenPool
+
+    from radixcache.host_tier import HostTier
+    from radixcache.tier import TierChain
+    from radixcache.tiering import TierLink
+
+    host = HostTier(64 * 16)
+    cache = PrefixCache(64, PS, tier=TierLink(TokenPool(64), PS, tiers=TierChain([host])))
+    serve(cache, "a1", CacheSalt("a", 8))
+    cache.evict(64)  # every whole page spills to the host tier
+    held = {(key.namespace, key.page_hash) for key in host.records()}
+    hashes = salted_page_hashes(TOKENS, PS, "t", CacheSalt("a", 8))
+    salted = next(ns for ns, _ in held if ns != "t")
+    assert held == {("t", h) for h in hashes[:2]} | {(salted, h) for h in hashes[2:]}
