@@ -310,3 +310,18 @@ def test_the_tiers_below_memory_key_salted_pages_by_their_salted_hashes() -> Non
     hashes = salted_page_hashes(TOKENS, PS, "t", CacheSalt("a", 8))
     salted = next(ns for ns, _ in held if ns != "t")
     assert held == {("t", h) for h in hashes[:2]} | {(salted, h) for h in hashes[2:]}
+
+
+def test_a_responses_turn_that_shares_its_instructions_keeps_them_when_it_continues(worker) -> None:
+    import httpx
+
+    worker.engine.submitted.clear()
+    body = {"model": "fake", "instructions": "T", "input": "h", "max_output_tokens": 1, "store": True}
+    salt = {"cache_salt": "s", "cache_salt_share_system": True}
+    first = httpx.post(worker.root + "/v1/responses", json=body | salt, timeout=30)
+    assert first.status_code == 200, first.text
+    again = body | salt | {"previous_response_id": first.json()["id"], "input": "m"}
+    second = httpx.post(worker.root + "/v1/responses", json=again, timeout=30)
+    assert second.status_code == 200, second.text  # not refused as "needs chat messages"
+    spans = [r.cache_salt.shared_tokens for r in worker.engine.submitted]
+    assert spans[0] == spans[1] > 0  # the same instructions, the same shared span

@@ -60,7 +60,8 @@ class ResponsesEndpoint:
             if previous is not None:  # checked here, and then not again by admit
                 prompt = self.front.core.check_prompt(chat)
                 continued = await self.front.core.continue_from(previous.prefixes(), prompt)
-                if continued is not None:
+                # a salt sharing the system messages counts them in the messages: it keeps them (and re-renders)
+                if continued is not None and not (parsed.salt is not None and parsed.salt.share_system is True):
                     prompt, prompt_text = PromptInput(token_ids=continued[0]), continued[1]
             response_id = "resp_" + uuid.uuid4().hex
             stream = await self.front.core.admit(
