@@ -53,6 +53,7 @@ _SAMPLING = (
 )
 # Structured output (at most one): json_schema (a dict or JSON text), json_object=True, regex, ebnf (GBNF or Lark).
 _CONSTRAINTS = ("json_schema", "json_object", "regex", "ebnf")
+_SALT = ("cache_salt", "cache_salt_shared_tokens", "cache_salt_share_system")  # the cache salt and its shared span
 
 
 @dataclass
@@ -171,9 +172,11 @@ def generate_request(
     **sampling: Any,
 ) -> pb.GenerateRequest:
     """A GenerateRequest; sampling keywords left out (or None) take the worker's defaults. The keywords also take
-    one constraint: json_schema (a dict or JSON text), json_object=True, regex or ebnf. cache_key: the routing hint
-    (a cluster sends a tenant's requests with one key to one replica while load allows)."""
-    known = _SAMPLING + _CONSTRAINTS
+    one constraint: json_schema (a dict or JSON text), json_object=True, regex or ebnf; and a cache salt:
+    cache_salt, with cache_salt_shared_tokens or cache_salt_share_system (the proto's GenerateRequest says what they
+    do). cache_key: the routing hint (a cluster sends a tenant's requests with one key to one replica while load
+    allows)."""
+    known = _SAMPLING + _CONSTRAINTS + _SALT
     unknown = set(sampling) - set(known)
     if unknown:
         raise TypeError(f"unknown sampling argument(s): {', '.join(sorted(unknown))}; known: {', '.join(known)}")

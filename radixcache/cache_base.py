@@ -24,6 +24,7 @@ from radixcache.pages import PageAllocator
 if TYPE_CHECKING:
     from radixcache.events import EventSink, PageRecord
     from radixcache.explain import Explanation
+    from radixcache.salt import CacheSalt
     from radixcache.tier import CacheTier, TierRecord
     from radixcache.window_parts import WindowParts
 
@@ -145,7 +146,14 @@ class BaseCache(ABC):
     # ---- what each cache does its own way ---------------------------------------------------------------------
     @abstractmethod
     def acquire(
-        self, owner: str, tokens: Tokens, namespace: str = "", max_cached: int | None = None, *, count: bool = True
+        self,
+        owner: str,
+        tokens: Tokens,
+        namespace: str = "",
+        max_cached: int | None = None,
+        *,
+        count: bool = True,
+        salt: CacheSalt | None = None,
     ) -> Lease:
         """A lease for a sequence of `tokens`, holding what the cache serves of them (at most `max_cached`). With
         `count=False` its lookup waits for `count_lookup` before it enters the statistics."""
@@ -171,7 +179,7 @@ class BaseCache(ABC):
         """Pages an allocation could get now."""
 
     @abstractmethod
-    def match_length(self, tokens: Tokens, namespace: str = "") -> int:
+    def match_length(self, tokens: Tokens, namespace: str = "", *, salt: CacheSalt | None = None) -> int:
         """Tokens `acquire` would serve from the cache. Read-only."""
 
     @abstractmethod

@@ -21,6 +21,7 @@ from radixcache.miss_reasons import CACHE_OFF, CACHE_OFF_MISS
 
 if TYPE_CHECKING:
     from radixcache.events import EventSink, PageRecord
+    from radixcache.salt import CacheSalt
     from radixcache.tier import TierRecord
 
 
@@ -42,7 +43,14 @@ class CacheOff(BaseCache):
 
     # ---- the request path: leases over private pages -------------------------------------------------------
     def acquire(
-        self, owner: str, tokens: Tokens, namespace: str = "", max_cached: int | None = None, *, count: bool = True
+        self,
+        owner: str,
+        tokens: Tokens,
+        namespace: str = "",
+        max_cached: int | None = None,
+        *,
+        count: bool = True,
+        salt: CacheSalt | None = None,
     ) -> Lease:
         """A lease holding nothing yet (nothing is served from a cache that is off)."""
         lease = self._open(owner, namespace)
@@ -86,7 +94,7 @@ class CacheOff(BaseCache):
     def available_pages(self) -> int:
         return self.allocator.num_free
 
-    def match_length(self, tokens: Tokens, namespace: str = "") -> int:
+    def match_length(self, tokens: Tokens, namespace: str = "", *, salt: CacheSalt | None = None) -> int:
         return 0
 
     def explain(self, tokens: Tokens, namespace: str = "") -> Explanation:

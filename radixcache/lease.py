@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from radixcache.miss_reasons import CacheMiss
     from radixcache.node import Node
+    from radixcache.salt import CacheSalt
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,4 +61,7 @@ class Lease:
     _cover: int = field(default=0, repr=False)  # leading pages of `pages` that must stay under the lock
     _src: int | None = field(default=None, repr=False)  # copy source, held until copied (or publish/extend/release)
     _lookup: Lookup | None = field(default=None, repr=False)  # its lookup, until counted in the statistics
+    salt: CacheSalt | None = None  # its cache salt (radixcache.salt): pages past the shared span are salted
+    _salted_ns: str | None = field(default=None, repr=False)  # the salted pages' namespace, once tokens reach it
+    _shared_node: Node | None = field(default=None, repr=False)  # a salted lease's lock on its shared span's end
     _wfirst: int = field(default=0, repr=False)  # window parts: the lease holds those of pages[_wfirst:] (and _src's)

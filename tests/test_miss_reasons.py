@@ -34,6 +34,7 @@ from radixcache.miss_reasons import (
     WINDOW_PREFIX_RULE,
 )
 from radixcache.recent_evictions import RecentEvictions
+from radixcache.salt import CacheSalt
 from radixcache.tier import TierChain
 from radixcache.tiering import TierLink
 from radixcache.worker.engine.engine import Engine, EngineConfig
@@ -51,9 +52,11 @@ def stored(cache: PrefixCache, tokens: list[int], namespace: str = "") -> None:
     cache.release(lease, tokens)
 
 
-def lookup(cache: PrefixCache | CacheOff, prompt: list[int], namespace: str = "") -> tuple[int, str, str]:
+def lookup(
+    cache: PrefixCache | CacheOff, prompt: list[int], namespace: str = "", salt: CacheSalt | None = None
+) -> tuple[int, str, str]:
     """(cached tokens, reason, match end) of an admission-like lookup (all but the last token), lease let go."""
-    lease = cache.acquire("reader", prompt, namespace, max_cached=len(prompt) - 1)
+    lease = cache.acquire("reader", prompt, namespace, max_cached=len(prompt) - 1, salt=salt)
     try:
         assert lease.miss is not None
         return lease.cached_tokens, lease.miss.reason, lease.miss.match_end
@@ -68,6 +71,23 @@ def test_a_repeat_hits_full_and_a_first_sight_shares_nothing():
     assert lookup(cache, prompt) == (0, NO_SHARED_PREFIX, PATH_END)  # an empty namespace: nothing to diverge from
     stored(cache, prompt)
     assert lookup(cache, prompt) == (12, HIT_FULL, PROMPT_END)
+    cache.check(idle=True)
+
+
+def test_a_salted_lookup_is_told_from_the_prompt_start_across_its_shared_span():
+    cache = PrefixCache(64, PS)
+    prompt = list(range(1, 22))
+    a, b = CacheSalt("a", shared_tokens=9), CacheSalt("b", shared_tokens=9)  # a span of 2 pages
+    lease = cache.acquire("writer", prompt, salt=a)
+    cache.allocate(lease, -(-len(prompt) // PS) - len(lease.pages))
+    cache.release(lease, prompt)
+    assert lookup(cache, prompt, salt=a) == (20, HIT_FULL, PROMPT_END)
+    # another salt shares the span only; the salted rest is a namespace with nothing in it
+    assert lookup(cache, prompt, salt=b) == (8, NO_SHARED_PREFIX, PATH_END)
+    # the same salt, diverging inside its fourth page: counted from the prompt's start, not the span's end
+    assert lookup(cache, prompt[:14] + [99] * 7, salt=a) == (14, NO_SHARED_PREFIX, DIVERGED)
+    # all its whole pages and a 1-token rest (the tail holds another): shorter than a page, counted from the start
+    assert lookup(cache, prompt[:20] + [99, 98], salt=a) == (20, SHORTER_THAN_PAGE, DIVERGED)  # the tail: 21
     cache.check(idle=True)
 
 

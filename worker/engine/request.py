@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from radixcache.salt import CacheSalt
 from radixcache.worker.engine.field_errors import FieldPath, InvalidArgument
 
 MAX_STOP_STRINGS = 16
@@ -188,6 +189,8 @@ class Request:
     # A routing hint (OpenAI's prompt_cache_key): in a cluster, requests with the same key go to the same replica
     # while load allows, so a conversation finds its pages where they are. One engine ignores it.
     cache_key: str = ""
+    # Its cache salt (radixcache.salt): its pages past the salt's shared span share nothing with other salts' or none.
+    cache_salt: CacheSalt | None = None
 
     def __post_init__(self) -> None:
         if not self.request_id:

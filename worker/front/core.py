@@ -32,6 +32,7 @@ from typing import Any
 
 from radixcache.cache import PinBudgetError
 from radixcache.explain import Explanation
+from radixcache.salt import CacheSalt
 from radixcache.worker.engine.api import (
     DuplicateRequestError,
     EngineLike,
@@ -51,9 +52,11 @@ from radixcache.worker.front.validation import (
     ModelLimits,
     PromptInput,
     PromptSize,
+    SaltInput,
     SamplingValues,
     chat_renderer,
     check_cache_key,
+    check_cache_salt,
     check_prompt_ids,
     check_prompt_input,
     check_prompt_size,
@@ -64,6 +67,7 @@ from radixcache.worker.front.validation import (
     render_chat,
     render_off_loop,
     sampling_params,
+    system_span,
 )
 
 log = logging.getLogger("radixcache.front")
@@ -190,6 +194,7 @@ class FrontCore:
         fill_max_tokens: bool = False,
         cache_key: str = "",
         remember: bool | None = None,
+        salt: SaltInput | None = None,
     ) -> EngineStream:
         """Validate, tokenize, compile the constraint and submit: an open EngineStream (close it in a finally);
         its `prompt_text` is the rendered prompt ("" for token ids).
@@ -200,7 +205,7 @@ class FrontCore:
         leave), instead of validation's default. cache_key: the routing hint of Request.cache_key. Chat histories are
         tokenized with the tenant's remembered replies; remember: whether the finished samples are remembered (None:
         for chat prompts, the only ones a reply comes back in; a front that turned a conversation into token ids
-        says True).
+        says True). salt: the request's cache salt as sent (validation.check_cache_salt; its system span counted here).
         """
         engine = self.ready()
         request_id = request_id or uuid.uuid4().hex
@@ -212,6 +217,7 @@ class FrontCore:
                 if isinstance(prompt, CheckedPrompt)
                 else check_prompt_input(prompt, engine.tokenizer, self.limits)
             )
+            salted = check_cache_salt(salt, checked.kind) if salt is not None else None
             sampling = sampling_params(values, self.limits)  # and bad sampling values
             wanted_constraint = constraint(*wanted)
             messages = checked.prompt.messages if checked.kind == "messages" else None
@@ -219,6 +225,12 @@ class FrontCore:
             ids, text = await render_off_loop(checked, engine.tokenizer, replies)
             up_to = (self.facts.kv_tokens or self.facts.context_length) if fill_max_tokens else None
             sampling = fit_max_tokens(sampling, values, len(ids), self.limits, up_to=up_to)
+            cache_salt = None
+            if salted is not None:
+                shared = salted.shared_tokens
+                if shared is None:  # the leading system messages' tokens, rendered off the loop
+                    shared = await asyncio.to_thread(system_span, checked, engine.tokenizer, ids)
+                cache_salt = CacheSalt(salted.salt, shared)
         except InvalidArgument as e:
             raise Refusal.of_invalid(e) from None
         if wanted_constraint is not None:  # compiled (and cached) in a worker thread: the loop keeps serving
@@ -230,7 +242,7 @@ class FrontCore:
         try:
             request = Request(
                 engine_request_id(tenant, request_id), ids, sampling, namespace=tenant, constraint=wanted_constraint,
-                cache_key=cache_key,
+                cache_key=cache_key, cache_salt=cache_salt,
             )  # fmt: skip
         except ValueError as e:  # Request's own rule: a prompt of no tokens (a text the tokenizer encodes to nothing)
             raise Refusal(RefusalKind.INVALID_ARGUMENT, str(e), field=PROMPT) from None

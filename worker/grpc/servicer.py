@@ -32,7 +32,7 @@ from radixcache.worker.engine.field_errors import FieldPath
 from radixcache.worker.engine.request import FinishReason, RequestOutput
 from radixcache.worker.front.core import FrontCore, Refusal, RefusalKind
 from radixcache.worker.front.validation import MAX_CHAT_MESSAGES
-from radixcache.worker.grpc.pb_inputs import constraint_values, prompt_input, sampling_values
+from radixcache.worker.grpc.pb_inputs import constraint_values, prompt_input, salt_values, sampling_values
 from radixcache.worker.grpc.wire_prompt import prompt_size
 from radixcache.worker.metrics import flatten_stats
 
@@ -187,7 +187,7 @@ class RadixCacheServicer(pb_grpc.RadixCacheServicer):
         request_id = request.request_id or uuid.uuid4().hex
         stream = await self.core.admit(
             tenant, request_id, prompt_input(request), sampling_values(request), constraint_values(request),
-            cache_key=request.cache_key,
+            cache_key=request.cache_key, salt=salt_values(request),
         )  # fmt: skip
         try:
             while not stream.finished:

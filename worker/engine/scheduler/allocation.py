@@ -41,7 +41,10 @@ class Pages:
         if self.prompt_need(seq, cached) > self.cache.available_pages() - promised - running:
             return None
         prompt = seq.tokens
-        lease = self.cache.acquire(seq.name, prompt, seq.request.namespace, max_cached=len(prompt) - 1, count=False)
+        request = seq.request
+        lease = self.cache.acquire(
+            seq.name, prompt, request.namespace, max_cached=len(prompt) - 1, count=False, salt=request.cache_salt
+        )
         self.copy_hit(lease)
         need = self.pages_for(len(prompt)) - len(lease.pages)
         if self.cache.available_pages() - promised - need < running:
@@ -56,7 +59,10 @@ class Pages:
         assert parent.lease is not None
         prompt = parent.tokens[: parent.num_prompt]
         # not a lookup of its own: the request's was counted with sample 0
-        lease = self.cache.acquire(child.name, prompt, parent.request.namespace, max_cached=len(prompt), count=False)
+        request = parent.request
+        lease = self.cache.acquire(
+            child.name, prompt, request.namespace, max_cached=len(prompt), count=False, salt=request.cache_salt
+        )
         self.copy_hit(lease)
         try:
             self.cache.allocate(lease, self.pages_for(len(prompt)) - len(lease.pages))

@@ -40,6 +40,11 @@ class MessagesRequest(CountTokensRequest):
     top_k: int | None = None
     stream: bool | None = False
     metadata: dict[str, Any] | None = None
+    # radixcache's vendor fields: vLLM's cache_salt and its salt regions (radixcache.salt), any JSON:
+    # validation.check_cache_salt judges them
+    cache_salt: Any = None
+    cache_salt_shared_tokens: Any = None
+    cache_salt_share_system: Any = False
 
 
 # --- responses ---------------------------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from radixcache.worker.front.validation import (
     MAX_TOOLS,
     ModelLimits,
     PromptInput,
+    SaltInput,
     SamplingValues,
 )
 from radixcache.worker.http.anthropic.protocol import CountTokensRequest, MessagesRequest
@@ -78,6 +79,7 @@ class MessagesInput:
     stream: bool
     prewarm: bool  # max_tokens 0: compute the prompt into the cache, generate nothing
     breakpoints: list[Breakpoint] = field(default_factory=list)
+    salt: SaltInput | None = None  # the vendor fields cache_salt* (validation.check_cache_salt)
 
 
 @dataclass(frozen=True)
@@ -368,6 +370,7 @@ def parse_messages(body: MessagesRequest) -> MessagesInput:
     if forced[0] is not None and wanted[0] is not None:
         raise bad_request("set output_config.format or a forcing tool_choice (any, tool), not both", "output_config")
     stops = tuple(body.stop_sequences or ())
+    salt = SaltInput(body.cache_salt, body.cache_salt_shared_tokens, body.cache_salt_share_system)
     sampling = SamplingValues(
         max_tokens=body.max_tokens or 1,  # prewarm: one token is computed, and not shown
         temperature=body.temperature,
@@ -386,4 +389,5 @@ def parse_messages(body: MessagesRequest) -> MessagesInput:
         stream=bool(body.stream),
         prewarm=body.max_tokens == 0,
         breakpoints=breakpoints,
+        salt=None if salt == SaltInput() else salt,
     )

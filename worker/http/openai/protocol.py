@@ -56,6 +56,10 @@ class _SamplingFields(_Request):
     """Fields chat and completions share."""
 
     model: str
+    # vLLM's cache_salt and radixcache's salt regions (radixcache.salt), any JSON: validation.check_cache_salt judges
+    cache_salt: Any = None
+    cache_salt_shared_tokens: Any = None
+    cache_salt_share_system: Any = False
     max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None

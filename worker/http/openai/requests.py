@@ -27,6 +27,7 @@ from radixcache.worker.front.validation import (
     InvalidArgument,
     ModelLimits,
     PromptInput,
+    SaltInput,
     SamplingValues,
     check_strict_schema,
     tool_call_arguments,
@@ -92,6 +93,13 @@ class ParsedRequest:
     constraint_param: str = "response_format"
     cache_key: str = ""  # prompt_cache_key: Request.cache_key, the cluster router's hint
     retention_s: float | None = None  # prompt_cache_retention: pin the prompt and reply this long (None: not)
+    salt: SaltInput | None = None  # cache_salt and its shared span (validation.check_cache_salt)
+
+
+def salt_input(body: Any) -> SaltInput | None:
+    """A body's cache_salt fields as sent (None when none is set)."""
+    value = SaltInput(body.cache_salt, body.cache_salt_shared_tokens, body.cache_salt_share_system)
+    return None if value == SaltInput() else value
 
 
 def _refuse_unsupported(body: ChatCompletionRequest | CompletionRequest) -> None:
@@ -308,6 +316,7 @@ def parse_chat(body: ChatCompletionRequest) -> ParsedRequest:
         constraint_param="tool_choice" if forced[0] is not None else "response_format",
         cache_key=body.prompt_cache_key or "",
         retention_s=RETENTION_S[body.prompt_cache_retention],
+        salt=salt_input(body),
     )
 
 
@@ -344,4 +353,5 @@ def parse_completion(body: CompletionRequest) -> ParsedRequest:
         include_usage=bool(body.stream_options and body.stream_options.include_usage),
         top_logprobs_param="logprobs",
         constraint=response_format(body.response_format),
+        salt=salt_input(body),
     )

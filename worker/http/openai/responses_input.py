@@ -20,6 +20,7 @@ from radixcache.worker.front.validation import (
     MAX_TOOLS,
     FieldPath,
     ModelLimits,
+    SaltInput,
     SamplingValues,
 )
 from radixcache.worker.http.errors import bad_request
@@ -28,6 +29,7 @@ from radixcache.worker.http.openai.requests import (
     RETENTION_S,
     client_arguments,
     response_format,
+    salt_input,
     shape_of,
     strict_schema,
     tool_choice,
@@ -70,6 +72,7 @@ class ResponsesInput:
     previous_response_id: str | None
     cache_key: str
     retention_s: float | None
+    salt: SaltInput | None = None
 
 
 def _text(content: Any, where: str) -> str:
@@ -199,4 +202,5 @@ def parse_responses(body: ResponsesRequest) -> ResponsesInput:
         previous_response_id=body.previous_response_id,
         cache_key=body.prompt_cache_key or "",
         retention_s=RETENTION_S[body.prompt_cache_retention],
+        salt=salt_input(body),
     )

@@ -49,6 +49,10 @@ class ResponsesRequest(_Request):
     service_tier: str | None = None
     prompt_cache_key: str | None = Field(default=None, max_length=1024)
     prompt_cache_retention: Literal["in_memory", "24h"] | None = None
+    # vLLM's cache_salt and radixcache's salt regions (radixcache.salt), any JSON: validation.check_cache_salt judges
+    cache_salt: Any = None
+    cache_salt_shared_tokens: Any = None
+    cache_salt_share_system: Any = False
 
 
 # --- responses ---------------------------------------------------------------------------------------------------
