@@ -53,6 +53,7 @@ _SAMPLING = (
 )
 # Structured output (at most one): json_schema (a dict or JSON text), json_object=True, regex, ebnf (GBNF or Lark).
 _CONSTRAINTS = ("json_schema", "json_object", "regex", "ebnf")
+_SALT = ("cache_salt", "cache_salt_shared_tokens", "cache_salt_share_system")  # the cache salt and its shared span
 
 
 @dataclass
@@ -77,6 +78,8 @@ class Chunk:
     index: int = 0  # which sample (n > 1)
     draft_tokens: int = 0  # speculative decoding, this sample so far: draft tokens checked
     accepted_draft_tokens: int = 0  # and of those, the ones that were the sampled token
+    cache_miss_reason: str = ""  # on the last chunk: why the cache served no more of the prompt (or "")
+    cache_match_end: str = ""  # on the last chunk: how the cache's match ended
 
     @classmethod
     def from_proto(cls, m: pb.GenerateResponse) -> Chunk:
@@ -94,6 +97,8 @@ class Chunk:
             index=m.index,
             draft_tokens=m.draft_tokens,
             accepted_draft_tokens=m.accepted_draft_tokens,
+            cache_miss_reason=m.cache_miss_reason,
+            cache_match_end=m.cache_match_end,
         )
 
 
@@ -110,6 +115,8 @@ class Completion:
     finish_reason: str | None
     draft_tokens: int = 0
     accepted_draft_tokens: int = 0
+    cache_miss_reason: str = ""
+    cache_match_end: str = ""
 
     @classmethod
     def join(cls, chunks: Sequence[Chunk]) -> Completion:
@@ -127,6 +134,8 @@ class Completion:
             finish_reason=last.finish_reason,
             draft_tokens=last.draft_tokens,
             accepted_draft_tokens=last.accepted_draft_tokens,
+            cache_miss_reason=last.cache_miss_reason,
+            cache_match_end=last.cache_match_end,
         )
 
 
@@ -163,9 +172,11 @@ def generate_request(
     **sampling: Any,
 ) -> pb.GenerateRequest:
     """A GenerateRequest; sampling keywords left out (or None) take the worker's defaults. The keywords also take
-    one constraint: json_schema (a dict or JSON text), json_object=True, regex or ebnf. cache_key: the routing hint
-    (a cluster sends a tenant's requests with one key to one replica while load allows)."""
-    known = _SAMPLING + _CONSTRAINTS
+    one constraint: json_schema (a dict or JSON text), json_object=True, regex or ebnf; and a cache salt:
+    cache_salt, with cache_salt_shared_tokens or cache_salt_share_system (the proto's GenerateRequest says what they
+    do). cache_key: the routing hint (a cluster sends a tenant's requests with one key to one replica while load
+    allows)."""
+    known = _SAMPLING + _CONSTRAINTS + _SALT
     unknown = set(sampling) - set(known)
     if unknown:
         raise TypeError(f"unknown sampling argument(s): {', '.join(sorted(unknown))}; known: {', '.join(known)}")
@@ -325,6 +336,20 @@ class Client(_Base):
         _set_input(req, text, token_ids, messages)
         return self._stub.UnpinPrefix(req, metadata=self._metadata).unpinned_tokens
 
+    def explain(
+        self,
+        text: str | None = None,
+        *,
+        token_ids: Sequence[int] | None = None,
+        messages: Sequence[Message] | None = None,
+        timeout: float | None = None,
+    ) -> pb.ExplainPrefixResponse:
+        """What a Generate of this prompt would be served from the caller's own namespace now, page by page, and why
+        no more (ExplainPrefix; changes nothing in the cache)."""
+        req = pb.ExplainPrefixRequest()
+        _set_input(req, text, token_ids, messages)
+        return self._stub.ExplainPrefix(req, timeout=timeout, metadata=self._metadata)
+
     def abort(self, request_id: str) -> bool:
         return self._stub.Abort(pb.AbortRequest(request_id=request_id), metadata=self._metadata).aborted
 
@@ -435,6 +460,19 @@ class AsyncClient(_Base):
         req = pb.UnpinPrefixRequest()
         _set_input(req, text, token_ids, messages)
         return (await self._stub.UnpinPrefix(req, metadata=self._metadata)).unpinned_tokens
+
+    async def explain(
+        self,
+        text: str | None = None,
+        *,
+        token_ids: Sequence[int] | None = None,
+        messages: Sequence[Message] | None = None,
+        timeout: float | None = None,
+    ) -> pb.ExplainPrefixResponse:
+        """Client.explain, awaited."""
+        req = pb.ExplainPrefixRequest()
+        _set_input(req, text, token_ids, messages)
+        return await self._stub.ExplainPrefix(req, timeout=timeout, metadata=self._metadata)
 
     async def cache_events(self, timeout: float | None = None) -> AsyncIterator[pb.CacheEventBatch]:
         """Client.cache_events, as an async iterator."""

@@ -25,6 +25,7 @@ from radixcache.cluster.load import Sent
 from radixcache.cluster.policy import Candidate, Policy
 from radixcache.cluster.view import FleetView
 from radixcache.events import page_hashes
+from radixcache.salt import salted_page_hashes
 from radixcache.worker.engine.request import Request
 
 PENDING_S = 10.0  # a choice Serve never routed (the request was cancelled first) counts this long at most
@@ -110,7 +111,11 @@ class Decider:
             self.view.loads.withdrawn(replica, sent)
 
     def hashes(self, request: Request) -> list[int]:
-        """The prompt's page hashes as the replicas' cache events name them (page size, namespace, KV dtype)."""
+        """The prompt's page hashes as the replicas' cache events name them (page size, namespace, KV dtype, and its
+        cache salt: a salted prompt is routed by its salted keys)."""
+        if request.cache_salt is not None:
+            salt, ps = request.cache_salt, self.page_size
+            return salted_page_hashes(request.prompt_ids, ps, request.namespace, salt, kv_dtype=self.kv_dtype)
         return page_hashes(request.prompt_ids, self.page_size, request.namespace, kv_dtype=self.kv_dtype)
 
     def _candidate(self, key: Hashable, namespace: str, hashes: list[int], prompt: int, hinted: int) -> Candidate:

@@ -24,6 +24,7 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from radixcache.salt import owner_namespace
 from radixcache.tier import MEDIUM_DEVICE as DEVICE
 
 Replica = Hashable
@@ -51,7 +52,10 @@ class PrefixIndex:
         self._replicas: dict[Replica, _ReplicaView] = {}
 
     # -- events ----------------------------------------------------------------------------------------------------
+    # A salted namespace's pages (radixcache.salt) count as their tenant's: their hashes name the salt already, and a
+    # salted prompt's hashes (salted_page_hashes) run from the shared span into them under one namespace.
     def stored(self, replica: Replica, namespace: str, page_hashes: Sequence[int], medium: str = DEVICE) -> None:
+        namespace = owner_namespace(namespace)
         view = self._view(replica)
         if medium != DEVICE:
             view.below.setdefault(medium, {}).setdefault(namespace, set()).update(page_hashes)
@@ -61,6 +65,7 @@ class PrefixIndex:
             view.inflight.pop((namespace, h), None)
 
     def removed(self, replica: Replica, namespace: str, page_hashes: Sequence[int], medium: str = DEVICE) -> None:
+        namespace = owner_namespace(namespace)
         view = self._view(replica)
         held = view.cached if medium == DEVICE else view.below.get(medium, {})
         cached = held.get(namespace)
@@ -74,6 +79,8 @@ class PrefixIndex:
         if namespace is None:
             view.cached.clear()
             view.below.clear()
+        elif namespace != owner_namespace(namespace):
+            return  # a salted namespace emptied: its removals came first, its tenant's other pages stay
         else:
             view.cached.pop(namespace, None)
 

@@ -29,6 +29,10 @@ Two parts beside the tree and the leases, called the same way whatever is config
   page's sliding layers in a window slot only while some window needs it; a hit is served only where the window after
   it is held (docs/MODULES.md, "The prefix rule of sliding-window layers"). Window parts and demotion or tiers below
   memory do not combine yet (refused at construction).
+Salts (radixcache.salt): a salted lease looks up and stores its shared span in its namespace and the pages after
+it in the salted namespace; it locks the end of each (the shared one in `_shared_node`). In-flight sharing
+(`extend`) and window parts do not reach a salted lease's salted pages yet (it computes them instead); its shared span
+is served as any prompt's. Pins are unsalted: pin a salted prompt and only its shared span can be pinned.
 Statistics: radixcache.cache_stats; the integrity check: radixcache.cache_check. The cache turned off (--no-cache)
 is radixcache.cache_off.CacheOff, behind the same interface (radixcache.cache_base.BaseCache).
 """
@@ -44,13 +48,17 @@ from radixcache.cache_check import check_prefix_cache
 from radixcache.cache_stats import CacheStats, lease_figures, tier_figures, tree_figures, window_figures
 from radixcache.demotion import Demotion
 from radixcache.eviction import Eviction
+from radixcache.explain import Explanation, explain_prompt
 from radixcache.keys import TOKEN_BYTES, encode
 from radixcache.lease import Lease, Lookup, PageCopy
+from radixcache.miss_reasons import NO_ROOM, WINDOW_PREFIX_RULE, MatchStop, diagnose, match_stop
+from radixcache.salt import owner_namespace, salted_split
 from radixcache.tree import RadixTree
 
 if TYPE_CHECKING:
     from radixcache.events import EventSink, PageRecord
     from radixcache.node import InsertResult, Match, Node
+    from radixcache.salt import CacheSalt
     from radixcache.tier import CacheTier, TierRecord
 
 # What callers of the cache import from here (defined next to the interface and the lease).
@@ -108,7 +116,14 @@ class PrefixCache(BaseCache):
 
     # ---- the request path ------------------------------------------------------------------------------------
     def acquire(
-        self, owner: str, tokens: Tokens, namespace: str = "", max_cached: int | None = None, *, count: bool = True
+        self,
+        owner: str,
+        tokens: Tokens,
+        namespace: str = "",
+        max_cached: int | None = None,
+        *,
+        count: bool = True,
+        salt: CacheSalt | None = None,
     ) -> Lease:
         """Match `tokens` (at most `max_cached` of them) and hold what matched.
 
@@ -119,12 +134,26 @@ class PrefixCache(BaseCache):
 
         With `count=False` the lookup is left out of the hit statistics until `count_lookup(lease)`: a caller that may
         give the lease back unused (admission declined after all) counts only the lookups it acts on.
+
+        With `salt`, the match stops at the shared span's end and goes on in the salted namespace (radixcache.salt).
         """
         lease = self._open(owner, namespace)
+        lease.salt = salt
         limit = len(tokens) if max_cached is None else max(0, min(max_cached, len(tokens)))
         key = encode(tokens if limit == len(tokens) else tokens[:limit])
-        m = self.room.readable(self.tree.match(key, namespace), key, namespace)
-        m = self.windows.readable(self.tree, m, key, namespace)
+        shared, span = 0, limit
+        if salt is not None:
+            shared, lease._salted_ns = salted_split(tokens, self.page_size, namespace, salt)
+            key, span = key[: shared * TOKEN_BYTES], min(shared, limit)
+        found = self.tree.match(key, namespace)
+        stop = match_stop(self.tree, found, key, namespace, span)  # before the lease's lock cuts the edges
+        readable = self.room.readable(found, key, namespace)
+        m = self.windows.readable(self.tree, readable, key, namespace)
+        readable_tokens, windowed, whole_read = (
+            readable.tokens,
+            m.tokens,
+            bool(m.pages),
+        )  # (m.pages becomes the lease's)
         lease.pages, lease._cover = m.pages, len(m.pages)
         self.allocator.incref(m.pages)
         self.windows.hold_match(lease, m)  # before anything may make room by giving idle window parts back
@@ -132,13 +161,41 @@ class PrefixCache(BaseCache):
             self._partial_hit(lease, m)
         elif m.node is not None:
             self._lock(lease, self.tree.cut(m.node, m.node_pages))
+        salted = lease._salted_ns
+        if salted is not None and limit > shared and m.tokens == shared and self.window is None:
+            stop = self._acquire_salted(lease, encode(tokens[shared:limit]), salted, stop)
         copy = lease.copy_from
         whole = len(lease.pages) if copy is None else len(lease.pages) - 1
         lease.cached_tokens = whole * self.page_size + (copy.tokens if copy is not None else 0)
         lease._lookup = Lookup(len(tokens), lease.cached_tokens, copy.tokens if copy is not None else 0)
+        # why it stopped there: a cut below what the tree holds is the window rule's or the room's
+        cut = WINDOW_PREFIX_RULE if windowed < readable_tokens else NO_ROOM
+        if lease.cached_tokens < windowed and whole_read and not lease.pages:
+            cut = WINDOW_PREFIX_RULE  # the partial copy fell through and the whole pages' window was gone
+        lease.miss = diagnose(stop, limit, self.page_size, served=lease.cached_tokens, cut=cut, below=self._below())
         if count:
             self.count_lookup(lease)
         return lease
+
+    def _acquire_salted(self, lease: Lease, key: bytes, namespace: str, span: MatchStop) -> MatchStop:
+        """The lease holds its whole shared span (`span`, how its match stopped): go on matching `key` (what follows
+        it) in its salted namespace. Returns how the whole lookup's match stopped, counted from the prompt's start."""
+        assert span.tokens == span.whole * self.page_size, "a shared span is whole pages"
+        found = self.tree.match(key, namespace)
+        rest = match_stop(self.tree, found, key, namespace, len(key) // TOKEN_BYTES)
+        stop = MatchStop(span.tokens + rest.tokens, rest.end, span.whole + rest.whole, rest.evicted)
+        m = self.room.readable(found, key, namespace)
+        if not m.pages and not m.partial_tokens:
+            return stop
+        lease._shared_node, lease._node = lease._node, None  # the span's lock stays, held in the other slot
+        lease.pages += m.pages
+        lease._cover = len(lease.pages)
+        self.allocator.incref(m.pages)
+        if m.partial_tokens:
+            self._partial_hit(lease, m)
+        elif m.node is not None:
+            self._lock(lease, self.tree.cut(m.node, m.node_pages))
+        return stop
 
     def _partial_hit(self, lease: Lease, m: Match) -> None:
         """The match ends inside a cached page: lock exactly the pages read (cut the edges there: the rest of a long
@@ -181,8 +238,10 @@ class PrefixCache(BaseCache):
     def extend(self, lease: Lease, tokens: Tokens) -> int:
         """In-flight sharing: adopt the tree's whole pages of `tokens` beyond len(lease.pages) pages (published by
         another request meanwhile). Call it only when every page in lease.pages is fully computed. Increfs and locks
-        what it adopts; returns the tokens gained (a multiple of page_size)."""
+        what it adopts; returns the tokens gained (a multiple of page_size). A salted lease adopts nothing."""
         self._live(lease)
+        if lease.salt is not None:
+            return 0
         held = len(lease.pages)
         if len(tokens) < (held + 1) * self.page_size:
             return 0
@@ -224,6 +283,7 @@ class PrefixCache(BaseCache):
         finally:
             self._drop_src(lease)
             self._lock(lease, None)
+            self._lock(lease, None, shared=True)
             self._close(lease)
 
     def _publish(self, lease: Lease, tokens: Tokens, *, tail: bool) -> int:
@@ -234,9 +294,33 @@ class PrefixCache(BaseCache):
         key = encode(tokens)
         if not tail:
             key = key[: n * self.page_size * TOKEN_BYTES]
-        # Retention shares the pin budget's bound: never more retained pages than pins may hold (radixcache.retention)
+        first, shared = None, 0
+        namespace = lease.namespace
+        if lease.salt is not None:  # the shared span in the namespace, the rest in the salted one
+            span, salted = salted_split(tokens, self.page_size, lease.namespace, lease.salt)
+            if salted is not None:
+                lease._salted_ns = namespace = salted
+                shared = span // self.page_size
+                if shared:
+                    first = self._store(lease, key[: span * TOKEN_BYTES], 0, shared, lease.namespace, tail=False)
+                key = key[span * TOKEN_BYTES :]
+        result = self._store(lease, key, shared, n, namespace, tail=tail)
+        # The lock only matters while the lease runs; release unlocks right after a tail publish.
+        if not tail and n >= lease._cover:  # never move the lock up above pages the lease already reads
+            if first is not None:
+                self._lock(lease, first.node, shared=True)
+            self._lock(lease, result.node)
+            lease._cover = n
+        added = len(result.new_pages) + (len(first.new_pages) if first is not None else 0)
+        self.counts.published += added
+        return added
+
+    def _store(self, lease: Lease, key: bytes, start: int, end: int, namespace: str, *, tail: bool) -> InsertResult:
+        """Insert the lease's pages[start:end] for `key` in `namespace`; the tree takes its references and stamps the
+        lease's retention. Retention shares the pin budget's bound: never more retained pages than pins may hold
+        (radixcache.retention)."""
         result = self.tree.insert(
-            key, lease.pages[:n], lease.namespace, partial=tail, retention=lease.retention,
+            key, lease.pages[start:end], namespace, partial=tail, retention=lease.retention,
             retain_limit=self.max_pinned_pages,
         )  # fmt: skip
         self.allocator.incref(result.new_pages)
@@ -244,17 +328,12 @@ class PrefixCache(BaseCache):
         if result.replaced:
             self.room.unstored(result.replaced)
         if not tail:  # pages the tree already held: read the tree's, free our copies (never hold a page twice)
-            self._read_tree_copies(lease, result)
-        # The lock only matters while the lease runs; release unlocks right after a tail publish.
-        if not tail and n >= lease._cover:  # never move the lock up above pages the lease already reads
-            self._lock(lease, result.node)
-            lease._cover = n
-        self.counts.published += len(result.new_pages)
-        return len(result.new_pages)
+            self._read_tree_copies(lease, result, start)
+        return result
 
-    def _read_tree_copies(self, lease: Lease, result: InsertResult) -> None:
+    def _read_tree_copies(self, lease: Lease, result: InsertResult, start: int = 0) -> None:
         for duplicate in result.cached_instead():
-            i, cached = duplicate.index, duplicate.tree_page
+            i, cached = start + duplicate.index, duplicate.tree_page
             if cached >= self.num_pages:
                 continue  # a demoted copy is never read: keep computing with our own page
             if not self.windows.swap(lease, i, cached):
@@ -279,10 +358,27 @@ class PrefixCache(BaseCache):
         """Pages an allocation could get now: free + evictable (or demotable) full-precision pages."""
         return self.allocator.num_free + self.tree.evictable_pages - self.tree.evictable_demoted_pages
 
-    def match_length(self, tokens: Tokens, namespace: str = "") -> int:
+    def explain(self, tokens: Tokens, namespace: str = "") -> Explanation:
+        """What an admission of prompt `tokens` would be served, page by page, and why it would stop
+        (radixcache.explain). Read-only: no LRU touch, no lease, no demoted page brought back."""
+        return explain_prompt(self.tree, self.windows, tokens, namespace, self.num_pages, below=self._below())
+
+    def _below(self) -> str:
+        """The medium evicted pages are handed to ("" without a tier below memory)."""
+        tiers = self.tier.tiers.tiers if self.tier is not None else []
+        return tiers[0].medium if tiers else ""
+
+    def match_length(self, tokens: Tokens, namespace: str = "", *, salt: CacheSalt | None = None) -> int:
         """Tokens `acquire` would serve from the cache (whole pages + partial page, partial tails included).
         Read-only: not even LRU."""
-        return self.windows.servable(self.tree.match(encode(tokens), namespace, touch=False))
+        key = encode(tokens)
+        if salt is None:
+            return self.windows.servable(self.tree.match(key, namespace, touch=False))
+        shared, salted = salted_split(tokens, self.page_size, namespace, salt)
+        got = self.windows.servable(self.tree.match(key[: shared * TOKEN_BYTES], namespace, touch=False))
+        if salted is None or got < shared or self.window is not None:
+            return got
+        return got + self.windows.servable(self.tree.match(key[shared * TOKEN_BYTES :], salted, touch=False))
 
     def pin(self, tokens: Tokens, namespace: str = "", ttl: float | None = None, *, keep_unpinned: int = 0) -> int:
         """Pin the cached whole-page prefix of `tokens` (for `ttl` seconds, or until unpin). Returns tokens pinned.
@@ -324,9 +420,17 @@ class PrefixCache(BaseCache):
     def flush(self, namespace: str | None = None) -> int:
         """Drop every pin and every cached page no lease reads, in `namespace` or (None) in all of them; returns
         pages freed. Live leases stay correct: the paths they lock stay cached until they release."""
-        freed = self.tree.flush(namespace)
-        self.room.flushed(freed, namespace)
-        return len(freed)
+        if namespace is None:
+            freed = self.tree.flush(None)
+            self.room.flushed(freed, None)
+            return len(freed)
+        total = 0  # the namespace's salted namespaces go with it
+        salted = [ns for ns in self.tree.namespaces() if ns != namespace and owner_namespace(ns) == namespace]
+        for each in [namespace, *salted]:
+            freed = self.tree.flush(each)
+            self.room.flushed(freed, each)
+            total += len(freed)
+        return total
 
     def evict(self, num_pages: int) -> int:
         """Evict up to `num_pages` pages from LRU unlocked, unpinned (full-precision) leaves; returns pages freed."""
@@ -389,16 +493,20 @@ class PrefixCache(BaseCache):
         return self.tier.tier_records() if self.tier is not None else []
 
     # ---- internals -------------------------------------------------------------------------------------------
-    def _lock(self, lease: Lease, node: Node | None) -> None:
-        """Move the lease's lock to `node` (None: no lock). Locks the new node before unlocking the old one."""
-        old = lease._node
+    def _lock(self, lease: Lease, node: Node | None, *, shared: bool = False) -> None:
+        """Move the lease's lock (`shared`: a salted lease's lock on its shared span) to `node` (None: no lock).
+        Locks the new node before unlocking the old one."""
+        old = lease._shared_node if shared else lease._node
         if node is old:
             return
         if node is not None:
             self.tree.lock(node)
         if old is not None:
             self.tree.unlock(old)
-        lease._node = node
+        if shared:
+            lease._shared_node = node
+        else:
+            lease._node = node
 
     def _upper(self, node: Node, j: int) -> Node | None:
         """The node ending after the first j pages of `node`'s edge (cut there), or for j == 0 its parent; None

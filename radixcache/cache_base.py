@@ -23,6 +23,8 @@ from radixcache.pages import PageAllocator
 
 if TYPE_CHECKING:
     from radixcache.events import EventSink, PageRecord
+    from radixcache.explain import Explanation
+    from radixcache.salt import CacheSalt
     from radixcache.tier import CacheTier, TierRecord
     from radixcache.window_parts import WindowParts
 
@@ -144,7 +146,14 @@ class BaseCache(ABC):
     # ---- what each cache does its own way ---------------------------------------------------------------------
     @abstractmethod
     def acquire(
-        self, owner: str, tokens: Tokens, namespace: str = "", max_cached: int | None = None, *, count: bool = True
+        self,
+        owner: str,
+        tokens: Tokens,
+        namespace: str = "",
+        max_cached: int | None = None,
+        *,
+        count: bool = True,
+        salt: CacheSalt | None = None,
     ) -> Lease:
         """A lease for a sequence of `tokens`, holding what the cache serves of them (at most `max_cached`). With
         `count=False` its lookup waits for `count_lookup` before it enters the statistics."""
@@ -170,8 +179,13 @@ class BaseCache(ABC):
         """Pages an allocation could get now."""
 
     @abstractmethod
-    def match_length(self, tokens: Tokens, namespace: str = "") -> int:
+    def match_length(self, tokens: Tokens, namespace: str = "", *, salt: CacheSalt | None = None) -> int:
         """Tokens `acquire` would serve from the cache. Read-only."""
+
+    @abstractmethod
+    def explain(self, tokens: Tokens, namespace: str = "") -> Explanation:
+        """What an admission of prompt `tokens` would be served, page by page, and why it would stop there
+        (radixcache.explain). Read-only."""
 
     @abstractmethod
     def pin(self, tokens: Tokens, namespace: str = "", ttl: float | None = None, *, keep_unpinned: int = 0) -> int:

@@ -2,7 +2,7 @@
 
 Invariants checked: every page is free or held and its refcount is its holders (the tree node that stores it, plus one
 per lease that reads it, plus one for a lease's pending copy source); every lease has an owner, is live, reads only
-pages under its lock (in its own namespace), and never a demoted page; each node's recorded locks are the leases that
+pages under its lock (in its own namespace, or its salted one), and never a demoted page; each node's recorded locks are the leases that
 lock it; the window parts and the tiers hold their own invariants; with `idle` (no request running) a live lease is a
 leak. Every failure is an AssertionError naming the broken invariant and the owner of any lease involved.
 """
@@ -59,14 +59,18 @@ def check_prefix_cache(
             readers.setdefault(page, []).append(lease.owner)
             node = in_tree.get(page)
             assert node is None or node.lock > 0, f"{who} reads page {page} in unlocked node {node.id}"
-        node = lease._node
-        if node is not None:
+        names = (lease.namespace,) if lease._salted_ns is None else (lease.namespace, lease._salted_ns)
+        own = [tree._roots.get(ns) for ns in names]  # a salted lease locks in its namespace and its salted one
+        for node in (lease._node, lease._shared_node):
+            if node is None:
+                continue
             assert not node.evicted, f"{who} locks evicted node {node.id}"
             locks[node.id] = locks.get(node.id, 0) + 1
             while node.parent is not None:
                 node = node.parent
-            root = tree._roots.get(lease.namespace)
-            assert node is root, f"{who} (namespace {lease.namespace!r}) locks a node of another namespace"
+            assert any(node is root for root in own), (
+                f"{who} (namespace {lease.namespace!r}) locks a node of another namespace"
+            )
     for node in tree.nodes():
         assert node.own_locks == locks.get(node.id, 0), f"node {node.id}: {node.own_locks} locks recorded, " + (
             f"{locks.get(node.id, 0)} leases hold one"

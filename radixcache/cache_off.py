@@ -15,10 +15,13 @@ from typing import TYPE_CHECKING
 from radixcache.cache_base import BaseCache, CacheFullError, Tokens
 from radixcache.cache_check import check_cache_off
 from radixcache.cache_stats import CacheStats, lease_figures, window_figures
+from radixcache.explain import Explanation, off_explanation
 from radixcache.lease import Lease, Lookup
+from radixcache.miss_reasons import CACHE_OFF, CACHE_OFF_MISS
 
 if TYPE_CHECKING:
     from radixcache.events import EventSink, PageRecord
+    from radixcache.salt import CacheSalt
     from radixcache.tier import TierRecord
 
 
@@ -40,11 +43,19 @@ class CacheOff(BaseCache):
 
     # ---- the request path: leases over private pages -------------------------------------------------------
     def acquire(
-        self, owner: str, tokens: Tokens, namespace: str = "", max_cached: int | None = None, *, count: bool = True
+        self,
+        owner: str,
+        tokens: Tokens,
+        namespace: str = "",
+        max_cached: int | None = None,
+        *,
+        count: bool = True,
+        salt: CacheSalt | None = None,
     ) -> Lease:
         """A lease holding nothing yet (nothing is served from a cache that is off)."""
         lease = self._open(owner, namespace)
         lease._lookup = Lookup(len(tokens))
+        lease.miss = CACHE_OFF_MISS
         if count:
             self.count_lookup(lease)
         return lease
@@ -83,8 +94,11 @@ class CacheOff(BaseCache):
     def available_pages(self) -> int:
         return self.allocator.num_free
 
-    def match_length(self, tokens: Tokens, namespace: str = "") -> int:
+    def match_length(self, tokens: Tokens, namespace: str = "", *, salt: CacheSalt | None = None) -> int:
         return 0
+
+    def explain(self, tokens: Tokens, namespace: str = "") -> Explanation:
+        return off_explanation(tokens, self.page_size, CACHE_OFF)
 
     def pin(self, tokens: Tokens, namespace: str = "", ttl: float | None = None, *, keep_unpinned: int = 0) -> int:
         return 0

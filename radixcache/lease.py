@@ -1,4 +1,4 @@
-"""Lease: one running sequence's hold on the cache, and the records it carries (PageCopy, Lookup).
+"""Lease: one running sequence's hold on the cache, and the records it carries (PageCopy, Lookup, its CacheMiss).
 
 The caches (radixcache.cache.PrefixCache, radixcache.cache_off.CacheOff) create, change and end leases; the engine
 reads them. The private fields are the caches' bookkeeping (radixcache.cache_check reads them to name a leak).
@@ -10,8 +10,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from radixcache.miss_reasons import CacheMiss
     from radixcache.node import Node
     from radixcache.retention import Retention
+    from radixcache.salt import CacheSalt
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +47,8 @@ class Lease:
     pages: the block table in token order: shared (tree) pages first, then private pages (allocated by this lease;
     freed at release unless published). copy_from: the partial-page copy the engine owes before its next call on
     this lease (then `copied` lets the lease stop holding its source page), or None. retention: set by the engine
-    when the request asked its prefix to be kept (radixcache.retention); every publish of the lease stamps it.
+    when the request asked its prefix to be kept (radixcache.retention); every publish of the lease stamps it. miss:
+    why its lookup served `cached_tokens` and no more (radixcache.miss_reasons), set by acquire.
     """
 
     owner: str
@@ -55,9 +58,13 @@ class Lease:
     copy_from: PageCopy | None = None
     released: bool = False
     retention: Retention | None = None
+    miss: CacheMiss | None = None
     _id: int = field(default=0, repr=False)
     _node: Node | None = field(default=None, repr=False)  # the node this lease locks
     _cover: int = field(default=0, repr=False)  # leading pages of `pages` that must stay under the lock
     _src: int | None = field(default=None, repr=False)  # copy source, held until copied (or publish/extend/release)
     _lookup: Lookup | None = field(default=None, repr=False)  # its lookup, until counted in the statistics
+    salt: CacheSalt | None = None  # its cache salt (radixcache.salt): pages past the shared span are salted
+    _salted_ns: str | None = field(default=None, repr=False)  # the salted pages' namespace, once tokens reach it
+    _shared_node: Node | None = field(default=None, repr=False)  # a salted lease's lock on its shared span's end
     _wfirst: int = field(default=0, repr=False)  # window parts: the lease holds those of pages[_wfirst:] (and _src's)

@@ -54,6 +54,15 @@ OPENAI = [  # (path, body, param, a part of the message)
     ("/v1/responses", {"input": "hi", "max_output_tokens": 600}, "max_output_tokens", "max_tokens must be in"),
     ("/v1/chat/completions", {"messages": [USER], "presence_penalty": 3}, "presence_penalty",
      "presence_penalty must be in [-2, 2]"),  # SamplingParams' own rule
+    ("/v1/chat/completions", {"messages": [USER], "cache_salt": "s" * 257}, "cache_salt", "at most 256 characters"),
+    ("/v1/chat/completions", {"messages": [USER], "cache_salt": 7}, "cache_salt", "must be a non-empty string"),
+    ("/v1/chat/completions", {"messages": [USER], "cache_salt": "s", "cache_salt_shared_tokens": -1},
+     "cache_salt_shared_tokens", "must be an integer in [0, "),
+    ("/v1/completions", {"prompt": "hi", "cache_salt": "s", "cache_salt_share_system": True},
+     "cache_salt_share_system", "needs chat messages"),
+    ("/v1/completions", {"prompt": "hi", "cache_salt_shared_tokens": 4}, "cache_salt_shared_tokens",
+     "needs a cache_salt"),
+    ("/v1/responses", {"input": "hi", "cache_salt": ""}, "cache_salt", "must be a non-empty string"),
 ]  # fmt: skip
 
 
@@ -69,7 +78,10 @@ ANTHROPIC = [  # (body, the message's beginning)
     ({"temperature": -1}, "temperature must be >= 0"),
     ({"max_tokens": 600}, "input length and `max_tokens` exceed context limit: "),  # the engine's rule, at submit
     ({"max_tokens": 100}, "messages: prompt + max_tokens = "),  # TOO_LARGE (413), at submit
-]
+    ({"cache_salt": ["a"]}, "cache_salt must be a non-empty string"),
+    ({"cache_salt": "s", "cache_salt_shared_tokens": 2, "cache_salt_share_system": True},
+     "cache_salt_shared_tokens and cache_salt_share_system exclude each other"),
+]  # fmt: skip
 
 
 @pytest.mark.parametrize(("body", "begins"), ANTHROPIC, ids=[b for _, b in ANTHROPIC])
@@ -102,7 +114,11 @@ GRPC = [  # (GenerateRequest fields, status, radixcache-field, a part of the det
     (dict(text="hi", json_schema="{"), "INVALID_ARGUMENT", "json_schema", "json_schema is not valid JSON"),
     (dict(text="hi", top_k=0), "INVALID_ARGUMENT", "top_k", "top_k must be -1 (off) or >= 1"),
     (dict(), "INVALID_ARGUMENT", "input", "no input"),
-]
+    (dict(text="hi", cache_salt="s" * 257), "INVALID_ARGUMENT", "cache_salt", "cache_salt must have at most 256"),
+    (dict(text="hi", cache_salt=""), "INVALID_ARGUMENT", "cache_salt", "cache_salt must be a non-empty string"),
+    (dict(text="hi", cache_salt="s", cache_salt_shared_tokens=-3), "INVALID_ARGUMENT", "cache_salt_shared_tokens",
+     "cache_salt_shared_tokens must be an integer"),
+]  # fmt: skip
 
 
 @pytest.mark.parametrize(("fields", "status", "field", "says"), GRPC, ids=[f for _, _, f, _ in GRPC])

@@ -93,10 +93,11 @@ def isa_caps() -> list[dict[str, str]]:
     if "avx512_bf16" in flags and "amx_bf16" not in flags:
         caps.append({"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"})
     # No cap at or above AVX512_CORE_BF16 on an AMX CPU. There the uncapped run is the AMX path, and oneDNN's
-    # bf16 kernels emulated under such a cap are not reproducible run to run: in two CI runs on one AMX Xeon, once
-    # at AVX512_CORE_AMX and once at AVX512_CORE_BF16, the same prefill step computed twice in one process gave
-    # different bits (no way of forming a step was involved). A CPU whose own top ISA is avx512_bf16 (an EPYC Zen 4)
-    # runs that path uncapped and repeats it bit for bit (200 identical prefills at each cap: the issue 36 note).
+    # bf16 kernels under such a cap were not reproducible run to run: in two CI runs, once on the AMX Xeon at
+    # AVX512_CORE_AMX and once at AVX512_CORE_BF16 (that run's CPU is not on record), the same prefill step computed
+    # twice in one process gave different bits (no way of forming a step was involved; test_model_rows.py no
+    # longer repeats a step). A CPU whose own top ISA is avx512_bf16 (an EPYC Zen 4) runs that path uncapped and
+    # repeated it bit for bit (200 identical prefills at each cap: the issue 36 note).
     return caps
 
 

@@ -79,9 +79,21 @@ def test_vllm_names_exist_with_their_labels_and_move_as_the_cache_works(real):
     assert value(after, "vllm:request_success_total", finished_reason="length") >= 2
     for reason in ("stop", "abort"):
         value(after, "vllm:request_success_total", finished_reason=reason)  # shown, at whatever count
-    for name in ("vllm:time_to_first_token_seconds", "vllm:time_per_output_token_seconds"):
-        assert value(after, f"{name}_count") - value(middle, f"{name}_count") == 1
+    latencies = ("vllm:time_to_first_token_seconds", "vllm:time_per_output_token_seconds")
+    for name in (*latencies, "vllm:e2e_request_latency_seconds", "vllm:inter_token_latency_seconds"):
         assert value(after, f"{name}_bucket", le="+Inf") == value(after, f"{name}_count")
+    for name in (*latencies, "vllm:e2e_request_latency_seconds"):
+        assert value(after, f"{name}_count") - value(middle, f"{name}_count") == 1
+    # 4 tokens: 3 gaps, fewer when accepted drafts share an output
+    assert (
+        1
+        <= value(after, "vllm:inter_token_latency_seconds_count")
+        - value(middle, "vllm:inter_token_latency_seconds_count")
+        <= 3
+    )
+    e2e = value(after, "vllm:e2e_request_latency_seconds_sum") - value(middle, "vllm:e2e_request_latency_seconds_sum")
+    ttft = value(after, "vllm:time_to_first_token_seconds_sum") - value(middle, "vllm:time_to_first_token_seconds_sum")
+    assert e2e >= ttft > 0  # the finish comes after the first token
     # Ours stay as they were, beside vLLM's.
     assert after["radixcache_cache_hit_tokens_total"][0][1] == hits[2]
     assert after["radixcache_requests_running"][0][0] == {}

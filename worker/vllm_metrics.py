@@ -20,9 +20,9 @@ engine per worker).
 | vllm:time_to_first_token_seconds (histogram)     | radixcache_time_to_first_token_seconds (vLLM's buckets)             |
 | vllm:time_per_output_token_seconds (histogram)   | radixcache_time_per_output_token_seconds: one observation per       |
 |                                                  | finished sample, its mean gap (vLLM: every gap)                     |
-
-Not exported, because the worker does not record the figure: vllm:inter_token_latency_seconds (each gap between
-tokens) and vllm:e2e_request_latency_seconds (arrival to finish).
+| vllm:inter_token_latency_seconds (histogram)     | each gap between two outputs of a sample that carry tokens (an      |
+|                                                  | output of several accepted drafts is one gap, as in vLLM)           |
+| vllm:e2e_request_latency_seconds (histogram)     | submission to the finish, one observation per finished sample       |
 """
 
 from __future__ import annotations
@@ -49,6 +49,8 @@ TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75
                 40.0, 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
 TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
                 80.0)  # fmt: skip
+REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+                           240.0, 480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
 
 
 def kv_cache_usage(s: dict[str, float]) -> float:
@@ -110,6 +112,14 @@ class VllmRequestMetrics:
             "vllm:time_per_output_token_seconds", "mean time between generated tokens, per finished sample", LABELS,
             buckets=TPOT_BUCKETS, registry=r,
         )  # fmt: skip
+        self.itl = Histogram(
+            "vllm:inter_token_latency_seconds", "time between two outputs of a sample that carry tokens", LABELS,
+            buckets=TPOT_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.e2e = Histogram(
+            "vllm:e2e_request_latency_seconds", "from submission to the finish, per sample", LABELS,
+            buckets=REQUEST_LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
         self._named: str | None = None
 
     def show(self) -> dict[str, str]:
@@ -119,7 +129,7 @@ class VllmRequestMetrics:
         name = self._model_name()
         labels = {"model_name": name, "engine": ENGINE}
         if name != self._named:
-            for metric in (self.prompt_tokens, self.generation_tokens, self.ttft, self.tpot):
+            for metric in (self.prompt_tokens, self.generation_tokens, self.ttft, self.tpot, self.itl, self.e2e):
                 metric.labels(**labels)
             for reason in dict.fromkeys(FINISHED_REASON.values()):
                 self.request_success.labels(**labels, finished_reason=reason)
@@ -134,8 +144,12 @@ class VllmRequestMetrics:
             self.generation_tokens.labels(**labels).inc(len(out.token_ids))
         if out.time_to_first_token is not None:
             self.ttft.labels(**labels).observe(out.time_to_first_token)
+        if out.inter_token_latency is not None:
+            self.itl.labels(**labels).observe(out.inter_token_latency)
         if out.finish_reason is not None:
             reason = FINISHED_REASON[out.finish_reason]
             self.request_success.labels(**labels, finished_reason=reason).inc()
             if out.time_per_output_token is not None:
                 self.tpot.labels(**labels).observe(out.time_per_output_token)
+            if out.e2e_latency is not None:
+                self.e2e.labels(**labels).observe(out.e2e_latency)

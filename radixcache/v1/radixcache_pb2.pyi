@@ -52,7 +52,7 @@ class ChatMessages(_message.Message):
     def __init__(self, messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "text", "token_ids", "messages", "max_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "stop", "stop_token_ids", "ignore_eos", "logprobs", "top_logprobs", "n", "presence_penalty", "frequency_penalty", "speculate", "cache_key", "priority", "retention_seconds", "json_schema", "json_object", "regex", "ebnf")
+    __slots__ = ("request_id", "text", "token_ids", "messages", "max_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "stop", "stop_token_ids", "ignore_eos", "logprobs", "top_logprobs", "n", "presence_penalty", "frequency_penalty", "speculate", "cache_key", "priority", "retention_seconds", "cache_salt", "cache_salt_shared_tokens", "cache_salt_share_system", "json_schema", "json_object", "regex", "ebnf")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -75,6 +75,9 @@ class GenerateRequest(_message.Message):
     CACHE_KEY_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     RETENTION_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
+    CACHE_SALT_SHARED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHE_SALT_SHARE_SYSTEM_FIELD_NUMBER: _ClassVar[int]
     JSON_SCHEMA_FIELD_NUMBER: _ClassVar[int]
     JSON_OBJECT_FIELD_NUMBER: _ClassVar[int]
     REGEX_FIELD_NUMBER: _ClassVar[int]
@@ -101,11 +104,14 @@ class GenerateRequest(_message.Message):
     cache_key: str
     priority: int
     retention_seconds: float
+    cache_salt: str
+    cache_salt_shared_tokens: int
+    cache_salt_share_system: bool
     json_schema: str
     json_object: bool
     regex: str
     ebnf: str
-    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., messages: _Optional[_Union[ChatMessages, _Mapping]] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., min_p: _Optional[float] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., n: _Optional[int] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., speculate: _Optional[bool] = ..., cache_key: _Optional[str] = ..., priority: _Optional[int] = ..., retention_seconds: _Optional[float] = ..., json_schema: _Optional[str] = ..., json_object: _Optional[bool] = ..., regex: _Optional[str] = ..., ebnf: _Optional[str] = ...) -> None: ...
+    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., messages: _Optional[_Union[ChatMessages, _Mapping]] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., min_p: _Optional[float] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., n: _Optional[int] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., speculate: _Optional[bool] = ..., cache_key: _Optional[str] = ..., priority: _Optional[int] = ..., retention_seconds: _Optional[float] = ..., cache_salt: _Optional[str] = ..., cache_salt_shared_tokens: _Optional[int] = ..., cache_salt_share_system: _Optional[bool] = ..., json_schema: _Optional[str] = ..., json_object: _Optional[bool] = ..., regex: _Optional[str] = ..., ebnf: _Optional[str] = ...) -> None: ...
 
 class TokenLogprob(_message.Message):
     __slots__ = ("token_id", "logprob", "top")
@@ -126,7 +132,7 @@ class TopLogprob(_message.Message):
     def __init__(self, token_id: _Optional[int] = ..., logprob: _Optional[float] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
-    __slots__ = ("request_id", "token_ids", "text", "prompt_tokens", "cached_tokens", "completion_tokens", "finish_reason", "logprobs", "index", "draft_tokens", "accepted_draft_tokens")
+    __slots__ = ("request_id", "token_ids", "text", "prompt_tokens", "cached_tokens", "completion_tokens", "finish_reason", "logprobs", "index", "draft_tokens", "accepted_draft_tokens", "cache_miss_reason", "cache_match_end")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
@@ -138,6 +144,8 @@ class GenerateResponse(_message.Message):
     INDEX_FIELD_NUMBER: _ClassVar[int]
     DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHE_MISS_REASON_FIELD_NUMBER: _ClassVar[int]
+    CACHE_MATCH_END_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     text: str
@@ -149,7 +157,9 @@ class GenerateResponse(_message.Message):
     index: int
     draft_tokens: int
     accepted_draft_tokens: int
-    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ..., index: _Optional[int] = ..., draft_tokens: _Optional[int] = ..., accepted_draft_tokens: _Optional[int] = ...) -> None: ...
+    cache_miss_reason: str
+    cache_match_end: str
+    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ..., index: _Optional[int] = ..., draft_tokens: _Optional[int] = ..., accepted_draft_tokens: _Optional[int] = ..., cache_miss_reason: _Optional[str] = ..., cache_match_end: _Optional[str] = ...) -> None: ...
 
 class TokenizeRequest(_message.Message):
     __slots__ = ("text", "messages")
@@ -440,3 +450,43 @@ class PagesRemoved(_message.Message):
 class NamespaceCleared(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class ExplainPrefixRequest(_message.Message):
+    __slots__ = ("text", "token_ids", "messages")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    token_ids: TokenIds
+    messages: ChatMessages
+    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., messages: _Optional[_Union[ChatMessages, _Mapping]] = ...) -> None: ...
+
+class ExplainedPage(_message.Message):
+    __slots__ = ("index", "tokens", "served", "state")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SERVED_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    tokens: int
+    served: int
+    state: str
+    def __init__(self, index: _Optional[int] = ..., tokens: _Optional[int] = ..., served: _Optional[int] = ..., state: _Optional[str] = ...) -> None: ...
+
+class ExplainPrefixResponse(_message.Message):
+    __slots__ = ("prompt_tokens", "page_size", "cacheable_tokens", "cached_tokens", "cache_miss_reason", "cache_match_end", "pages")
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    CACHEABLE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHE_MISS_REASON_FIELD_NUMBER: _ClassVar[int]
+    CACHE_MATCH_END_FIELD_NUMBER: _ClassVar[int]
+    PAGES_FIELD_NUMBER: _ClassVar[int]
+    prompt_tokens: int
+    page_size: int
+    cacheable_tokens: int
+    cached_tokens: int
+    cache_miss_reason: str
+    cache_match_end: str
+    pages: _containers.RepeatedCompositeFieldContainer[ExplainedPage]
+    def __init__(self, prompt_tokens: _Optional[int] = ..., page_size: _Optional[int] = ..., cacheable_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., cache_miss_reason: _Optional[str] = ..., cache_match_end: _Optional[str] = ..., pages: _Optional[_Iterable[_Union[ExplainedPage, _Mapping]]] = ...) -> None: ...

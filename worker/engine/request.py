@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from radixcache.retention import Retention
+from radixcache.salt import CacheSalt
 from radixcache.worker.engine.field_errors import FieldPath, InvalidArgument
 
 MAX_STOP_STRINGS = 16
@@ -192,6 +193,8 @@ class Request:
     # Soft retention (radixcache.retention): keep what this request computes at a priority for a while, under
     # --eviction-policy priority (ignored under lru). Bounded by Retention itself; never refuses for capacity.
     retention: Retention | None = None
+    # Its cache salt (radixcache.salt): its pages past the salt's shared span share nothing with other salts' or none.
+    cache_salt: CacheSalt | None = None
 
     def __post_init__(self) -> None:
         if not self.request_id:
@@ -227,9 +230,13 @@ class RequestOutput:
     error_kind: ErrorKind | None = None  # set with FinishReason.ERROR
     time_to_first_token: float | None = None  # seconds, on the first output that carries a token
     time_per_output_token: float | None = None  # seconds, on the last output
+    inter_token_latency: float | None = None  # seconds since this sample's previous output with tokens
+    e2e_latency: float | None = None  # seconds from submission to the finish, on the last output
     index: int = 0  # which sample, in [0, sampling.n)
     draft_tokens: int = 0  # speculation: draft tokens verified for this sample so far
     accepted_draft_tokens: int = 0  # of those, the ones that were the sampled token (emitted without a step each)
+    cache_miss_reason: str = ""  # why the cache served cached_tokens and no more (radixcache.miss_reasons.REASONS)
+    cache_match_end: str = ""  # how the tree's match ended (radixcache.miss_reasons.MATCH_ENDS)
 
     @property
     def finished(self) -> bool:

@@ -17,6 +17,7 @@ from typing import Protocol
 import torch
 
 from radixcache.cache import Lease
+from radixcache.miss_reasons import CacheMiss
 from radixcache.tiering import LoadJob
 from radixcache.worker.engine.request import ErrorKind, FinishReason, Request, RequestOutput, TokenLogprob
 from radixcache.worker.engine.sampling import new_generator
@@ -66,11 +67,13 @@ class Sequence:
     published_tokens: int = 0  # whole pages of `tokens` already put into the tree
     status: SeqStatus = SeqStatus.WAITING
     cached_tokens: int = 0  # prompt tokens served from the cache at first admission (what users are told)
+    cache_miss: CacheMiss | None = None  # why that admission's lookup served no more (radixcache.miss_reasons)
     admitted_once: bool = False
     admit_order: int = -1  # larger = admitted later; the preemption victim is the largest
     arrival: float = field(default_factory=time.monotonic)
     waited_steps: int = 0
     first_token_at: float | None = None
+    last_output_at: float | None = None  # when the last output carrying tokens was taken (inter-token gaps)
     generator: torch.Generator = field(init=False)  # made in __post_init__, from the request's seed
     text: str = ""  # everything detokenized so far
     emitted_chars: int = 0  # how much of `text` was sent
@@ -190,6 +193,8 @@ class Sequence:
             text=delta,
             prompt_tokens=self.num_prompt,
             cached_tokens=self.cached_tokens,
+            cache_miss_reason=self.cache_miss.reason if self.cache_miss is not None else "",
+            cache_match_end=self.cache_miss.match_end if self.cache_miss is not None else "",
             completion_tokens=self.num_generated,
             logprobs=self.pending_logprobs,
             finish_reason=self.finish_reason,
@@ -201,7 +206,14 @@ class Sequence:
         )
         if self.pending_ids and self.first_token_at is not None and self.num_generated == len(self.pending_ids):
             out.time_to_first_token = self.first_token_at - self.arrival
+        now = time.monotonic()
         if self.finish_reason is not None and self.first_token_at is not None and self.num_generated > 1:
-            out.time_per_output_token = (time.monotonic() - self.first_token_at) / (self.num_generated - 1)
+            out.time_per_output_token = (now - self.first_token_at) / (self.num_generated - 1)
+        if self.pending_ids:
+            if self.last_output_at is not None:
+                out.inter_token_latency = now - self.last_output_at
+            self.last_output_at = now
+        if self.finish_reason is not None:
+            out.e2e_latency = now - self.arrival
         self.pending_ids, self.pending_logprobs = [], []
         return out

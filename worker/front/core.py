@@ -31,6 +31,8 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from radixcache.cache import PinBudgetError
+from radixcache.explain import Explanation
+from radixcache.salt import CacheSalt
 from radixcache.worker.engine.api import (
     DuplicateRequestError,
     EngineLike,
@@ -50,9 +52,11 @@ from radixcache.worker.front.validation import (
     ModelLimits,
     PromptInput,
     PromptSize,
+    SaltInput,
     SamplingValues,
     chat_renderer,
     check_cache_key,
+    check_cache_salt,
     check_prompt_ids,
     check_prompt_input,
     check_prompt_size,
@@ -64,6 +68,7 @@ from radixcache.worker.front.validation import (
     render_off_loop,
     retention,
     sampling_params,
+    system_span,
 )
 
 log = logging.getLogger("radixcache.front")
@@ -191,6 +196,7 @@ class FrontCore:
         cache_key: str = "",
         remember: bool | None = None,
         keep: tuple[int | None, float | None] = (None, None),
+        salt: SaltInput | None = None,
     ) -> EngineStream:
         """Validate, tokenize, compile the constraint and submit: an open EngineStream (close it in a finally);
         its `prompt_text` is the rendered prompt ("" for token ids).
@@ -201,7 +207,8 @@ class FrontCore:
         leave), instead of validation's default. cache_key: the routing hint of Request.cache_key. Chat histories are
         tokenized with the tenant's remembered replies; remember: whether the finished samples are remembered (None:
         for chat prompts, the only ones a reply comes back in; a front that turned a conversation into token ids
-        says True). keep: the request's (priority, retention_seconds), checked by validation.retention.
+        says True). keep: the request's (priority, retention_seconds), checked by validation.retention. salt: the
+        request's cache salt as sent (validation.check_cache_salt; its system span counted here).
         """
         engine = self.ready()
         request_id = request_id or uuid.uuid4().hex
@@ -214,6 +221,7 @@ class FrontCore:
                 if isinstance(prompt, CheckedPrompt)
                 else check_prompt_input(prompt, engine.tokenizer, self.limits)
             )
+            salted = check_cache_salt(salt, checked.kind) if salt is not None else None
             sampling = sampling_params(values, self.limits)  # and bad sampling values
             wanted_constraint = constraint(*wanted)
             messages = checked.prompt.messages if checked.kind == "messages" else None
@@ -221,6 +229,12 @@ class FrontCore:
             ids, text = await render_off_loop(checked, engine.tokenizer, replies)
             up_to = (self.facts.kv_tokens or self.facts.context_length) if fill_max_tokens else None
             sampling = fit_max_tokens(sampling, values, len(ids), self.limits, up_to=up_to)
+            cache_salt = None
+            if salted is not None:
+                shared = salted.shared_tokens
+                if shared is None:  # the leading system messages' tokens, rendered off the loop
+                    shared = await asyncio.to_thread(system_span, checked, engine.tokenizer, ids)
+                cache_salt = CacheSalt(salted.salt, shared)
         except InvalidArgument as e:
             raise Refusal.of_invalid(e) from None
         if wanted_constraint is not None:  # compiled (and cached) in a worker thread: the loop keeps serving
@@ -232,7 +246,7 @@ class FrontCore:
         try:
             request = Request(
                 engine_request_id(tenant, request_id), ids, sampling, namespace=tenant, constraint=wanted_constraint,
-                cache_key=cache_key, retention=kept,
+                cache_key=cache_key, retention=kept, cache_salt=cache_salt,
             )  # fmt: skip
         except ValueError as e:  # Request's own rule: a prompt of no tokens (a text the tokenizer encodes to nothing)
             raise Refusal(RefusalKind.INVALID_ARGUMENT, str(e), field=PROMPT) from None
@@ -411,6 +425,14 @@ class FrontCore:
                     raise Refusal.of_failure(out.error_kind, f"computing the prefix failed: {out.error}")
         finally:
             stream.close()
+
+    async def explain(self, tenant: str, prompt: PromptInput) -> Explanation:
+        """The caller's own namespace's page-by-page view of the prompt, tokenized as `admit` would (a chat with the
+        tenant's remembered replies): what a Generate of it would be served now and why no more. Changes nothing.
+        A tenant only ever sees its own namespace: the namespace is the caller's tenant, never a field."""
+        engine = self.ready()
+        ids, _ = await self.tokenize(prompt, tenant=tenant)
+        return await asyncio.to_thread(engine.explain, ids, tenant)
 
     async def unpin(self, tenant: str, prompt: PromptInput) -> int:
         engine = self.ready()

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import itertools
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -214,6 +215,81 @@ def retention(priority: int | None, retention_seconds: float | None) -> Retentio
             FieldPath.of("retention_seconds"), f" must be in (0, {MAX_RETENTION_SECONDS:g}], got {retention_seconds}"
         )
     return Retention(priority, float(retention_seconds)) if priority else None
+
+
+MAX_CACHE_SALT_CHARS = 256  # a cache salt (radixcache.salt): hashed once per lookup
+MAX_SALT_SHARED_TOKENS = 1 << 31  # the unsalted span, in tokens (a count past the prompt only shares all of it)
+CACHE_SALT = FieldPath.of("cache_salt")
+SALT_SHARED_TOKENS = FieldPath.of("cache_salt_shared_tokens")
+SALT_SHARE_SYSTEM = FieldPath.of("cache_salt_share_system")
+
+
+@dataclass(frozen=True)
+class SaltInput:
+    """A request's cache salt as sent (any JSON or protobuf value; checked by check_cache_salt): the salt, and the
+    leading span it leaves unsalted, either `shared_tokens` tokens or (`share_system`) the tokens of the prompt's
+    leading system messages as the chat template renders them. None / False: unset."""
+
+    salt: object = None
+    shared_tokens: object = None
+    share_system: object = False
+
+
+@dataclass(frozen=True)
+class CheckedSalt:
+    """A valid salt: `shared_tokens` is the unsalted span's length, None when `share_system` says the front counts it
+    from the rendered system messages."""
+
+    salt: str
+    shared_tokens: int | None
+    share_system: bool
+
+
+def check_cache_salt(value: SaltInput, prompt_kind: str) -> CheckedSalt | None:
+    """A request's cache salt: a non-empty string of at most MAX_CACHE_SALT_CHARS characters of valid Unicode (None:
+    no salt), with at most one of shared_tokens (an integer in [0, MAX_SALT_SHARED_TOKENS]) and share_system (a
+    boolean, for chat messages only); either one without a salt is refused too, so a mistake never goes unsalted."""
+    salt, shared, system = value.salt, value.shared_tokens, value.share_system
+    if salt is None:
+        if shared is not None or system:
+            where = SALT_SHARED_TOKENS if shared is not None else SALT_SHARE_SYSTEM
+            raise InvalidArgument.at(where, " needs a cache_salt")
+        return None
+    if not isinstance(salt, str) or not salt:
+        raise InvalidArgument.at(CACHE_SALT, f" must be a non-empty string, got {type(salt).__name__} {salt!r:.40}")
+    if len(salt) > MAX_CACHE_SALT_CHARS:
+        raise InvalidArgument.at(CACHE_SALT, f" must have at most {MAX_CACHE_SALT_CHARS} characters, got {len(salt)}")
+    _utf8_size(salt, CACHE_SALT)
+    if not isinstance(system, bool):
+        raise InvalidArgument.at(SALT_SHARE_SYSTEM, f" must be a boolean, got {type(system).__name__}")
+    if shared is not None:
+        if system:
+            raise InvalidArgument.at(SALT_SHARED_TOKENS, " and cache_salt_share_system exclude each other: set one")
+        if isinstance(shared, bool) or not isinstance(shared, int) or not 0 <= shared <= MAX_SALT_SHARED_TOKENS:
+            raise InvalidArgument.at(
+                SALT_SHARED_TOKENS, f" must be an integer in [0, {MAX_SALT_SHARED_TOKENS}], got {shared!r:.40}"
+            )
+        return CheckedSalt(salt, shared, False)
+    if system and prompt_kind != "messages":
+        raise InvalidArgument.at(SALT_SHARE_SYSTEM, f" needs chat messages, the prompt is {prompt_kind}")
+    return CheckedSalt(salt, None if system else 0, system)
+
+
+def system_span(checked: CheckedPrompt, tokenizer: TokenizerLike | None, ids: Sequence[int]) -> int:
+    """The tokens of a chat prompt's leading system messages as its template renders them alone (without the
+    generation prompt): the length of what that rendering has in common with the whole prompt's `ids`, so a
+    template that writes them otherwise before a user turn never shares more than both have. Slow: off the loop."""
+    system = list(itertools.takewhile(lambda m: m.get("role") == "system", checked.messages or []))
+    if not system or tokenizer is None:
+        return 0
+    alone = dataclasses.replace(checked, messages=system)
+    head, _ = render(alone, tokenizer, add_generation_prompt=False)
+    n = 0
+    for a, b in zip(head, ids, strict=False):
+        if a != b:
+            break
+        n += 1
+    return n
 
 
 def check_ttl(ttl_seconds: float | None) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from radixcache.worker.front.validation import PromptInput, SamplingValues
+from radixcache.worker.front.validation import PromptInput, SaltInput, SamplingValues
 
 SAMPLING_FIELDS = (
     "max_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "ignore_eos", "logprobs", "top_logprobs", "n",
@@ -31,7 +31,8 @@ class ChatMessagesView(Sequence):
 
 
 def prompt_input(message: Any) -> PromptInput:
-    """The `input` oneof (text | token_ids | messages) of a GenerateRequest, TokenizeRequest or (Un)PinPrefixRequest."""
+    """The `input` oneof (text | token_ids | messages) of a GenerateRequest, TokenizeRequest, (Un)PinPrefixRequest or
+    ExplainPrefixRequest."""
     kind = message.WhichOneof("input")
     if kind == "text":
         return PromptInput(text=message.text)
@@ -46,6 +47,16 @@ def sampling_values(request: Any) -> SamplingValues:
     """A GenerateRequest's sampling fields; a field without presence set stays None (SamplingParams' default)."""
     present = {name: getattr(request, name) for name in SAMPLING_FIELDS if request.HasField(name)}
     return SamplingValues(stop=request.stop, stop_token_ids=request.stop_token_ids, **present)
+
+
+def salt_values(request: Any) -> SaltInput | None:
+    """A GenerateRequest's cache_salt fields (unset ones as None / False), or None when none is set."""
+    value = SaltInput(
+        request.cache_salt if request.HasField("cache_salt") else None,
+        request.cache_salt_shared_tokens if request.HasField("cache_salt_shared_tokens") else None,
+        request.cache_salt_share_system,
+    )
+    return None if value == SaltInput() else value
 
 
 def constraint_values(request: Any) -> tuple[str | None, str]:

@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 
 import grpc
 
+from radixcache.explain import Explanation
 from radixcache.v1 import radixcache_pb2 as pb
 from radixcache.v1 import radixcache_pb2_grpc as pb_grpc
 from radixcache.worker.engine.api import ModelFacts
@@ -31,7 +32,13 @@ from radixcache.worker.engine.field_errors import FieldPath
 from radixcache.worker.engine.request import FinishReason, RequestOutput
 from radixcache.worker.front.core import FrontCore, Refusal, RefusalKind
 from radixcache.worker.front.validation import MAX_CHAT_MESSAGES
-from radixcache.worker.grpc.pb_inputs import constraint_values, prompt_input, retention_values, sampling_values
+from radixcache.worker.grpc.pb_inputs import (
+    constraint_values,
+    prompt_input,
+    retention_values,
+    salt_values,
+    sampling_values,
+)
 from radixcache.worker.grpc.wire_prompt import prompt_size
 from radixcache.worker.metrics import flatten_stats
 
@@ -48,7 +55,7 @@ PROMPT_REQUESTS = {
     f"/{_SERVICE}/{name}": request_type
     for name, request_type in (
         ("Generate", pb.GenerateRequest), ("Tokenize", pb.TokenizeRequest), ("PinPrefix", pb.PinPrefixRequest),
-        ("UnpinPrefix", pb.UnpinPrefixRequest),
+        ("UnpinPrefix", pb.UnpinPrefixRequest), ("ExplainPrefix", pb.ExplainPrefixRequest),
     )
 }  # fmt: skip
 
@@ -96,6 +103,8 @@ def to_response(request_id: str, out: RequestOutput) -> pb.GenerateResponse:
         draft_tokens=out.draft_tokens,
         accepted_draft_tokens=out.accepted_draft_tokens,
     )
+    if out.finish_reason is not None:  # why the cache served no more: on the last message only
+        resp.cache_miss_reason, resp.cache_match_end = out.cache_miss_reason, out.cache_match_end
     for lp in out.logprobs:
         resp.logprobs.add(
             token_id=lp.token_id,
@@ -103,6 +112,19 @@ def to_response(request_id: str, out: RequestOutput) -> pb.GenerateResponse:
             top=[pb.TopLogprob(token_id=t, logprob=p) for t, p in lp.top],
         )
     return resp
+
+
+def explanation_message(e: Explanation) -> pb.ExplainPrefixResponse:
+    """radixcache.explain's Explanation as the ExplainPrefixResponse message."""
+    return pb.ExplainPrefixResponse(
+        prompt_tokens=e.prompt_tokens,
+        page_size=e.page_size,
+        cacheable_tokens=e.cacheable,
+        cached_tokens=e.cached_tokens,
+        cache_miss_reason=e.reason,
+        cache_match_end=e.match_end,
+        pages=[pb.ExplainedPage(index=p.index, tokens=p.tokens, served=p.served, state=p.state) for p in e.pages],
+    )
 
 
 def model_info(facts: ModelFacts) -> pb.ModelInfo:
@@ -171,7 +193,7 @@ class RadixCacheServicer(pb_grpc.RadixCacheServicer):
         request_id = request.request_id or uuid.uuid4().hex
         stream = await self.core.admit(
             tenant, request_id, prompt_input(request), sampling_values(request), constraint_values(request),
-            cache_key=request.cache_key, keep=retention_values(request),
+            cache_key=request.cache_key, keep=retention_values(request), salt=salt_values(request),
         )  # fmt: skip
         try:
             while not stream.finished:
@@ -238,6 +260,13 @@ class RadixCacheServicer(pb_grpc.RadixCacheServicer):
     ) -> pb.UnpinPrefixResponse:
         tenant = self._tenant(context)
         return pb.UnpinPrefixResponse(unpinned_tokens=await self.core.unpin(tenant, prompt_input(request)))
+
+    @refusals_as_status
+    async def ExplainPrefix(
+        self, request: pb.ExplainPrefixRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ExplainPrefixResponse:
+        tenant = self._tenant(context)  # the caller's own namespace, never another's
+        return explanation_message(await self.core.explain(tenant, prompt_input(request)))
 
     @refusals_as_status
     async def Abort(self, request: pb.AbortRequest, context: grpc.aio.ServicerContext) -> pb.AbortResponse:

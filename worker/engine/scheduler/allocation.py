@@ -41,8 +41,11 @@ class Pages:
         if self.prompt_need(seq, cached) > self.cache.available_pages() - promised - running:
             return None
         prompt = seq.tokens
-        lease = self.cache.acquire(seq.name, prompt, seq.request.namespace, max_cached=len(prompt) - 1, count=False)
-        lease.retention = seq.request.retention  # every publish of it stamps the request's retention
+        request = seq.request
+        lease = self.cache.acquire(
+            seq.name, prompt, request.namespace, max_cached=len(prompt) - 1, count=False, salt=request.cache_salt
+        )
+        lease.retention = request.retention  # every publish of it stamps the request's retention
         self.copy_hit(lease)
         need = self.pages_for(len(prompt)) - len(lease.pages)
         if self.cache.available_pages() - promised - need < running:
@@ -57,8 +60,11 @@ class Pages:
         assert parent.lease is not None
         prompt = parent.tokens[: parent.num_prompt]
         # not a lookup of its own: the request's was counted with sample 0
-        lease = self.cache.acquire(child.name, prompt, parent.request.namespace, max_cached=len(prompt), count=False)
-        lease.retention = parent.request.retention
+        request = parent.request
+        lease = self.cache.acquire(
+            child.name, prompt, request.namespace, max_cached=len(prompt), count=False, salt=request.cache_salt
+        )
+        lease.retention = request.retention
         self.copy_hit(lease)
         try:
             self.cache.allocate(lease, self.pages_for(len(prompt)) - len(lease.pages))

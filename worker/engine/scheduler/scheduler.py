@@ -188,7 +188,7 @@ class Scheduler:
             if seq.load_job is not None:
                 if not self.loads.arrived(seq):
                     continue  # its pages are on their way from a tier: it waits, nobody else does
-                cached = self.cache.match_length(seq.tokens[:-1], seq.request.namespace)
+                cached = self.cache.match_length(seq.tokens[:-1], seq.request.namespace, salt=seq.request.cache_salt)
             if not seq.admitted_once and (why := room_beside_pins(self.cache, seq)) is not None:
                 failed.append(Failure(seq, why))
                 continue
@@ -213,7 +213,10 @@ class Scheduler:
 
     def _ordered_waiting(self) -> list[Waiting]:
         """Waiting sequences in admission order, each with how many of its tokens the cache holds now."""
-        cached = [Waiting(s, self.cache.match_length(s.tokens[:-1], s.request.namespace)) for s in self.waiting]
+        cached = [
+            Waiting(s, self.cache.match_length(s.tokens[:-1], s.request.namespace, salt=s.request.cache_salt))
+            for s in self.waiting
+        ]
         if len(cached) > MAX_SORTED_WAITING:
             return sorted(cached, key=lambda w: w.seq.arrival)
         starving = sorted((w for w in cached if w.seq.waited_steps >= self.aging_steps), key=lambda w: w.seq.arrival)
@@ -223,7 +226,10 @@ class Scheduler:
         return starving + rest
 
     def _computing_our_prefix(self, seq: Sequence, cached: int) -> bool:
-        """Another running request is computing pages of seq's prefix that the cache does not hold yet."""
+        """Another running request is computing pages of seq's prefix that the cache does not hold yet (a salted one
+        waits for no one: the pages of another salt are not its, and waiting would tell it they are being made)."""
+        if seq.request.cache_salt is not None:
+            return False
         for other in self.running:
             if other.request.namespace != seq.request.namespace or not other.prefilling:
                 continue
@@ -240,6 +246,7 @@ class Scheduler:
         if not seq.admitted_once:
             seq.admitted_once = True
             seq.cached_tokens = min(lease.cached_tokens, seq.num_prompt)
+            seq.cache_miss = lease.miss
             mine.prompt_tokens += seq.num_prompt
             mine.cached_tokens += seq.cached_tokens
             if lease.cached_tokens > 0 and any(
@@ -269,6 +276,7 @@ class Scheduler:
         assert parent.lease is not None and parent.num_computed >= parent.num_prompt
         child.admitted_once = True  # the request's prompt and cached tokens were counted with sample 0
         child.cached_tokens = parent.cached_tokens
+        child.cache_miss = parent.cache_miss
         lease = self.pages.fork_lease(parent, child)
         if lease is None:
             child.waited_steps = self.aging_steps

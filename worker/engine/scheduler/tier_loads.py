@@ -51,6 +51,9 @@ class TierLoads:
                 continue
             seq.tier_probes += 1
             # every whole page of the prompt: admission reads all but its last token, copying the page it ends in
+            salt = seq.request.cache_salt
+            if salt is not None:  # a salted prompt loads nothing: its salted pages live in a namespace of their own
+                continue
             job = tiers.start_load(seq.name, seq.tokens, seq.request.namespace, len(seq.tokens))
             if job is None:
                 seq.tier_probes = MAX_TIER_PROBES  # nothing there: look again only after its next admission

@@ -61,12 +61,15 @@ class MessagesEndpoint:
                 tenant, message_id, parsed.prompt, parsed.sampling, parsed.constraint,
                 remember=False if parsed.prewarm else None,  # a pre-warm's one token is no reply to remember
                 keep=parsed.keep,
+                salt=parsed.salt,
             )  # fmt: skip
         except Refusal as r:
             raise refusal_error(r, constraint_param=parsed.constraint_param) from None
         tokenizer = engine.tokenizer
         try:  # the stream is open: whatever fails now must close it
-            pins = BreakpointPins(core, tenant, parsed.breakpoints, stream.request.prompt_ids)
+            # A salted prompt's breakpoints pin nothing: a pin computes unsalted what is not cached.
+            breakpoints = parsed.breakpoints if parsed.salt is None else []
+            pins = BreakpointPins(core, tenant, breakpoints, stream.request.prompt_ids)
             responder = MessagesResponder(
                 message_id=message_id, model=self.front.model_name,
                 parse_tools=parsed.tool_choice.parses(parsed.specs), closes_at_stop=bool(parsed.tool_choice.stop()),

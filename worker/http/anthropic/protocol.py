@@ -43,6 +43,11 @@ class MessagesRequest(CountTokensRequest):
     # radixcache's own soft retention (radixcache.retention), as on OpenAI's: checked by worker/front/validation.py
     priority: int | None = None
     retention_seconds: float | None = None
+    # radixcache's vendor fields: vLLM's cache_salt and its salt regions (radixcache.salt), any JSON:
+    # validation.check_cache_salt judges them
+    cache_salt: Any = None
+    cache_salt_shared_tokens: Any = None
+    cache_salt_share_system: Any = False
 
 
 # --- responses ---------------------------------------------------------------------------------------------------
@@ -73,6 +78,9 @@ class Usage(BaseModel):
     cache_read_input_tokens: int = 0  # what the cache served (any cached prefix, not only at breakpoints)
     cache_creation_input_tokens: int = 0  # computed now and pinned under a cache_control breakpoint
     cache_creation: CacheCreation = Field(default_factory=CacheCreation)
+    # vendor fields: why the cache served no more (radixcache.miss_reasons' stable names; None: not said)
+    cache_miss_reason: str | None = None
+    cache_match_end: str | None = None
 
 
 class Message(BaseModel):

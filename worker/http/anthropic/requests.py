@@ -31,6 +31,7 @@ from radixcache.worker.front.validation import (
     MAX_TOOLS,
     ModelLimits,
     PromptInput,
+    SaltInput,
     SamplingValues,
 )
 from radixcache.worker.http.anthropic.protocol import CountTokensRequest, MessagesRequest
@@ -79,6 +80,7 @@ class MessagesInput:
     prewarm: bool  # max_tokens 0: compute the prompt into the cache, generate nothing
     breakpoints: list[Breakpoint] = field(default_factory=list)
     keep: tuple[int | None, float | None] = (None, None)  # (priority, retention_seconds): soft retention
+    salt: SaltInput | None = None  # the vendor fields cache_salt* (validation.check_cache_salt)
 
 
 @dataclass(frozen=True)
@@ -369,6 +371,7 @@ def parse_messages(body: MessagesRequest) -> MessagesInput:
     if forced[0] is not None and wanted[0] is not None:
         raise bad_request("set output_config.format or a forcing tool_choice (any, tool), not both", "output_config")
     stops = tuple(body.stop_sequences or ())
+    salt = SaltInput(body.cache_salt, body.cache_salt_shared_tokens, body.cache_salt_share_system)
     sampling = SamplingValues(
         max_tokens=body.max_tokens or 1,  # prewarm: one token is computed, and not shown
         temperature=body.temperature,
@@ -388,4 +391,5 @@ def parse_messages(body: MessagesRequest) -> MessagesInput:
         prewarm=body.max_tokens == 0,
         breakpoints=breakpoints,
         keep=(body.priority, body.retention_seconds),
+        salt=None if salt == SaltInput() else salt,
     )

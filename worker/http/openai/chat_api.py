@@ -88,7 +88,10 @@ class ChatEndpoint:
 
     def _retain(self, tenant: str, stream: EngineStream, ttl_s: float) -> None:
         """Pin what a finished request computed (its prompt and first sample's reply but the last, uncomputed,
-        token) for ttl_s, in the background: the response is not held up by it."""
+        token) for ttl_s, in the background: the response is not held up by it. Never a salted one: a pin computes
+        what is not cached, unsalted, where every client of the tenant would hit it."""
+        if stream.request.cache_salt is not None:
+            return
         ids = list(stream.request.prompt_ids) + stream.generated[0][:-1]
         self.front.keep_running(self.front.core.retain(tenant, ids, ttl_s))
 
@@ -124,7 +127,7 @@ class ChatEndpoint:
         try:
             return await self.front.core.admit(
                 tenant, request_id, parsed.prompt, parsed.sampling, parsed.constraint, fill_max_tokens=chat,
-                cache_key=parsed.cache_key, keep=parsed.keep,
+                cache_key=parsed.cache_key, keep=parsed.keep, salt=parsed.salt,
             )  # fmt: skip
         except Refusal as r:
             names = {"max_tokens": parsed.max_tokens_param, "top_logprobs": parsed.top_logprobs_param}

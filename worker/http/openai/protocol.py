@@ -56,6 +56,10 @@ class _SamplingFields(_Request):
     """Fields chat and completions share."""
 
     model: str
+    # vLLM's cache_salt and radixcache's salt regions (radixcache.salt), any JSON: validation.check_cache_salt judges
+    cache_salt: Any = None
+    cache_salt_shared_tokens: Any = None
+    cache_salt_share_system: Any = False
     max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
@@ -105,7 +109,12 @@ class CompletionRequest(_SamplingFields):
 
 # --- responses ---------------------------------------------------------------------------------------------------
 class PromptTokensDetails(BaseModel):
+    """cached_tokens is OpenAI's; the vendor fields say why the cache served no more (radixcache.miss_reasons: the
+    reason's and the match end's stable names; None where the engine did not say)."""
+
     cached_tokens: int
+    cache_miss_reason: str | None = None
+    cache_match_end: str | None = None
 
 
 class CompletionTokensDetails(BaseModel):

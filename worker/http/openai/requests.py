@@ -27,6 +27,7 @@ from radixcache.worker.front.validation import (
     InvalidArgument,
     ModelLimits,
     PromptInput,
+    SaltInput,
     SamplingValues,
     check_strict_schema,
     tool_call_arguments,
@@ -93,6 +94,13 @@ class ParsedRequest:
     cache_key: str = ""  # prompt_cache_key: Request.cache_key, the cluster router's hint
     retention_s: float | None = None  # prompt_cache_retention: pin the prompt and reply this long (None: not)
     keep: tuple[int | None, float | None] = (None, None)  # (priority, retention_seconds): soft retention
+    salt: SaltInput | None = None  # cache_salt and its shared span (validation.check_cache_salt)
+
+
+def salt_input(body: Any) -> SaltInput | None:
+    """A body's cache_salt fields as sent (None when none is set)."""
+    value = SaltInput(body.cache_salt, body.cache_salt_shared_tokens, body.cache_salt_share_system)
+    return None if value == SaltInput() else value
 
 
 def _refuse_unsupported(body: ChatCompletionRequest | CompletionRequest) -> None:
@@ -310,6 +318,7 @@ def parse_chat(body: ChatCompletionRequest) -> ParsedRequest:
         cache_key=body.prompt_cache_key or "",
         retention_s=RETENTION_S[body.prompt_cache_retention],
         keep=(body.priority, body.retention_seconds),
+        salt=salt_input(body),
     )
 
 
@@ -347,4 +356,5 @@ def parse_completion(body: CompletionRequest) -> ParsedRequest:
         top_logprobs_param="logprobs",
         constraint=response_format(body.response_format),
         keep=(body.priority, body.retention_seconds),
+        salt=salt_input(body),
     )

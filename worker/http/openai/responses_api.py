@@ -60,12 +60,13 @@ class ResponsesEndpoint:
             if previous is not None:  # checked here, and then not again by admit
                 prompt = self.front.core.check_prompt(chat)
                 continued = await self.front.core.continue_from(previous.prefixes(), prompt)
-                if continued is not None:
+                # a salt sharing the system messages counts them in the messages: it keeps them (and re-renders)
+                if continued is not None and not (parsed.salt is not None and parsed.salt.share_system is True):
                     prompt, prompt_text = PromptInput(token_ids=continued[0]), continued[1]
             response_id = "resp_" + uuid.uuid4().hex
             stream = await self.front.core.admit(
                 tenant, response_id, prompt, parsed.sampling, parsed.constraint, fill_max_tokens=True,
-                cache_key=parsed.cache_key, remember=True, keep=parsed.keep,
+                cache_key=parsed.cache_key, remember=True, keep=parsed.keep, salt=parsed.salt,
             )  # fmt: skip
         except Refusal as r:
             raise self._error(r, parsed) from None
@@ -128,7 +129,7 @@ class ResponsesEndpoint:
                 ),
             )
         ttl = max(self.store.pin_ttl_s if turn.parsed.store else 0.0, turn.parsed.retention_s or 0.0)
-        if ttl > 0:
+        if ttl > 0 and turn.parsed.salt is None:  # a pin computes unsalted what is not cached: never a salted turn
             self.front.keep_running(self.front.core.retain(turn.tenant, ids[:-1], ttl))
 
     async def _whole(self, request: Request, stream: EngineStream, responder: ResponsesResponder, turn: _Turn) -> Response:  # fmt: skip

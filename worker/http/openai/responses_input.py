@@ -20,6 +20,7 @@ from radixcache.worker.front.validation import (
     MAX_TOOLS,
     FieldPath,
     ModelLimits,
+    SaltInput,
     SamplingValues,
 )
 from radixcache.worker.http.errors import bad_request
@@ -28,6 +29,7 @@ from radixcache.worker.http.openai.requests import (
     RETENTION_S,
     client_arguments,
     response_format,
+    salt_input,
     shape_of,
     strict_schema,
     tool_choice,
@@ -71,6 +73,7 @@ class ResponsesInput:
     cache_key: str
     retention_s: float | None
     keep: tuple[int | None, float | None] = (None, None)  # (priority, retention_seconds): soft retention
+    salt: SaltInput | None = None
 
 
 def _text(content: Any, where: str) -> str:
@@ -201,4 +204,5 @@ def parse_responses(body: ResponsesRequest) -> ResponsesInput:
         cache_key=body.prompt_cache_key or "",
         retention_s=RETENTION_S[body.prompt_cache_retention],
         keep=(body.priority, body.retention_seconds),
+        salt=salt_input(body),
     )

@@ -52,12 +52,19 @@ class ResponsesRequest(_Request):
     # radixcache's own soft retention (radixcache.retention), as on chat: checked by worker/front/validation.py
     priority: int | None = None
     retention_seconds: float | None = None
+    # vLLM's cache_salt and radixcache's salt regions (radixcache.salt), any JSON: validation.check_cache_salt judges
+    cache_salt: Any = None
+    cache_salt_shared_tokens: Any = None
+    cache_salt_share_system: Any = False
 
 
 # --- responses ---------------------------------------------------------------------------------------------------
 class InputTokensDetails(BaseModel):
     cached_tokens: int
     cache_write_tokens: int  # computed now (and so written into the cache)
+    # vendor fields: why the cache served no more (radixcache.miss_reasons' stable names; None: not said)
+    cache_miss_reason: str | None = None
+    cache_match_end: str | None = None
 
 
 class OutputTokensDetails(BaseModel):
