@@ -257,3 +257,15 @@ def test_quantized_latent_pages_and_flashinfer_are_refused_at_start_up(served):
     assert resolve_backend_name("auto", "cuda", attention=latent) == "torch"
     with pytest.raises(BackendUnavailableError, match="latent"):
         resolve_backend_name("flashinfer", "cuda", attention=latent)
+
+
+def test_kv_memory_sizes_latent_pages_by_their_bytes(served):
+    """--kv-memory buys as many latent pages as it holds at layers x (kv_lora_rank + rope) values per token: the
+    figure `radixcache memory --kv-lora-rank --rope-dim` prints (tests/test_memory_cli.py)."""
+    loaded = served[0]
+    mc = loaded.config
+    budget = 300_000
+    engine = Engine(loaded, EngineConfig(page_size=7, kv_memory_bytes=budget, speculate=0))
+    per_page = 7 * mc.num_layers * (mc.kv_lora_rank + mc.qk_rope_head_dim) * 4  # float32
+    assert engine.num_pages == budget // per_page
+    assert engine.kv_bytes == engine.num_pages * per_page <= budget
