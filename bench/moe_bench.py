@@ -66,7 +66,10 @@ GQA = {"v2_lite": ("Qwen3-30B-A3B", 48, 4, 128), "v3": ("Qwen3-235B-A22B", 94, 4
 
 def sizes() -> dict[str, dict[str, float]]:
     out = {}
-    for name, (arch, fields) in {"v2_lite": ("DeepseekV2ForCausalLM", V2_LITE), "v3": ("DeepseekV3ForCausalLM", V3)}.items():
+    for name, (arch, fields) in {
+        "v2_lite": ("DeepseekV2ForCausalLM", V2_LITE),
+        "v3": ("DeepseekV3ForCausalLM", V3),
+    }.items():
         mc = ModelConfig.from_hf_config(hf(arch, **fields))
         kv_heads, half = mc.kv_cache_dims
         pool = KVPool(KVShape(mc.num_layers, kv_heads, half), page_size=16, num_pages=1, dtype=torch.bfloat16)
@@ -154,7 +157,9 @@ def decode_absorbed_vs_expanded(batch: int, context: int, repeats: int) -> dict[
     ids = torch.randint(MIN_TOKEN_ID, VOCAB, (batch,), generator=g)
     backend = create_backend("torch", attention=attention_options(mc))
     absorbed_attn = [layer.self_attn for layer in layers]
-    expanded_attn = [ExpandedAttention(a, k, v, mc.attention_scale) for a, (k, v) in zip(absorbed_attn, expanded)]
+    expanded_attn = [
+        ExpandedAttention(a, k, v, mc.attention_scale) for a, (k, v) in zip(absorbed_attn, expanded, strict=True)
+    ]
 
     def step(attns: list[torch.nn.Module]) -> torch.Tensor:
         for layer, attn in zip(layers, attns, strict=True):
@@ -193,8 +198,8 @@ def moe_vs_dense(batches: tuple[int, ...], context: int, repeats: int) -> dict[s
         ids = torch.randint(MIN_TOKEN_ID, VOCAB, (batch,), generator=torch.Generator().manual_seed(batch))
         with torch.inference_mode():
             moe_ms, dense_ms = interleaved(
-                lambda: moe.model(ids, layout, pools[0], backends[0]),
-                lambda: dense.model(ids, layout, pools[1], backends[1]),
+                lambda ids=ids, layout=layout, pools=pools: moe.model(ids, layout, pools[0], backends[0]),
+                lambda ids=ids, layout=layout, pools=pools: dense.model(ids, layout, pools[1], backends[1]),
                 repeats,
             )  # fmt: skip
         out[f"b{batch}"] = {"moe_ms": moe_ms, "dense_ms": dense_ms, "moe_vs_dense": moe_ms / dense_ms}
@@ -220,7 +225,9 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"decode b{2 if args.smoke else 8}: absorbed {decode['absorbed_ms']:.1f} ms, expanded {decode['expanded_ms']:.1f} ms"
           f" ({decode['absorbed_vs_expanded']:.3f}x; logits agree to {decode['max_logit_diff']:.1e})")  # fmt: skip
     for b, m in moe.items():
-        print(f"MoE step {b}: {m['moe_ms']:.2f} ms vs dense same active {m['dense_ms']:.2f} ms ({m['moe_vs_dense']:.3f}x)")
+        print(
+            f"MoE step {b}: {m['moe_ms']:.2f} ms vs dense same active {m['dense_ms']:.2f} ms ({m['moe_vs_dense']:.3f}x)"
+        )
     result = {
         "mla_bytes_per_token_vs_expanded": {n: s["vs_expanded"] for n, s in bytes_.items()},
         "mla_bytes_per_token_vs_gqa": {n: s["vs_gqa"] for n, s in bytes_.items()},
