@@ -71,15 +71,19 @@ class EventLog:
         strict: bool = False,
         kv_dtype: str | None = None,
         window: int | None = None,
+        spec_kind: str | None = None,
     ) -> None:
         """on_pending: called (on the recording thread) when records arrive and no drain is due yet, e.g. to
         schedule one on a loop; it must not block. strict: an inconsistency raises instead of being logged (tests).
         kv_dtype: the pages' KV precision, part of their hashes (radixcache.events). The log starts in step with an
         empty tree; attach it to a tree that holds pages only with a snapshot. window: the sliding layers' W of a
-        window-paged cache (its window group's events, see the module docstring); None: no such group."""
+        window-paged cache (its window group's events, see the module docstring); None: no such group. spec_kind:
+        group 0's kv_cache_spec_kind on every PagesStored (MLA_KIND for a model's latent pages); None: full
+        attention."""
         self.page_size = page_size
         self.kv_dtype = kv_dtype
         self.window = window
+        self.spec_kind = spec_kind
         self._windowed: set[int] = set()  # page ids whose window part group 1 holds
         self.max_pending = max_pending
         self.strict = strict
@@ -220,7 +224,7 @@ class EventLog:
             pages.update(moved)
             return None
         if kind == _TIER_STORED:
-            return _tier_stored(record[1], record[2])
+            return _tier_stored(record[1], record[2], self.spec_kind)
         if kind == _TIER_REMOVED:
             return PagesRemoved(record[2], [record[3]], record[1])
         return NamespaceCleared(record[1])
@@ -237,7 +241,7 @@ class EventLog:
         hashes = hash_key_pages(key, bpp, self._prefix(namespace), parent)
         for page, h in zip(ids[:whole], hashes, strict=True):  # ids may hold one more: the partial tail
             pages[page] = (namespace, h)
-        return PagesStored(namespace, parent, hashes, decode(key))
+        return PagesStored(namespace, parent, hashes, decode(key), kv_cache_spec_kind=self.spec_kind)
 
     def _window_stored(self, event: PagesStored, ids: list[int]) -> PagesStored:
         """Group 1's copy of a store: the same pages, which have their window parts when stored."""
@@ -273,7 +277,7 @@ class EventLog:
             events.append(stored)
             if self.window is not None:
                 events += self._window_runs(stored, record[2], window)
-        events += [_tier_stored(record.medium, record.key) for record in tier]
+        events += [_tier_stored(record.medium, record.key, self.spec_kind) for record in tier]
         self._synced = True
         return Snapshot(token, events)
 
@@ -295,5 +299,6 @@ class EventLog:
         return out
 
 
-def _tier_stored(medium: str, key: PageKey) -> PagesStored:
-    return PagesStored(key.namespace, key.parent_hash or None, [key.page_hash], decode(key.tokens), medium)
+def _tier_stored(medium: str, key: PageKey, spec_kind: str | None) -> PagesStored:
+    parent = key.parent_hash or None
+    return PagesStored(key.namespace, parent, [key.page_hash], decode(key.tokens), medium, kv_cache_spec_kind=spec_kind)

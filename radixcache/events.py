@@ -43,6 +43,9 @@ it when its window part is given back (a PagesRemoved of group 1 only: the page 
 layers, and a hit is served only up to where the window after it is still held), or with the page. A subscriber
 that knows nothing of groups reads group 0 and skips the rest (PageIndex keeps group 1 in `windows`).
 
+Latent pages (an MLA model, radixcache/pool.py): group 0's PagesStored name `kv_cache_spec_kind` MLA_KIND
+("mla_attention"), as vLLM reports an MLA model's KV cache group, so a router does not take their bytes for K/V.
+
 Replaying a snapshot (one PagesStored per tree node, parents first) and then the events in order gives exactly the
 cache's pages: `PageIndex` does that, `records_page_index` computes the same from a tree's page records directly (what the tests
 compare). The recording sink that turns the tree's page ids into these events is `radixcache.event_log.EventLog`.
@@ -62,6 +65,7 @@ from radixcache.tier import MEDIUM_DEVICE
 NO_PARENT = 0  # the parent of a namespace's first page in the hash input (never a page hash itself)
 WINDOW_GROUP = 1  # the group of a window-paged pool's sliding layers (vLLM's group_idx)
 SLIDING_WINDOW_KIND = "sliding_window"  # its kv_cache_spec_kind
+MLA_KIND = "mla_attention"  # group 0's kv_cache_spec_kind when its pages are latent pages (vLLM's MLAAttentionSpec)
 
 # One stored node as a tree reports it: (namespace, the page it continues or None, its pages, its key).
 PageRecord = tuple[str, int | None, list[int], bytes]
@@ -153,7 +157,7 @@ class PagesStored:
     token_ids: list[int]
     medium: str = MEDIUM_DEVICE
     group_idx: int = 0  # WINDOW_GROUP: the sliding layers' part of the pages (window paging); 0 otherwise
-    kv_cache_spec_kind: str | None = None  # SLIDING_WINDOW_KIND for group 1 (None: full attention)
+    kv_cache_spec_kind: str | None = None  # SLIDING_WINDOW_KIND for group 1, MLA_KIND for latent pages (None: full)
     kv_cache_spec_sliding_window: int | None = None  # group 1's window W
 
 

@@ -9,6 +9,12 @@ whole pages, so with --page-size P it holds ceil(tokens / P) x P token slots.
 Sliding-window layers (--sliding-layers N --window W, e.g. Gemma 3: 5 of every 6 layers, W 1024): with window paging
 (the worker's default for such models) a sequence holds those layers' values for the pages of its last W tokens
 only; the figures are given per layer kind.
+
+Latent pages (multi-head latent attention, DeepSeek V2 / V3: --kv-lora-rank R --rope-dim P, no --kv-heads /
+--head-dim): one latent of R + P values per token and layer, laid out as the pool lays it out (radixcache/pool.py,
+latent pages: one "head" of (R + P) / 2 in each of a page's K and V blocks), so bytes per token = layers x (R + P) x
+bytes per element. Latent pages are kept at the model's precision: a quantized --kv-dtype is refused, as the worker
+refuses it (worker/engine/step.py, check_latent_pages).
 """
 
 from __future__ import annotations
@@ -74,8 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog="radixcache memory", description="KV-cache memory calculator (bytes per token, per sequence, per budget)"
     )
     parser.add_argument("--layers", type=_positive, required=True, help="decoder layers")
-    parser.add_argument("--kv-heads", type=_positive, required=True, help="key/value heads (GQA groups)")
-    parser.add_argument("--head-dim", type=_positive, required=True, help="dimension of one head")
+    parser.add_argument("--kv-heads", type=_positive, help="key/value heads (GQA groups)")
+    parser.add_argument("--head-dim", type=_positive, help="dimension of one head")
+    parser.add_argument("--kv-lora-rank", type=_positive, help="MLA: the latent's rank (512 for DeepSeek V2 / V3)")
+    parser.add_argument("--rope-dim", type=_positive, help="MLA: qk_rope_head_dim, the latent's RoPE part (64)")
     parser.add_argument(
         "--kv-dtype",
         "--dtype",
@@ -92,8 +100,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def formula(layers: int, kv_heads: int, head_dim: int, kv_dtype: str) -> str:
-    """How bytes per token is made, in words: '2 x 32 layers x 8 kv heads x 128 dims x bf16'."""
+def latent_shape(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Fill args.kv_heads / args.head_dim: given, or the latent page's (1, (R + P) / 2); parser.error naming the
+    option when the two ways are mixed, half given, odd, or asked for at a quantized precision."""
+    latent = (args.kv_lora_rank, args.rope_dim)
+    if latent == (None, None):
+        if args.kv_heads is None or args.head_dim is None:
+            parser.error("give --kv-heads and --head-dim (or --kv-lora-rank and --rope-dim for an MLA model)")
+        return
+    if None in latent:
+        parser.error("--kv-lora-rank and --rope-dim go together")
+    if args.kv_heads is not None or args.head_dim is not None:
+        parser.error("--kv-lora-rank / --rope-dim (latent pages) replace --kv-heads / --head-dim")
+    width = args.kv_lora_rank + args.rope_dim
+    if width % 2:
+        parser.error(f"--kv-lora-rank + --rope-dim must be even (a latent fills a page's K and V halves), got {width}")
+    if codec_of(args.kv_dtype).quantized:
+        parser.error(f"--kv-dtype {args.kv_dtype}: latent (MLA) pages are kept at the model's precision")
+    args.kv_heads, args.head_dim = 1, width // 2
+
+
+def formula(layers: int, kv_heads: int, head_dim: int, kv_dtype: str, latent: tuple[int, int] | None = None) -> str:
+    """How bytes per token is made, in words: '2 x 32 layers x 8 kv heads x 128 dims x bf16', or for latent pages
+    (kv_lora_rank, rope_dim) '32 layers x (512 + 64) latent dims x bf16'."""
+    if latent is not None:
+        return f"{layers} layers x ({latent[0]} + {latent[1]}) latent dims x {kv_dtype} (one latent, no per-head K/V)"
     codec = codec_of(kv_dtype)
     head = f"2 x {layers} layers x {kv_heads} kv heads x "
     if not codec.quantized:
@@ -112,13 +143,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--sliding-layers must be in [0, --layers {args.layers}], got {args.sliding_layers}")
     if bool(args.sliding_layers) != (args.window is not None):
         parser.error("--sliding-layers and --window go together")
+    latent_shape(parser, args)
+    latent = None if args.kv_lora_rank is None else (args.kv_lora_rank, args.rope_dim)
     if args.sliding_layers:
         return by_layer_kind(args)
     per_token = kv_bytes_per_token(args.layers, args.kv_heads, args.head_dim, args.kv_dtype)
     pages = -(-args.tokens // args.page_size)
     per_sequence = pages * args.page_size * per_token
     print(f"KV bytes per token: {per_token} ({human(per_token)})")
-    print("  = " + formula(args.layers, args.kv_heads, args.head_dim, args.kv_dtype))
+    print("  = " + formula(args.layers, args.kv_heads, args.head_dim, args.kv_dtype, latent))
     codec = codec_of(args.kv_dtype)
     if codec.quantized:
         fp16 = kv_bytes_per_token(args.layers, args.kv_heads, args.head_dim, "fp16")
@@ -149,7 +182,8 @@ def by_layer_kind(args: argparse.Namespace) -> int:
     for kind, n in kinds.items():
         print(f"KV bytes per token, {n} {kind} layers: {per_token[kind]} ({human(per_token[kind])})")
         if n:
-            print("  = " + formula(n, args.kv_heads, args.head_dim, args.kv_dtype))
+            latent = None if args.kv_lora_rank is None else (args.kv_lora_rank, args.rope_dim)
+            print("  = " + formula(n, args.kv_heads, args.head_dim, args.kv_dtype, latent))
     total = held["global"] + held["sliding"]
     print(
         f"one sequence of {args.tokens} tokens, window {args.window}: {total} bytes ({human(total)}): global "

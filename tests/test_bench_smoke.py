@@ -148,6 +148,15 @@ EXPECTED: dict[str, dict] = {
             "smoke",
         ]
     ),  # fmt: skip
+    "moe_bench.py": dict.fromkeys(
+        [
+            "mla_bytes_per_token_vs_expanded",
+            "mla_bytes_per_token_vs_gqa",
+            "mla_decode_absorbed_vs_expanded",
+            "moe_step_vs_dense_active",
+            "smoke",
+        ]
+    ),  # fmt: skip
     "constrained_bench.py": dict.fromkeys(
         [
             "constrained_step_overhead_b1",

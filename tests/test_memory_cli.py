@@ -117,3 +117,58 @@ def test_a_model_with_sliding_layers_holds_its_window_of_them(capsys: pytest.Cap
     assert "budget 8.0 GiB: 48 such sequences fit (9 without)" in out
     with pytest.raises(SystemExit):
         main([*gemma[:5], "--kv-heads", "1", "--head-dim", "8"])  # --sliding-layers without --window
+
+
+def _printed_bytes_per_token(out: str) -> int:
+    line = next(x for x in out.splitlines() if x.startswith("KV bytes per token: "))
+    return int(line.split()[4])
+
+
+@pytest.mark.parametrize(
+    ("name", "hf_overrides"),
+    [
+        ("v3", {}),  # DeepSeek V3's defaults: 61 layers, kv_lora_rank 512, qk_rope_head_dim 64
+        ("v2_lite", {"num_hidden_layers": 27, "q_lora_rank": None}),
+    ],
+)
+def test_latent_pages_per_token_agree_with_the_pool_the_worker_builds(
+    name: str, hf_overrides: dict[str, object], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`radixcache memory --kv-lora-rank R --rope-dim P` prints what the worker's pool of that model holds per token
+    (its shape from ModelConfig.kv_cache_dims, as worker/engine/step.py builds it), and a budget's page count."""
+    import torch
+    from transformers import DeepseekV3Config
+
+    from radixcache.pool import KVPool, KVShape
+    from radixcache.worker.model import ModelConfig
+
+    hf = {**DeepseekV3Config().to_dict(), **hf_overrides}
+    mc = ModelConfig.from_hf_config(hf)
+    kv_heads, head_dim = mc.kv_cache_dims
+    shape = KVShape(layers=mc.num_layers, kv_heads=kv_heads, head_dim=head_dim)
+    pool = KVPool.from_budget(shape, page_size=16, budget_bytes=8 * 2**20, dtype=torch.bfloat16)
+    layers, rank, rope = str(mc.num_layers), str(mc.kv_lora_rank), str(mc.qk_rope_head_dim)
+    args = ["memory", "--layers", layers, "--kv-lora-rank", rank, "--rope-dim", rope, "--dtype", "bf16"]
+    assert main([*args, "--page-size", "16", "--budget", "8MiB"]) == 0
+    out = capsys.readouterr().out
+    assert _printed_bytes_per_token(out) == pool.bytes_per_token == mc.num_layers * 576 * 2
+    assert f"({pool.num_pages} pages, {pool.num_pages * 16} tokens)" in out
+    assert f"  = {layers} layers x (512 + 64) latent dims x bf16" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--kv-lora-rank", "512"], "--kv-lora-rank and --rope-dim go together"),
+        (["--kv-lora-rank", "512", "--rope-dim", "64", "--kv-heads", "8"], "replace --kv-heads / --head-dim"),
+        (["--kv-lora-rank", "511", "--rope-dim", "64"], "must be even"),
+        (["--kv-lora-rank", "512", "--rope-dim", "64", "--dtype", "int8"], "--kv-dtype int8: latent (MLA) pages"),
+        ([], "give --kv-heads and --head-dim"),
+    ],
+)
+def test_latent_options_are_checked_naming_the_option(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["memory", "--layers", "61", *args])
+    assert exc.value.code == 2 and message in capsys.readouterr().err

@@ -257,3 +257,50 @@ def test_quantized_latent_pages_and_flashinfer_are_refused_at_start_up(served):
     assert resolve_backend_name("auto", "cuda", attention=latent) == "torch"
     with pytest.raises(BackendUnavailableError, match="latent"):
         resolve_backend_name("flashinfer", "cuda", attention=latent)
+
+
+def test_kv_memory_sizes_latent_pages_by_their_bytes(served):
+    """--kv-memory buys as many latent pages as it holds at layers x (kv_lora_rank + rope) values per token: the
+    figure `radixcache memory --kv-lora-rank --rope-dim` prints (tests/test_memory_cli.py)."""
+    loaded = served[0]
+    mc = loaded.config
+    budget = 300_000
+    engine = Engine(loaded, EngineConfig(page_size=7, kv_memory_bytes=budget, speculate=0))
+    per_page = 7 * mc.num_layers * (mc.kv_lora_rank + mc.qk_rope_head_dim) * 4  # float32
+    assert engine.num_pages == budget // per_page
+    assert engine.kv_bytes == engine.num_pages * per_page <= budget
+
+
+def test_cache_events_name_the_latent_pages_group_mla(served):
+    """A DeepSeek worker's cache events report group 0 as vLLM reports an MLA model's KV cache group
+    (kv_cache_spec_kind "mla_attention"), in the snapshot and in the live events, and so in vLLM's layout."""
+    import asyncio
+
+    from radixcache.worker.events.hub import CacheEventHub
+    from radixcache.worker.events.vllm_format import vllm_event
+
+    loaded, _, prompts, _ = served
+    engine = Engine(loaded, EngineConfig(page_size=4, kv_pages=64, speculate=0))
+
+    def serve(rid: str, prompt: list[int]) -> None:
+        engine.submit(Request(rid, prompt, SamplingParams(max_tokens=2, ignore_eos=True)), Sink())
+        engine.run_until_idle()
+
+    async def scenario() -> list:
+        hub = CacheEventHub(engine)
+        serve("before", prompts[0])  # in the snapshot
+        await hub.start()
+        try:
+            batches = hub.subscribe()
+            snapshot = await batches.__anext__()
+            serve("after", prompts[1])  # live events
+            live = await asyncio.wait_for(batches.__anext__(), 10)
+            await batches.aclose()
+        finally:
+            await hub.close()
+        return [*snapshot.events, *live.events]
+
+    events = asyncio.run(scenario())
+    stored = [e for e in events if type(e).__name__ == "PagesStored"]
+    assert len(stored) >= 2 and {e.kv_cache_spec_kind for e in stored} == {"mla_attention"}
+    assert vllm_event(stored[0], 4)["kv_cache_spec_kind"] == "mla_attention"

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from radixcache.event_log import LOST, EventLog, Snapshot
-from radixcache.events import CacheEvent, PagesStored
+from radixcache.events import MLA_KIND, CacheEvent, PagesStored
 
 log = logging.getLogger("radixcache.events")
 
@@ -126,9 +126,11 @@ class CacheEventHub:
 
         cache = self.engine.cache
         window = cache.window.window if getattr(cache, "window", None) is not None else None
+        latent = getattr(getattr(self.engine, "model_config", None), "is_mla", False)
         event_log = self._log = EventLog(
-            self.page_size, on_pending=pending, max_pending=self.max_pending, kv_dtype=self.kv_dtype, window=window
-        )
+            self.page_size, on_pending=pending, max_pending=self.max_pending, kv_dtype=self.kv_dtype, window=window,
+            spec_kind=MLA_KIND if latent else None,
+        )  # fmt: skip
 
         def attach() -> None:
             cache.set_event_sink(event_log)
