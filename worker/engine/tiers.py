@@ -1,12 +1,15 @@
-"""The engine's tiers below the KV pool: building them from EngineConfig, opening the disk store in the background,
+"""The engine's tiers below the KV pool: building them from EngineConfig, opening the disk store and the fleet's
+store (`--kv-remote`, radixcache.remote_tier) in the background,
 saving what memory holds at shutdown (the warm restart), and closing them.
 
 Start: the host-memory tier (kv_host_bytes) works from the first step. The disk store (kv_disk_dir) needs the
-fingerprint (worker/engine/fingerprint.py), whose weights digest reads the weight files: `open_disk` does that on a thread
+fingerprint (worker/engine/fingerprint.py), whose weights digest reads the weight files: `open_below` does that on a thread
 of its own after the engine started, so "listening on" is not delayed by it, then hands the open store to the
 engine thread (`submit`: through its inbox), which adds it below the host tier and restores the pins the last
 shutdown saved, before any other load. The store's scan of what earlier runs left goes on in the background; its
-pages are found by one stat each meanwhile. `ready` says when all of that is done.
+pages are found by one stat each meanwhile. `ready` says when all of that is done. The fleet's store (kv_remote)
+is keyed by the same fingerprint and handed over with the disk, below it; it joins the store on its own writer
+thread, so `ready` does not wait for the network (its stats' store_ready says when it answers).
 
 Serve (engine thread): the scheduler reaches the tiers through this object only (`pump`, `start_load`, `cancel`,
 `has_arrivals`, `active`), never through the cache's link; `wait` is for a caller driving `Engine.step` itself.
@@ -22,6 +25,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -34,6 +38,9 @@ from radixcache.tiering import STEP_WRITE_BUDGET_S, LoadJob, TierLink
 from radixcache.worker.engine.config import EngineConfig
 from radixcache.worker.model.loader import LoadedModel
 
+if TYPE_CHECKING:
+    from radixcache.remote_tier import RemoteTier
+
 log = logging.getLogger("radixcache.engine")
 
 PAGE_CODEC = Codec(encode=lambda page: page.to_bytes(), decode=PageData.from_bytes)
@@ -42,13 +49,35 @@ MIN_SAVE_S = 1.0  # a shutdown that drained up to its deadline still gets this l
 
 def build_tier_link(pool: KVPool, config: EngineConfig, notify: Callable[[], None]) -> TierLink | None:
     """The cache's TierLink for `config`, with its host tier (if any); None when no tier is configured."""
-    if config.kv_disk_dir is None and config.kv_host_bytes is None:
+    if config.kv_disk_dir is None and config.kv_host_bytes is None and config.kv_remote is None:
         return None
     tiers: list[PageTier] = []
     if config.kv_host_bytes is not None:
         tiers.append(HostTier(config.kv_host_bytes, pin=pool.device.type == "cuda"))
     through = config.kv_disk_dir is not None and config.kv_disk_write == "through"
     return TierLink(pool, config.page_size, tiers=TierChain(tiers), notify=notify, write_through=through)
+
+
+def open_remote(config: EngineConfig, fingerprint: str, kv_dtype: str) -> RemoteTier:
+    """The fleet's store tier for `config.kv_remote`, started (it joins the store in the background). Imports the
+    Mooncake client module here, and the package only when it connects: never without --kv-remote."""
+    from radixcache.mooncake_store import MooncakeObjectStore
+    from radixcache.object_store import parse_store_url
+    from radixcache.remote_tier import RemoteTier
+
+    assert config.kv_remote is not None, "the store tier is opened only where one is configured"
+    master = parse_store_url(config.kv_remote)
+    client = MooncakeObjectStore(
+        master,
+        config.kv_remote_metadata or f"http://{master.host}:8080/metadata",
+        local_host=config.kv_remote_host,
+        segment_bytes=config.kv_remote_segment_bytes,
+        buffer_bytes=config.kv_remote_buffer_bytes,
+        replicas=config.kv_remote_replicas,
+    )
+    return RemoteTier(
+        client, fingerprint, codec=PAGE_CODEC, kv_dtype=kv_dtype, timeout_s=config.kv_remote_timeout_s
+    ).start()
 
 
 class EngineTiers:
@@ -70,7 +99,7 @@ class EngineTiers:
         self._thread: threading.Thread | None = None
         self._closed = False
         self.error: str | None = None
-        if config.kv_disk_dir is None:
+        if config.kv_disk_dir is None and config.kv_remote is None:
             self._opened.set()
 
     @property
@@ -107,9 +136,9 @@ class EngineTiers:
         return self.link.wait(timeout)
 
     # --- start and stop ----------------------------------------------------------------------------------------
-    def open_disk(self, loaded: LoadedModel, pool: KVPool, *, device: torch.device, backend: str) -> None:
-        """Compute the fingerprint and open the store on a background thread (once)."""
-        if self.config.kv_disk_dir is None or self._thread is not None:
+    def open_below(self, loaded: LoadedModel, pool: KVPool, *, device: torch.device, backend: str) -> None:
+        """Compute the fingerprint and open the disk store and the fleet's store on a background thread (once)."""
+        if (self.config.kv_disk_dir is None and self.config.kv_remote is None) or self._thread is not None:
             return
         self._thread = threading.Thread(
             target=self._open, args=(loaded, pool, device, backend), name="radixcache-tier-open", daemon=True
@@ -117,32 +146,54 @@ class EngineTiers:
         self._thread.start()
 
     def _open(self, loaded: LoadedModel, pool: KVPool, device: torch.device, backend: str) -> None:
-        from radixcache.worker.engine.fingerprint import fingerprint_parts, store_folder, weights_digest
+        from radixcache.worker.engine.fingerprint import fingerprint, fingerprint_parts, store_folder, weights_digest
 
         c = self.config
         try:
             started = time.monotonic()
             parts = fingerprint_parts(loaded, pool=pool, page_size=c.page_size, device=str(device), backend=backend)
             digest = weights_digest(loaded, remember_in=c.kv_disk_dir)
-            assert c.kv_disk_dir is not None, "the disk is opened only where one is configured"
-            folder = store_folder(c.kv_disk_dir, parts, digest)
-            store = DiskStore(
-                folder, c.kv_disk_bytes, codec=PAGE_CODEC, queue_pages=c.kv_disk_queue_pages, kv_dtype=pool.kv_dtype
-            ).start()
         except Exception as e:
             self.error = f"{type(e).__name__}: {e}"
-            log.exception("the disk tier under %s could not be opened; serving without it", c.kv_disk_dir)
+            log.exception("the model's fingerprint could not be computed; serving without the disk and store tiers")
             return
-        log.info("disk tier %s open after %.2f s (index rebuilt in the background)", folder, time.monotonic() - started)
+        remote = None
+        if c.kv_remote is not None:
+            try:
+                remote = open_remote(c, fingerprint(parts, digest), pool.kv_dtype)
+            except Exception as e:
+                self.error = f"{type(e).__name__}: {e}"
+                log.exception("the store tier %s could not be opened; serving without it", c.kv_remote)
+        store = None
+        if c.kv_disk_dir is not None:
+            try:
+                folder = store_folder(c.kv_disk_dir, parts, digest)
+                store = DiskStore(
+                    folder, c.kv_disk_bytes, codec=PAGE_CODEC, queue_pages=c.kv_disk_queue_pages, kv_dtype=pool.kv_dtype
+                ).start()
+            except Exception as e:
+                self.error = f"{type(e).__name__}: {e}"
+                log.exception("the disk tier under %s could not be opened; serving without it", c.kv_disk_dir)
+            else:
+                log.info(
+                    "disk tier %s open after %.2f s (index rebuilt in the background)",
+                    folder,
+                    time.monotonic() - started,
+                )
 
         def attach() -> None:  # engine thread: below the host tier, then the pins before any other load
             if self._closed:
-                store.close(0)
+                for tier in (store, remote):
+                    if tier is not None:
+                        tier.close(0)
                 return
-            self.link.add_disk(store)
-            restored = self.link.restore_pins(self._pin)
-            if restored:
-                log.info("restoring %d pinned prefixes from %s", restored, folder)
+            if remote is not None:
+                self.link.add_remote(remote)
+            if store is not None:
+                self.link.add_disk(store)
+                restored = self.link.restore_pins(self._pin)
+                if restored:
+                    log.info("restoring %d pinned prefixes from %s", restored, store.folder)
             self._opened.set()
 
         self._submit(attach)

@@ -66,6 +66,8 @@ class TierLoads:
         if not job.finished:
             return False
         seq.load_job = None
+        if not job.loaded:  # nothing came (the fleet's store answers "maybe" until asked): do not ask again
+            seq.tier_probes = MAX_TIER_PROBES
         for medium, pages in job.loaded.items():
             seq.tier_tokens[medium] = seq.tier_tokens.get(medium, 0) + pages * self.page_size
         return True
