@@ -83,7 +83,10 @@ def page_keys(tokens: list[int], namespace: str = "", kv_dtype: str | None = Non
     bpp = PAGE * 4
     hashes = hash_key_pages(raw, bpp, namespace_prefix(namespace, kv_dtype), 0)
     parents = [0, *hashes[:-1]]
-    return [PageKey(namespace, h, p, raw[i * bpp : (i + 1) * bpp]) for i, (h, p) in enumerate(zip(hashes, parents))]
+    return [
+        PageKey(namespace, h, p, raw[i * bpp : (i + 1) * bpp])
+        for i, (h, p) in enumerate(zip(hashes, parents, strict=True))
+    ]
 
 
 def wait_for(condition, timeout: float = 10.0) -> None:
