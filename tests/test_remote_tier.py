@@ -408,17 +408,30 @@ e2e = pytest.mark.e2e
 @e2e
 @pytest.mark.timeout(240)
 def test_a_page_one_worker_computed_is_loaded_by_another_with_the_recomputed_output(model, cluster) -> None:
+    from prometheus_client import generate_latest
+
+    from radixcache.event_log import EventLog
+    from radixcache.events import PagesStored, page_hashes
+    from radixcache.worker.metrics import WorkerMetrics
+
     prompt = prompt_of(1)  # 10 pages
     a = worker(model, cluster)
+    log = EventLog(PAGE, strict=True)
+    a.cache.set_event_sink(log)
     first = run(a, prompt, "a")
     settle(a)
     assert a.stats().cache.store_written_pages >= 9
+    in_store = {h for e in log.drain() if isinstance(e, PagesStored) and e.medium == "STORE" for h in e.page_hashes}
+    assert set(page_hashes(prompt, PAGE)) <= in_store  # the events name the medium, with the router's hashes
     b = worker(model, cluster, kv_pages=56)  # another worker, another pool
     again = run(b, prompt, "b")
     stats = b.stats()
     assert again.cached_tokens >= 36 and stats.store_hit_tokens >= 36
     assert stats.cache.store_loaded_pages >= 9 and stats.cache.store_ready == 1
     assert again.token_ids == first.token_ids == recompute(model, prompt)
+    text = generate_latest(WorkerMetrics(lambda: stats).registry).decode()
+    assert f'radixcache_cache_hit_tokens_by_tier_total{{tier="store"}} {float(stats.store_hit_tokens)}' in text
+    assert "radixcache_store_ready 1.0" in text
     settle(b)  # what b computed (the generated tokens' pages) a had written already: once per fleet
     assert b.stats().cache.store_written_pages == 0 and b.stats().cache.store_skipped_pages >= 1
     for engine in (a, b):
