@@ -1,10 +1,11 @@
-"""The client subcommands of `radixcache`: generate, chat, stats, pin, events. Imports only grpc and the stubs.
+"""The client subcommands of `radixcache`: generate, chat, stats, pin, events, explain. Imports only grpc and the stubs.
 
     radixcache generate --target 127.0.0.1:50051 "Once upon a time" --max-tokens 64
     radixcache chat --system "You are terse."          # one user turn per stdin line; prints cached_tokens per turn
     radixcache stats
     radixcache pin --ttl 600 --file system_prompt.txt  # --unpin to remove it
     radixcache events --token ADMIN_TOKEN              # the cache event stream: snapshot, then live batches
+    radixcache explain --tokens 1,2,3,4,5              # what the cache would serve of a prompt, page by page
 
 The target and token may also come from RADIXCACHE_TARGET and RADIXCACHE_TOKEN.
 """
@@ -79,6 +80,16 @@ def parser(command: str) -> argparse.ArgumentParser:
         p.add_argument("--json", action="store_true", help="one JSON object per batch (token ids included)")
         p.add_argument("--snapshot-only", action="store_true", help="exit once the snapshot is printed")
         p.add_argument("--batches", type=int, help="exit after this many messages")
+    elif command == "explain":
+        p.description = (
+            "Walk a prompt through the worker's cache (your own namespace: the token's tenant) page by page: what a "
+            "request with it would be served now, where that would stop and why. Changes nothing in the cache."
+        )
+        src = p.add_mutually_exclusive_group(required=True)
+        src.add_argument("text", nargs="?", help='the prompt text ("-" reads stdin)')
+        src.add_argument("--tokens", help="the prompt as comma-separated token ids")
+        src.add_argument("--file", help="read the prompt text from this file")
+        p.add_argument("--json", action="store_true", help="the answer as one JSON object")
     return p
 
 
@@ -172,6 +183,20 @@ def _pin(args: argparse.Namespace) -> int:
     return 0
 
 
+def _explain(args: argparse.Namespace) -> int:
+    from radixcache.client.explain import explain_json, explain_lines, prompt_of
+
+    try:
+        prompt = prompt_of(args.text, args.tokens, args.file)
+    except ValueError as e:
+        print(f"radixcache explain: {e}", file=sys.stderr)
+        return 2
+    with _client(args) as client:
+        answer = client.explain(**prompt, timeout=args.timeout)
+    print(json.dumps(explain_json(answer)) if args.json else "\n".join(explain_lines(answer)))
+    return 0
+
+
 BATCH_KINDS = {1: "snapshot", 2: "events", 3: "reset"}
 
 
@@ -227,7 +252,9 @@ def _events(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"generate": _generate, "chat": _chat, "stats": _stats, "pin": _pin, "events": _events}
+COMMANDS = {
+    "generate": _generate, "chat": _chat, "stats": _stats, "pin": _pin, "events": _events, "explain": _explain,
+}  # fmt: skip
 
 
 def main(argv: list[str]) -> int:

@@ -77,6 +77,8 @@ class Chunk:
     index: int = 0  # which sample (n > 1)
     draft_tokens: int = 0  # speculative decoding, this sample so far: draft tokens checked
     accepted_draft_tokens: int = 0  # and of those, the ones that were the sampled token
+    cache_miss_reason: str = ""  # on the last chunk: why the cache served no more of the prompt (or "")
+    cache_match_end: str = ""  # on the last chunk: how the cache's match ended
 
     @classmethod
     def from_proto(cls, m: pb.GenerateResponse) -> Chunk:
@@ -94,6 +96,8 @@ class Chunk:
             index=m.index,
             draft_tokens=m.draft_tokens,
             accepted_draft_tokens=m.accepted_draft_tokens,
+            cache_miss_reason=m.cache_miss_reason,
+            cache_match_end=m.cache_match_end,
         )
 
 
@@ -110,6 +114,8 @@ class Completion:
     finish_reason: str | None
     draft_tokens: int = 0
     accepted_draft_tokens: int = 0
+    cache_miss_reason: str = ""
+    cache_match_end: str = ""
 
     @classmethod
     def join(cls, chunks: Sequence[Chunk]) -> Completion:
@@ -127,6 +133,8 @@ class Completion:
             finish_reason=last.finish_reason,
             draft_tokens=last.draft_tokens,
             accepted_draft_tokens=last.accepted_draft_tokens,
+            cache_miss_reason=last.cache_miss_reason,
+            cache_match_end=last.cache_match_end,
         )
 
 
@@ -325,6 +333,20 @@ class Client(_Base):
         _set_input(req, text, token_ids, messages)
         return self._stub.UnpinPrefix(req, metadata=self._metadata).unpinned_tokens
 
+    def explain(
+        self,
+        text: str | None = None,
+        *,
+        token_ids: Sequence[int] | None = None,
+        messages: Sequence[Message] | None = None,
+        timeout: float | None = None,
+    ) -> pb.ExplainPrefixResponse:
+        """What a Generate of this prompt would be served from the caller's own namespace now, page by page, and why
+        no more (ExplainPrefix; changes nothing in the cache)."""
+        req = pb.ExplainPrefixRequest()
+        _set_input(req, text, token_ids, messages)
+        return self._stub.ExplainPrefix(req, timeout=timeout, metadata=self._metadata)
+
     def abort(self, request_id: str) -> bool:
         return self._stub.Abort(pb.AbortRequest(request_id=request_id), metadata=self._metadata).aborted
 
@@ -435,6 +457,19 @@ class AsyncClient(_Base):
         req = pb.UnpinPrefixRequest()
         _set_input(req, text, token_ids, messages)
         return (await self._stub.UnpinPrefix(req, metadata=self._metadata)).unpinned_tokens
+
+    async def explain(
+        self,
+        text: str | None = None,
+        *,
+        token_ids: Sequence[int] | None = None,
+        messages: Sequence[Message] | None = None,
+        timeout: float | None = None,
+    ) -> pb.ExplainPrefixResponse:
+        """Client.explain, awaited."""
+        req = pb.ExplainPrefixRequest()
+        _set_input(req, text, token_ids, messages)
+        return await self._stub.ExplainPrefix(req, timeout=timeout, metadata=self._metadata)
 
     async def cache_events(self, timeout: float | None = None) -> AsyncIterator[pb.CacheEventBatch]:
         """Client.cache_events, as an async iterator."""

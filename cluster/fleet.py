@@ -20,6 +20,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from radixcache.explain import Explanation
 from radixcache.worker.engine.api import DuplicateRequestError, EngineStats, ModelFacts
 from radixcache.worker.engine.checks import check_engine_request
 from radixcache.worker.engine.request import Constraint, ErrorKind, FinishReason, Request, RequestOutput
@@ -137,6 +138,14 @@ class FleetEngine:
 
     def unpin(self, token_ids: list[int], namespace: str = "") -> int:
         return max(self._broadcast("unpin", token_ids, namespace), default=0)
+
+    def explain(self, token_ids: list[int], namespace: str = "") -> Explanation:
+        """The replica that would serve the most of the prompt (what a cache-aware route can reach); RuntimeError
+        when no replica answers."""
+        answers = self._broadcast("explain", token_ids, namespace)
+        if not answers:
+            raise RuntimeError("no replica answered the explain call")
+        return max(answers, key=lambda e: e.cached_tokens)
 
     def _broadcast(self, method: str, *args: Any) -> list[Any]:
         """_broadcast_async from a worker thread (the servicer's stats, flush, pin and unpin)."""

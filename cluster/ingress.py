@@ -127,6 +127,10 @@ class Ingress:
     async def UnpinPrefix(self, request: pb.UnpinPrefixRequest, grpc_context: Any) -> pb.UnpinPrefixResponse:
         return await self._unary("UnpinPrefix", request, grpc_context)
 
+    async def ExplainPrefix(self, request: pb.ExplainPrefixRequest, grpc_context: Any) -> pb.ExplainPrefixResponse:
+        """As on one worker, from the replica that would serve the most of the prompt (FleetEngine.explain)."""
+        return await self._unary("ExplainPrefix", request, grpc_context)
+
     async def Abort(self, request: pb.AbortRequest, grpc_context: Any) -> pb.AbortResponse:
         """As on one worker; a request this ingress replica does not relay may stream through another one (Serve's
         proxies spread calls over the ingress replicas): then every engine replica is asked."""

@@ -135,6 +135,10 @@ class EngineReplica:
     async def unpin(self, token_ids: list[int], namespace: str) -> int:
         return await asyncio.to_thread(self.engine.unpin, token_ids, namespace)
 
+    async def explain(self, token_ids: list[int], namespace: str) -> Any:
+        """This replica's page-by-page view of the prompt (radixcache.explain.Explanation); changes nothing."""
+        return await asyncio.to_thread(self.engine.explain, token_ids, namespace)
+
     async def tokenizer(self) -> Any:
         """The replica's tokenizer (pickled to the ingress, which tokenizes before routing)."""
         return self.engine.tokenizer

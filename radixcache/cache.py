@@ -44,8 +44,10 @@ from radixcache.cache_check import check_prefix_cache
 from radixcache.cache_stats import CacheStats, lease_figures, tier_figures, tree_figures, window_figures
 from radixcache.demotion import Demotion
 from radixcache.eviction import Eviction
+from radixcache.explain import Explanation, explain_prompt
 from radixcache.keys import TOKEN_BYTES, encode
 from radixcache.lease import Lease, Lookup, PageCopy
+from radixcache.miss_reasons import NO_ROOM, WINDOW_PREFIX_RULE, diagnose, match_stop
 from radixcache.tree import RadixTree
 
 if TYPE_CHECKING:
@@ -121,8 +123,15 @@ class PrefixCache(BaseCache):
         lease = self._open(owner, namespace)
         limit = len(tokens) if max_cached is None else max(0, min(max_cached, len(tokens)))
         key = encode(tokens if limit == len(tokens) else tokens[:limit])
-        m = self.room.readable(self.tree.match(key, namespace), key, namespace)
-        m = self.windows.readable(self.tree, m, key, namespace)
+        found = self.tree.match(key, namespace)
+        stop = match_stop(self.tree, found, key, namespace, limit)  # before the lease's lock cuts the edges
+        readable = self.room.readable(found, key, namespace)
+        m = self.windows.readable(self.tree, readable, key, namespace)
+        readable_tokens, windowed, whole_read = (
+            readable.tokens,
+            m.tokens,
+            bool(m.pages),
+        )  # (m.pages becomes the lease's)
         lease.pages, lease._cover = m.pages, len(m.pages)
         self.allocator.incref(m.pages)
         self.windows.hold_match(lease, m)  # before anything may make room by giving idle window parts back
@@ -134,6 +143,11 @@ class PrefixCache(BaseCache):
         whole = len(lease.pages) if copy is None else len(lease.pages) - 1
         lease.cached_tokens = whole * self.page_size + (copy.tokens if copy is not None else 0)
         lease._lookup = Lookup(len(tokens), lease.cached_tokens, copy.tokens if copy is not None else 0)
+        # why it stopped there: a cut below what the tree holds is the window rule's or the room's
+        cut = WINDOW_PREFIX_RULE if windowed < readable_tokens else NO_ROOM
+        if lease.cached_tokens < windowed and whole_read and not lease.pages:
+            cut = WINDOW_PREFIX_RULE  # the partial copy fell through and the whole pages' window was gone
+        lease.miss = diagnose(stop, limit, self.page_size, served=lease.cached_tokens, cut=cut, below=self._below())
         if count:
             self.count_lookup(lease)
         return lease
@@ -272,6 +286,16 @@ class PrefixCache(BaseCache):
     def available_pages(self) -> int:
         """Pages an allocation could get now: free + evictable (or demotable) full-precision pages."""
         return self.allocator.num_free + self.tree.evictable_pages - self.tree.evictable_demoted_pages
+
+    def explain(self, tokens: Tokens, namespace: str = "") -> Explanation:
+        """What an admission of prompt `tokens` would be served, page by page, and why it would stop
+        (radixcache.explain). Read-only: no LRU touch, no lease, no demoted page brought back."""
+        return explain_prompt(self.tree, self.windows, tokens, namespace, self.num_pages, below=self._below())
+
+    def _below(self) -> str:
+        """The medium evicted pages are handed to ("" without a tier below memory)."""
+        tiers = self.tier.tiers.tiers if self.tier is not None else []
+        return tiers[0].medium if tiers else ""
 
     def match_length(self, tokens: Tokens, namespace: str = "") -> int:
         """Tokens `acquire` would serve from the cache (whole pages + partial page, partial tails included).

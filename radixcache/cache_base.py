@@ -23,6 +23,7 @@ from radixcache.pages import PageAllocator
 
 if TYPE_CHECKING:
     from radixcache.events import EventSink, PageRecord
+    from radixcache.explain import Explanation
     from radixcache.tier import CacheTier, TierRecord
     from radixcache.window_parts import WindowParts
 
@@ -172,6 +173,11 @@ class BaseCache(ABC):
     @abstractmethod
     def match_length(self, tokens: Tokens, namespace: str = "") -> int:
         """Tokens `acquire` would serve from the cache. Read-only."""
+
+    @abstractmethod
+    def explain(self, tokens: Tokens, namespace: str = "") -> Explanation:
+        """What an admission of prompt `tokens` would be served, page by page, and why it would stop there
+        (radixcache.explain). Read-only."""
 
     @abstractmethod
     def pin(self, tokens: Tokens, namespace: str = "", ttl: float | None = None, *, keep_unpinned: int = 0) -> int:

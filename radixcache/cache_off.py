@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING
 from radixcache.cache_base import BaseCache, CacheFullError, Tokens
 from radixcache.cache_check import check_cache_off
 from radixcache.cache_stats import CacheStats, lease_figures, window_figures
+from radixcache.explain import Explanation, off_explanation
 from radixcache.lease import Lease, Lookup
+from radixcache.miss_reasons import CACHE_OFF, CACHE_OFF_MISS
 
 if TYPE_CHECKING:
     from radixcache.events import EventSink, PageRecord
@@ -45,6 +47,7 @@ class CacheOff(BaseCache):
         """A lease holding nothing yet (nothing is served from a cache that is off)."""
         lease = self._open(owner, namespace)
         lease._lookup = Lookup(len(tokens))
+        lease.miss = CACHE_OFF_MISS
         if count:
             self.count_lookup(lease)
         return lease
@@ -85,6 +88,9 @@ class CacheOff(BaseCache):
 
     def match_length(self, tokens: Tokens, namespace: str = "") -> int:
         return 0
+
+    def explain(self, tokens: Tokens, namespace: str = "") -> Explanation:
+        return off_explanation(tokens, self.page_size, CACHE_OFF)
 
     def pin(self, tokens: Tokens, namespace: str = "", ttl: float | None = None, *, keep_unpinned: int = 0) -> int:
         return 0

@@ -18,6 +18,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "stats": ("radixcache.client.cli", "print a worker's cache statistics"),
     "pin": ("radixcache.client.cli", "pin a prefix (e.g. a system prompt) in a worker's cache"),
     "events": ("radixcache.client.cli", "print a worker's cache event stream (snapshot, then live changes)"),
+    "explain": (
+        "radixcache.client.cli",
+        "walk a prompt through a worker's cache page by page: what matched, and why no more",
+    ),
     "memory": ("radixcache.memory", "KV-cache memory calculator"),
 }
 

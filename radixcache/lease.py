@@ -1,4 +1,4 @@
-"""Lease: one running sequence's hold on the cache, and the records it carries (PageCopy, Lookup).
+"""Lease: one running sequence's hold on the cache, and the records it carries (PageCopy, Lookup, its CacheMiss).
 
 The caches (radixcache.cache.PrefixCache, radixcache.cache_off.CacheOff) create, change and end leases; the engine
 reads them. The private fields are the caches' bookkeeping (radixcache.cache_check reads them to name a leak).
@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from radixcache.miss_reasons import CacheMiss
     from radixcache.node import Node
 
 
@@ -43,7 +44,8 @@ class Lease:
 
     pages: the block table in token order: shared (tree) pages first, then private pages (allocated by this lease;
     freed at release unless published). copy_from: the partial-page copy the engine owes before its next call on
-    this lease (then `copied` lets the lease stop holding its source page), or None.
+    this lease (then `copied` lets the lease stop holding its source page), or None. miss: why its lookup served
+    `cached_tokens` and no more (radixcache.miss_reasons), set by acquire.
     """
 
     owner: str
@@ -52,6 +54,7 @@ class Lease:
     cached_tokens: int = 0
     copy_from: PageCopy | None = None
     released: bool = False
+    miss: CacheMiss | None = None
     _id: int = field(default=0, repr=False)
     _node: Node | None = field(default=None, repr=False)  # the node this lease locks
     _cover: int = field(default=0, repr=False)  # leading pages of `pages` that must stay under the lock

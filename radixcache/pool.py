@@ -15,6 +15,17 @@ Page ids: the main arena (the pool's `kv_dtype`, where requests write) holds ids
 A page moves in and out of the pool whole, as a `radixcache.page_data.PageData` (`read_page` / `write_page`): its
 K/V in its arena's storage dtype plus the scales its precision needs, named by its `kv_dtype`.
 
+Latent pages (multi-head latent attention: DeepSeek V2/V3, worker/model/mla.py): per token and layer the model
+caches one vector of D = kv_lora_rank + qk_rope_head_dim values, latent = [c | k_pe] (c: kv_a_layernorm's output,
+k_pe: the roped shared key part), and nothing else: no separate K and V. Such a pool is an ordinary pool of
+KVShape(layers, kv_heads=1, head_dim=D / 2) whose K block holds the first half of each latent and whose V block
+the second: token (page, slot)'s latent in layer i is cat(values[i, page, 0, slot, 0], values[i, page, 1, slot,
+0]) (D must be even; 576 = 288 + 288 for DeepSeek V3). So a latent page is exactly D values per token and layer
+(no half left empty), and everything that moves or hashes pages (PageData, tiers, the fleet store, partial-page
+copies) moves latent pages unchanged; what the bytes mean is the model's, named by the fingerprint's config.
+Latent pages are kept at the model's precision (a quantized kv_dtype or demotion is refused at start-up:
+worker/engine/step.py, check_latent_pages).
+
 Window paging (`window_layers`, a model's sliding layers, with `window_slots` > 0): those layers live apart, in a
 window arena of `window_slots` slots, so that a page can give back its sliding layers' values while keeping its
 global ones (radixcache.window_parts decides which page holds which slot). The main arena then holds the other

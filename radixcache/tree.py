@@ -54,6 +54,7 @@ from radixcache.keys import TOKEN_BYTES
 from radixcache.keys import common_prefix as _common
 from radixcache.lru import ID_BITS, RECENT, LeafLRU
 from radixcache.node import InsertResult, Match, Node, PathPins, PinRecord
+from radixcache.recent_evictions import RecentEvictions
 
 if TYPE_CHECKING:
     from radixcache.events import EventSink, PageRecord
@@ -70,6 +71,7 @@ class RadixTree:
         self.clock = clock
         self._roots: dict[str, Node] = {}
         self._ids = itertools.count()
+        self.recent_evictions = RecentEvictions()  # where eviction dropped a page (radixcache.miss_reasons)
         self._tick = 0  # logical LRU clock: deterministic, and never ties two touches
         self._lru = LeafLRU()  # the evictable leaves, least recently used first
         self._dlru = LeafLRU()  # the evictable demoted leaves, likewise
@@ -542,11 +544,14 @@ class RadixTree:
         return count
 
     # ---- eviction ------------------------------------------------------------------------------------------
-    def evict(self, num_pages: int, dropped: dict[str, int] | None = None, *, demoted: bool = False) -> list[int]:
+    def evict(
+        self, num_pages: int, dropped: dict[str, int] | None = None, *, demoted: bool = False, remember: bool = True
+    ) -> list[int]:
         """Drop up to `num_pages` pages from least recently used unprotected leaves (the tail of a leaf first when
         only part of it is needed): full-precision leaves, or with `demoted` only demoted ones. Returns the dropped
         page ids; the caller releases the tree's reference. `dropped`, when given, is added the pages dropped per
-        namespace."""
+        namespace. `remember`: note where pages went in `recent_evictions` (a flush does not: flushed is not
+        evicted)."""
         if self._expiry:
             self.expire()
         bpp, need, freed, lru = self.bpp, num_pages, [], self._dlru if demoted else self._lru
@@ -559,6 +564,8 @@ class RadixTree:
                 node = recent[next(iter(recent))]
                 if ordered and ordered[0] < (node.access << ID_BITS) | node.id:
                     node = lru.by_key[ordered[0]]
+            if remember:
+                self._remember_eviction(node)
             if node.children:  # a full-precision node above demoted leaves only: they go with it
                 gone = self._drop_subtree(node)
                 freed += gone
@@ -571,6 +578,8 @@ class RadixTree:
                 if node.tail:
                     self.partial_pages -= 1
                 keep = n - need
+                if remember and n - keep > (1 if node.tail else 0):  # a whole page goes (a tail is no page)
+                    self.recent_evictions.add(node.id, node.key[keep * bpp : (keep + 1) * bpp])
                 freed += node.pages[keep:]
                 if self._sink is not None:
                     self._sink.removed(node.pages[keep : n - 1] if node.tail else node.pages[keep:])
@@ -589,6 +598,23 @@ class RadixTree:
             if dropped is not None:
                 dropped[node.namespace] = dropped.get(node.namespace, 0) + n
         return freed
+
+    def _remember_eviction(self, node: Node) -> None:
+        """`node` is about to be evicted whole: remember its first page as evicted after its parent (unless it is
+        only a partial tail, shorter than a page: a tail is never read as a whole page)."""
+        page = node.key[: self.bpp]
+        if node.parent is not None and len(page) == self.bpp:
+            self.recent_evictions.add(node.parent.id, page)
+
+    def root(self, namespace: str) -> Node | None:
+        """The namespace's root (no pages), or None when it never held anything."""
+        return self._roots.get(namespace)
+
+    def evicted_after(self, node: Node | None, namespace: str, page_key: bytes) -> bool:
+        """The page `page_key` that would follow `node` (None: the namespace's root) was recently evicted from there
+        (RecentEvictions: a bounded hint). Read-only."""
+        anchor = node if node is not None else self._roots.get(namespace)
+        return anchor is not None and (anchor.id, page_key) in self.recent_evictions
 
     def _drop_subtree(self, node: Node) -> list[int]:
         """Drop a listed node and the (unprotected, demoted) subtree below it, children first: every page of it."""
@@ -642,7 +668,9 @@ class RadixTree:
                 self._set_pin(node, None)
             holding = [ns for ns, root in self._roots.items() if root.children]
             freed: list[int] = []
-            while dropped := self.evict(self.cached_pages) + self.evict(self.cached_pages, demoted=True):
+            while dropped := self.evict(self.cached_pages, remember=False) + self.evict(
+                self.cached_pages, demoted=True, remember=False
+            ):
                 freed += dropped  # each class's evictions may leave leaves of the other class behind
             if self._sink is not None:
                 for ns in holding:

@@ -23,6 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
+from radixcache.explain import Explanation, off_explanation
+from radixcache.miss_reasons import NO_SHARED_PREFIX
 from radixcache.worker.engine.api import DuplicateRequestError
 from radixcache.worker.engine.checks import check_engine_request
 from radixcache.worker.engine.request import ErrorKind, FinishReason, Request, RequestOutput
@@ -157,6 +159,10 @@ class FakeEngine:
                 return 0
             self.pins[(namespace, tuple(token_ids))] = ttl_s
             return len(token_ids) // self.page_size * self.page_size
+
+    def explain(self, token_ids: list[int], namespace: str = "") -> Explanation:
+        """The fake caches nothing: every prompt explains as nothing shared."""
+        return off_explanation(token_ids, self.page_size, NO_SHARED_PREFIX)
 
     def unpin(self, token_ids: list[int], namespace: str = "") -> int:
         with self._lock:

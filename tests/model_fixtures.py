@@ -109,6 +109,30 @@ def hf_config(arch: str, **overrides: object):  # noqa: ANN201 (transformers con
             moe_intermediate_size=32, norm_topk_prob=True, mlp_only_layers=[1],
         )  # fmt: skip
         cls = transformers.Qwen3MoeConfig
+    elif arch in ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"):
+        # MLA: 4 heads, latent 32 + roped 8 (a latent page holds 40 values), q_lora_rank 24 (V2 overrides it to
+        # None for V2-Lite's one q_proj); 3 layers, the first dense (first_k_dense_replace), 8 routed experts in 4
+        # groups, 2 chosen, a shared expert. V2 limits groups greedily; V3 scores with sigmoid and a correction bias
+        # and scales RoPE with yarn (mscale_all_dim changes the softmax scale).
+        common.update(
+            num_hidden_layers=3, num_key_value_heads=4, kv_lora_rank=32, q_lora_rank=24, qk_nope_head_dim=16,
+            qk_rope_head_dim=8, v_head_dim=12, first_k_dense_replace=1, n_routed_experts=8, num_experts_per_tok=2,
+            n_group=4, topk_group=2, n_shared_experts=1, moe_intermediate_size=32, routed_scaling_factor=1.5,
+        )  # fmt: skip
+        if arch == "DeepseekV2ForCausalLM":
+            common.update(
+                topk_method="group_limited_greedy", rope_parameters={"rope_type": "default", "rope_theta": 1e4}
+            )
+            cls = transformers.DeepseekV2Config
+        else:
+            common.update(
+                norm_topk_prob=True,
+                rope_parameters={
+                    "rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0, "original_max_position_embeddings": 128,
+                    "mscale": 1.0, "mscale_all_dim": 0.8, "beta_fast": 32, "beta_slow": 1,
+                },
+            )  # fmt: skip
+            cls = transformers.DeepseekV3Config
     elif arch == "Gemma2ForCausalLM":
         common.update(GEMMA, attn_logit_softcapping=4.0, final_logit_softcapping=8.0)
         cls = transformers.Gemma2Config
@@ -159,8 +183,13 @@ def build_checkpoint(folder: Path, arch: str, seed: int = 0, **overrides: object
             # Default init leaves biases at 0 and norms at 1: randomise them so loading them is tested too.
             if name.endswith("bias"):
                 param.normal_(0.0, 0.2)
+            elif name.endswith("gate.weight") and "DeepseekV3" in arch:
+                param.normal_(0.0, 0.25)  # transformers 5 zero-initialises V3's router: every score would tie
             elif "norm" in name:
                 param.uniform_(0.5, 1.5)
+        for name, buffer in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):  # DeepSeek V3's router bias: choices must depend on it
+                buffer.normal_(0.0, 0.1)
     model.save_pretrained(folder, safe_serialization=True)
     build_tokenizer_files(folder)
     return model

@@ -176,6 +176,10 @@ async def scenario(host: EngineLike, facts: Any) -> None:
     pinned, total = await core.pin("t", prompt, 60.0)
     assert total > 0 and pinned == total // facts.page_size * facts.page_size
     assert await core.unpin("t", prompt) == pinned
+    # the page-by-page view: the pinned prompt was computed, so its whole pages are served
+    explained = await core.explain("t", prompt)
+    assert explained.prompt_tokens == total and explained.cached_tokens >= pinned - facts.page_size
+    assert (await core.explain("other-tenant", prompt)).cached_tokens == 0  # another namespace sees nothing of it
     assert await core.flush("t") >= 1
 
 

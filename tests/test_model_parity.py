@@ -96,7 +96,7 @@ class Runner:
     def __init__(self, loaded: object, page_size: int) -> None:
         cfg = loaded.config
         self.model, self.page_size = loaded.model, page_size
-        self.pool = KVPool(KVShape(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim), page_size=page_size, num_pages=600)
+        self.pool = KVPool(KVShape(cfg.num_layers, *cfg.kv_cache_dims), page_size=page_size, num_pages=600)
         self.backend = create_backend("torch", attention=attention_options(cfg))
         self.next_page = 0
 

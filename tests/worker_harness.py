@@ -20,6 +20,7 @@ RPC_CALLS: dict[str, Callable[[Any, Any], Any]] = {
     "FlushCache": lambda s, md: s.FlushCache(pb.FlushCacheRequest(), metadata=md, timeout=30),
     "PinPrefix": lambda s, md: s.PinPrefix(pb.PinPrefixRequest(text="hi"), metadata=md, timeout=30),
     "UnpinPrefix": lambda s, md: s.UnpinPrefix(pb.UnpinPrefixRequest(text="hi"), metadata=md, timeout=30),
+    "ExplainPrefix": lambda s, md: s.ExplainPrefix(pb.ExplainPrefixRequest(text="hi"), metadata=md, timeout=30),
     "Abort": lambda s, md: s.Abort(pb.AbortRequest(request_id="nothing"), metadata=md, timeout=30),
 }
 

@@ -241,6 +241,12 @@ class WorkerMetrics:
         self.prompt_tokens = Counter("radixcache_prompt_tokens", "prompt tokens of admitted requests", registry=r)
         self.cached_tokens = Counter("radixcache_cached_tokens", "prompt tokens served from the cache", registry=r)
         self.completion_tokens = Counter("radixcache_completion_tokens", "generated tokens", registry=r)
+        self.cache_misses = Counter(
+            "radixcache_cache_lookups",
+            "admitted requests by why the cache served no more of the prompt (radixcache.miss_reasons)",
+            ["reason"],
+            registry=r,
+        )
         self.ttft = Histogram(
             "radixcache_time_to_first_token_seconds",
             "from submission to the first generated token",
@@ -274,6 +280,8 @@ class WorkerMetrics:
         if first:
             self.prompt_tokens.inc(out.prompt_tokens)
             self.cached_tokens.inc(out.cached_tokens)
+            if out.cache_miss_reason:
+                self.cache_misses.labels(reason=out.cache_miss_reason).inc()
         if out.time_to_first_token is not None:
             self.ttft.observe(out.time_to_first_token)
         if out.finish_reason is not None:

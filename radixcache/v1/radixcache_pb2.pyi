@@ -122,7 +122,7 @@ class TopLogprob(_message.Message):
     def __init__(self, token_id: _Optional[int] = ..., logprob: _Optional[float] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
-    __slots__ = ("request_id", "token_ids", "text", "prompt_tokens", "cached_tokens", "completion_tokens", "finish_reason", "logprobs", "index", "draft_tokens", "accepted_draft_tokens")
+    __slots__ = ("request_id", "token_ids", "text", "prompt_tokens", "cached_tokens", "completion_tokens", "finish_reason", "logprobs", "index", "draft_tokens", "accepted_draft_tokens", "cache_miss_reason", "cache_match_end")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
@@ -134,6 +134,8 @@ class GenerateResponse(_message.Message):
     INDEX_FIELD_NUMBER: _ClassVar[int]
     DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHE_MISS_REASON_FIELD_NUMBER: _ClassVar[int]
+    CACHE_MATCH_END_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     text: str
@@ -145,7 +147,9 @@ class GenerateResponse(_message.Message):
     index: int
     draft_tokens: int
     accepted_draft_tokens: int
-    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ..., index: _Optional[int] = ..., draft_tokens: _Optional[int] = ..., accepted_draft_tokens: _Optional[int] = ...) -> None: ...
+    cache_miss_reason: str
+    cache_match_end: str
+    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ..., index: _Optional[int] = ..., draft_tokens: _Optional[int] = ..., accepted_draft_tokens: _Optional[int] = ..., cache_miss_reason: _Optional[str] = ..., cache_match_end: _Optional[str] = ...) -> None: ...
 
 class TokenizeRequest(_message.Message):
     __slots__ = ("text", "messages")
@@ -436,3 +440,43 @@ class PagesRemoved(_message.Message):
 class NamespaceCleared(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class ExplainPrefixRequest(_message.Message):
+    __slots__ = ("text", "token_ids", "messages")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    token_ids: TokenIds
+    messages: ChatMessages
+    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., messages: _Optional[_Union[ChatMessages, _Mapping]] = ...) -> None: ...
+
+class ExplainedPage(_message.Message):
+    __slots__ = ("index", "tokens", "served", "state")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SERVED_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    tokens: int
+    served: int
+    state: str
+    def __init__(self, index: _Optional[int] = ..., tokens: _Optional[int] = ..., served: _Optional[int] = ..., state: _Optional[str] = ...) -> None: ...
+
+class ExplainPrefixResponse(_message.Message):
+    __slots__ = ("prompt_tokens", "page_size", "cacheable_tokens", "cached_tokens", "cache_miss_reason", "cache_match_end", "pages")
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    CACHEABLE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHE_MISS_REASON_FIELD_NUMBER: _ClassVar[int]
+    CACHE_MATCH_END_FIELD_NUMBER: _ClassVar[int]
+    PAGES_FIELD_NUMBER: _ClassVar[int]
+    prompt_tokens: int
+    page_size: int
+    cacheable_tokens: int
+    cached_tokens: int
+    cache_miss_reason: str
+    cache_match_end: str
+    pages: _containers.RepeatedCompositeFieldContainer[ExplainedPage]
+    def __init__(self, prompt_tokens: _Optional[int] = ..., page_size: _Optional[int] = ..., cacheable_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., cache_miss_reason: _Optional[str] = ..., cache_match_end: _Optional[str] = ..., pages: _Optional[_Iterable[_Union[ExplainedPage, _Mapping]]] = ...) -> None: ...

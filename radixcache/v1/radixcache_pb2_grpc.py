@@ -79,6 +79,11 @@ class RadixCacheStub:
                 request_serializer=radixcache_dot_v1_dot_radixcache__pb2.SubscribeCacheEventsRequest.SerializeToString,
                 response_deserializer=radixcache_dot_v1_dot_radixcache__pb2.CacheEventBatch.FromString,
                 _registered_method=True)
+        self.ExplainPrefix = channel.unary_unary(
+                '/radixcache.v1.RadixCache/ExplainPrefix',
+                request_serializer=radixcache_dot_v1_dot_radixcache__pb2.ExplainPrefixRequest.SerializeToString,
+                response_deserializer=radixcache_dot_v1_dot_radixcache__pb2.ExplainPrefixResponse.FromString,
+                _registered_method=True)
 
 
 class RadixCacheServicer:
@@ -158,6 +163,14 @@ class RadixCacheServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ExplainPrefix(self, request, context):
+        """Walks a prompt through the caller's own namespace, page by page, as a Generate of it would be looked up now:
+        what each page would be served, where it would stop and why. Changes nothing: no LRU touch, no lease.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RadixCacheServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -205,6 +218,11 @@ def add_RadixCacheServicer_to_server(servicer, server):
                     servicer.SubscribeCacheEvents,
                     request_deserializer=radixcache_dot_v1_dot_radixcache__pb2.SubscribeCacheEventsRequest.FromString,
                     response_serializer=radixcache_dot_v1_dot_radixcache__pb2.CacheEventBatch.SerializeToString,
+            ),
+            'ExplainPrefix': grpc.unary_unary_rpc_method_handler(
+                    servicer.ExplainPrefix,
+                    request_deserializer=radixcache_dot_v1_dot_radixcache__pb2.ExplainPrefixRequest.FromString,
+                    response_serializer=radixcache_dot_v1_dot_radixcache__pb2.ExplainPrefixResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -450,6 +468,33 @@ class RadixCache:
             '/radixcache.v1.RadixCache/SubscribeCacheEvents',
             radixcache_dot_v1_dot_radixcache__pb2.SubscribeCacheEventsRequest.SerializeToString,
             radixcache_dot_v1_dot_radixcache__pb2.CacheEventBatch.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExplainPrefix(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/radixcache.v1.RadixCache/ExplainPrefix',
+            radixcache_dot_v1_dot_radixcache__pb2.ExplainPrefixRequest.SerializeToString,
+            radixcache_dot_v1_dot_radixcache__pb2.ExplainPrefixResponse.FromString,
             options,
             channel_credentials,
             insecure,

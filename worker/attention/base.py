@@ -35,11 +35,16 @@ class AttentionOptions:
     windows:  () when every layer is global, else one entry per layer: None (global: every earlier position) or W
               (sliding: the last W positions, its own included). All-None is stored as (), so options that spell out
               the global layers equal those that do not.
+    latent:   the pages are latent pages (multi-head latent attention, radixcache/pool.py): forward's k and v are
+              the two halves of each new token's latent [T, 1, D / 2], and every position's key and value is its
+              whole latent [D] (the halves read back and joined); q is [T, H, D] and the output [T, H, D]
+              (worker/model/mla.py uses its leading kv_lora_rank dimensions). Only the torch backend runs it.
     """
 
     scale: float | None = None
     soft_cap: float | None = None
     windows: tuple[int | None, ...] = ()
+    latent: bool = False
 
     def __post_init__(self) -> None:
         for name in ("scale", "soft_cap"):
@@ -203,6 +208,15 @@ def resolve_backend_name(name: str, device: str | torch.device = "cpu", **option
     'torch'. Other names are checked against the registry; an explicit 'flashinfer' that cannot run raises
     BackendUnavailableError saying why."""
     geometry = {key: options.get(key) for key in ("num_heads", "num_kv_heads", "head_dim", "dtype", "kv_dtype")}
+    attention = options.get("attention")
+    if isinstance(attention, AttentionOptions) and attention.latent and name != "torch":
+        if name == "auto":  # FlashInfer's MLA wrapper is not wired yet: latent pages are read by the torch backend
+            return "torch"
+        if name in _REGISTRY:
+            raise BackendUnavailableError(
+                f"attention backend {name!r} cannot run here: it does not read latent (MLA) pages. Use backend "
+                "'torch' (or 'auto', which picks it for MLA models)"
+            )
     if name == "auto":
         return "flashinfer" if flashinfer_unsupported_reason(device, **geometry) is None else "torch"  # type: ignore[arg-type]
     if name not in _REGISTRY:

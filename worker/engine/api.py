@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Protocol, runtime_checkable
 
 from radixcache.cache import CacheStats
+from radixcache.explain import Explanation
 from radixcache.worker.engine.request import Constraint, Request, RequestOutput
 
 
@@ -158,8 +159,10 @@ class EngineLike(Protocol):
 
     def unpin(self, token_ids: Sequence[int], namespace: str = "") -> int: ...
 
+    def explain(self, token_ids: Sequence[int], namespace: str = "") -> Explanation: ...
+
     def compile_constraint(self, constraint: Constraint) -> None: ...
 
 
-ENGINE_METHODS = ("submit", "abort", "stats", "flush_cache", "pin", "unpin", "compile_constraint")
+ENGINE_METHODS = ("submit", "abort", "stats", "flush_cache", "pin", "unpin", "explain", "compile_constraint")
 ENGINE_FACTS = ("tokenizer", "page_size", "num_pages", "vocab_size", "context_length")

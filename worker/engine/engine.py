@@ -36,6 +36,7 @@ import torch
 from radixcache.cache import PrefixCache
 from radixcache.cache_base import BaseCache
 from radixcache.cache_off import CacheOff
+from radixcache.explain import Explanation
 from radixcache.tiering import IDLE_WRITE_BUDGET_S
 from radixcache.worker.attention import AttentionBackend
 from radixcache.worker.engine.api import (
@@ -363,6 +364,11 @@ class Engine:
 
     def unpin(self, token_ids: list[int], namespace: str = "") -> int:
         return self.call(lambda: self.cache.unpin(token_ids, namespace))
+
+    def explain(self, token_ids: list[int], namespace: str = "") -> Explanation:
+        """What an admission of prompt token_ids in `namespace` would be served now, page by page, and why it would
+        stop (radixcache.explain), read on the engine thread without changing the cache (no LRU touch, no lease)."""
+        return self.call(lambda: self.cache.explain(token_ids, namespace))
 
     # --- the engine thread -----------------------------------------------------------------------------------
     def _detokenizer(self) -> IncrementalDetokenizer | NoText:

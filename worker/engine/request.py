@@ -228,6 +228,8 @@ class RequestOutput:
     index: int = 0  # which sample, in [0, sampling.n)
     draft_tokens: int = 0  # speculation: draft tokens verified for this sample so far
     accepted_draft_tokens: int = 0  # of those, the ones that were the sampled token (emitted without a step each)
+    cache_miss_reason: str = ""  # why the cache served cached_tokens and no more (radixcache.miss_reasons.REASONS)
+    cache_match_end: str = ""  # how the tree's match ended (radixcache.miss_reasons.MATCH_ENDS)
 
     @property
     def finished(self) -> bool:

@@ -17,6 +17,7 @@ from typing import Protocol
 import torch
 
 from radixcache.cache import Lease
+from radixcache.miss_reasons import CacheMiss
 from radixcache.tiering import LoadJob
 from radixcache.worker.engine.request import ErrorKind, FinishReason, Request, RequestOutput, TokenLogprob
 from radixcache.worker.engine.sampling import new_generator
@@ -66,6 +67,7 @@ class Sequence:
     published_tokens: int = 0  # whole pages of `tokens` already put into the tree
     status: SeqStatus = SeqStatus.WAITING
     cached_tokens: int = 0  # prompt tokens served from the cache at first admission (what users are told)
+    cache_miss: CacheMiss | None = None  # why that admission's lookup served no more (radixcache.miss_reasons)
     admitted_once: bool = False
     admit_order: int = -1  # larger = admitted later; the preemption victim is the largest
     arrival: float = field(default_factory=time.monotonic)
@@ -191,6 +193,8 @@ class Sequence:
             text=delta,
             prompt_tokens=self.num_prompt,
             cached_tokens=self.cached_tokens,
+            cache_miss_reason=self.cache_miss.reason if self.cache_miss is not None else "",
+            cache_match_end=self.cache_miss.match_end if self.cache_miss is not None else "",
             completion_tokens=self.num_generated,
             logprobs=self.pending_logprobs,
             finish_reason=self.finish_reason,

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from radixcache.cache_base import BaseCache
+from radixcache.kv_dtypes import QUANTIZED_KV_DTYPES
 from radixcache.pool import KVPool, KVShape
 from radixcache.worker.attention import AttentionBackend, BatchLayout, SequenceSlice
 from radixcache.worker.attention.base import create_backend
@@ -66,6 +67,22 @@ def window_slots_needed(config: EngineConfig, window: int) -> int:
     return needed + needed // 4
 
 
+def check_latent_pages(model_config: ModelConfig, config: EngineConfig) -> None:
+    """Latent (MLA) pages are kept at the model's precision only: the torch backend reads them back unquantized, and
+    a quantized latent would need its scales split across the page's two halves. ValueError naming the option."""
+    if not model_config.is_mla:
+        return
+    if config.kv_dtype in QUANTIZED_KV_DTYPES:
+        raise ValueError(
+            f"kv_dtype (--kv-dtype) {config.kv_dtype}: {model_config.architecture} caches latent (MLA) pages, which are kept "
+            "at the model's precision; use --kv-dtype auto (or the model's bf16/fp16/fp32)"
+        )
+    if config.kv_demote is not None:
+        raise ValueError(
+            f"kv_demote (--kv-demote) {config.kv_demote}: latent (MLA) pages cannot be demoted to a quantized dtype"
+        )
+
+
 def build_pool(loaded: LoadedModel, config: EngineConfig) -> KVPool:
     """The KV pool for `loaded`'s model on its device, at config.kv_dtype (auto: the model's dtype): kv_pages
     exactly, or as many pages as kv_memory_bytes holds (scales included, so a smaller precision buys more pages).
@@ -73,8 +90,10 @@ def build_pool(loaded: LoadedModel, config: EngineConfig) -> KVPool:
     param = next(loaded.model.parameters())
     mc = loaded.config
     assert mc.head_dim is not None, "ModelConfig derives head_dim when the checkpoint leaves it out"
-    shape = KVShape(layers=mc.num_layers, kv_heads=mc.num_kv_heads, head_dim=mc.head_dim)
+    kv_heads, head_dim = mc.kv_cache_dims  # an MLA model's latent pages: one "head" of half a latent
+    shape = KVShape(layers=mc.num_layers, kv_heads=kv_heads, head_dim=head_dim)
     kv_dtype = param.dtype if config.kv_dtype == "auto" else config.kv_dtype
+    check_latent_pages(mc, config)
     paging = window_paging(mc, config)
     if paging.layers:
         return KVPool.with_windows(
@@ -145,8 +164,8 @@ class ModelStep:
         self.window_slots: Callable[[list[int]], list[int]] | None = None
         self.backend_options = dict(
             num_heads=mc.num_heads,
-            num_kv_heads=mc.num_kv_heads,
-            head_dim=mc.head_dim,
+            num_kv_heads=mc.kv_cache_dims[0],
+            head_dim=mc.kv_cache_dims[1],
             dtype=self.dtype,
             attention=attention_options(mc),
             kv_dtype=self.pool.kv_dtype,

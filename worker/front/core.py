@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from radixcache.cache import PinBudgetError
+from radixcache.explain import Explanation
 from radixcache.worker.engine.api import (
     DuplicateRequestError,
     EngineLike,
@@ -408,6 +409,14 @@ class FrontCore:
                     raise Refusal.of_failure(out.error_kind, f"computing the prefix failed: {out.error}")
         finally:
             stream.close()
+
+    async def explain(self, tenant: str, prompt: PromptInput) -> Explanation:
+        """The caller's own namespace's page-by-page view of the prompt, tokenized as `admit` would (a chat with the
+        tenant's remembered replies): what a Generate of it would be served now and why no more. Changes nothing.
+        A tenant only ever sees its own namespace: the namespace is the caller's tenant, never a field."""
+        engine = self.ready()
+        ids, _ = await self.tokenize(prompt, tenant=tenant)
+        return await asyncio.to_thread(engine.explain, ids, tenant)
 
     async def unpin(self, tenant: str, prompt: PromptInput) -> int:
         engine = self.ready()

@@ -31,7 +31,8 @@ class ChatMessagesView(Sequence):
 
 
 def prompt_input(message: Any) -> PromptInput:
-    """The `input` oneof (text | token_ids | messages) of a GenerateRequest, TokenizeRequest or (Un)PinPrefixRequest."""
+    """The `input` oneof (text | token_ids | messages) of a GenerateRequest, TokenizeRequest, (Un)PinPrefixRequest or
+    ExplainPrefixRequest."""
     kind = message.WhichOneof("input")
     if kind == "text":
         return PromptInput(text=message.text)

@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 
 import grpc
 
+from radixcache.explain import Explanation
 from radixcache.v1 import radixcache_pb2 as pb
 from radixcache.v1 import radixcache_pb2_grpc as pb_grpc
 from radixcache.worker.engine.api import ModelFacts
@@ -48,7 +49,7 @@ PROMPT_REQUESTS = {
     f"/{_SERVICE}/{name}": request_type
     for name, request_type in (
         ("Generate", pb.GenerateRequest), ("Tokenize", pb.TokenizeRequest), ("PinPrefix", pb.PinPrefixRequest),
-        ("UnpinPrefix", pb.UnpinPrefixRequest),
+        ("UnpinPrefix", pb.UnpinPrefixRequest), ("ExplainPrefix", pb.ExplainPrefixRequest),
     )
 }  # fmt: skip
 
@@ -96,6 +97,8 @@ def to_response(request_id: str, out: RequestOutput) -> pb.GenerateResponse:
         draft_tokens=out.draft_tokens,
         accepted_draft_tokens=out.accepted_draft_tokens,
     )
+    if out.finish_reason is not None:  # why the cache served no more: on the last message only
+        resp.cache_miss_reason, resp.cache_match_end = out.cache_miss_reason, out.cache_match_end
     for lp in out.logprobs:
         resp.logprobs.add(
             token_id=lp.token_id,
@@ -103,6 +106,19 @@ def to_response(request_id: str, out: RequestOutput) -> pb.GenerateResponse:
             top=[pb.TopLogprob(token_id=t, logprob=p) for t, p in lp.top],
         )
     return resp
+
+
+def explanation_message(e: Explanation) -> pb.ExplainPrefixResponse:
+    """radixcache.explain's Explanation as the ExplainPrefixResponse message."""
+    return pb.ExplainPrefixResponse(
+        prompt_tokens=e.prompt_tokens,
+        page_size=e.page_size,
+        cacheable_tokens=e.cacheable,
+        cached_tokens=e.cached_tokens,
+        cache_miss_reason=e.reason,
+        cache_match_end=e.match_end,
+        pages=[pb.ExplainedPage(index=p.index, tokens=p.tokens, served=p.served, state=p.state) for p in e.pages],
+    )
 
 
 def model_info(facts: ModelFacts) -> pb.ModelInfo:
@@ -238,6 +254,13 @@ class RadixCacheServicer(pb_grpc.RadixCacheServicer):
     ) -> pb.UnpinPrefixResponse:
         tenant = self._tenant(context)
         return pb.UnpinPrefixResponse(unpinned_tokens=await self.core.unpin(tenant, prompt_input(request)))
+
+    @refusals_as_status
+    async def ExplainPrefix(
+        self, request: pb.ExplainPrefixRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ExplainPrefixResponse:
+        tenant = self._tenant(context)  # the caller's own namespace, never another's
+        return explanation_message(await self.core.explain(tenant, prompt_input(request)))
 
     @refusals_as_status
     async def Abort(self, request: pb.AbortRequest, context: grpc.aio.ServicerContext) -> pb.AbortResponse:

@@ -29,7 +29,13 @@ _ROPE_KEYS = {
     "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
     "linear": ("factor",),
     "longrope": ("short_factor", "long_factor", "original_max_position_embeddings"),
+    "yarn": ("factor", "original_max_position_embeddings"),
 }
+# How an MLA model lays out the qk_rope_head_dim dimensions it rotates (worker/model/mla.py, mla_rotate):
+# "pairs" rotates interleaved pairs (x0, x1), (x2, x3)... and leaves them interleaved (DeepSeek V2's complex product);
+# "pairs_split" rotates the same pairs and returns them as [evens | odds] (DeepSeek V3, rope_interleave true);
+# "halves" pairs element i with i + D/2, as every other model here (DeepSeek V3, rope_interleave false).
+MLA_ROPE_LAYOUTS = ("pairs", "pairs_split", "halves")
 
 
 def _positive(name: str, value: float | None) -> None:
@@ -73,6 +79,12 @@ class ModelConfig:
                    with moe_group_limited) and routed_scaling_factor.
     shared_expert_intermediate_size: a "moe" layer also runs one gated MLP of this size on every token, added to
                    the experts' sum (DeepSeek: moe_intermediate_size x n_shared_experts); 0: none.
+    kv_lora_rank:  > 0: multi-head latent attention (DeepSeek V2/V3, worker/model/mla.py): each token caches one
+                   latent of kv_lora_rank values plus qk_rope_head_dim roped key values per layer (a latent page,
+                   radixcache/pool.py), queries are q_lora_rank-compressed (None: one q_proj), each head's key is
+                   qk_nope_head_dim up-projected + qk_rope_head_dim shared roped dims, its value v_head_dim; head_dim
+                   is then qk_rope_head_dim (the rotated dims, as transformers sets it) and mla_rope_layout says how
+                   they are paired (MLA_ROPE_LAYOUTS). 0: ordinary attention.
     """
 
     vocab_size: int
@@ -116,6 +128,12 @@ class ModelConfig:
     moe_group_limited: bool = False
     routed_scaling_factor: float = 1.0
     shared_expert_intermediate_size: int = 0
+    kv_lora_rank: int = 0
+    q_lora_rank: int | None = None
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    mla_rope_layout: str = "halves"
 
     def __post_init__(self) -> None:
         if self.architecture not in SUPPORTED_ARCHITECTURES:
@@ -148,6 +166,7 @@ class ModelConfig:
             )
         self._check_layer_kinds()
         self._check_mlp_kinds()
+        self._check_mla()
         self.rope_scaling = self._checked_rope_scaling(self.rope_scaling)
         self.eos_token_ids = tuple(int(t) for t in self.eos_token_ids)
         if self.bos_token_id is not None and not 0 <= self.bos_token_id < self.vocab_size:
@@ -197,6 +216,54 @@ class ModelConfig:
         _positive("routed_scaling_factor", self.routed_scaling_factor)
         self.moe_routing.check_experts(self.num_experts)
 
+    def _check_mla(self) -> None:
+        if self.kv_lora_rank < 0:
+            raise ValueError(f"kv_lora_rank must be >= 0, got {self.kv_lora_rank}")
+        scaling = self.rope_scaling or {}
+        if not self.is_mla:
+            if scaling.get("rope_type", scaling.get("type")) == "yarn":
+                raise ValueError("rope_scaling type 'yarn' is supported for DeepSeek V2/V3 (MLA) models only")
+            return
+        kind = scaling.get("rope_type", scaling.get("type", "default"))
+        if kind not in ("default", "yarn"):
+            raise ValueError(f"rope_scaling type {kind!r} is not supported with MLA (DeepSeek: default or yarn)")
+        for name in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1 for multi-head latent attention, got {getattr(self, name)}")
+        if self.q_lora_rank is not None and self.q_lora_rank < 1:
+            raise ValueError(f"q_lora_rank must be >= 1 or null, got {self.q_lora_rank}")
+        if self.head_dim != self.qk_rope_head_dim:
+            raise ValueError(f"head_dim {self.head_dim} must equal qk_rope_head_dim {self.qk_rope_head_dim} (MLA)")
+        if (self.kv_lora_rank + self.qk_rope_head_dim) % 2:
+            raise ValueError(
+                f"kv_lora_rank + qk_rope_head_dim must be even (a latent page splits it in two halves), got "
+                f"{self.kv_lora_rank} + {self.qk_rope_head_dim}"
+            )
+        if self.mla_rope_layout not in MLA_ROPE_LAYOUTS:
+            raise ValueError(f"unknown mla_rope_layout {self.mla_rope_layout!r}; one of {', '.join(MLA_ROPE_LAYOUTS)}")
+        if self.num_kv_heads != self.num_heads:
+            raise ValueError(f"num_key_value_heads {self.num_kv_heads} must equal num_attention_heads (MLA)")
+        for name in ("qkv_bias", "qk_norm", "sandwich_norms", "norm_plus_one"):
+            if getattr(self, name):
+                raise ValueError(f"{name} is not supported with multi-head latent attention")
+        if self.attn_logit_softcap is not None or self.sliding_window is not None or self.partial_rotary_factor != 1:
+            raise ValueError("soft caps, sliding windows and partial rotary are not supported with MLA")
+
+    @property
+    def is_mla(self) -> bool:
+        """Multi-head latent attention (DeepSeek V2/V3): the cache holds latent pages."""
+        return self.kv_lora_rank > 0
+
+    @property
+    def kv_cache_dims(self) -> tuple[int, int]:
+        """(kv_heads, head_dim) of the pool's pages (radixcache.pool.KVShape): the model's KV heads, or for MLA one
+        "head" of (kv_lora_rank + qk_rope_head_dim) / 2, the latent split across a page's K and V blocks (its first
+        half in K, the rest in V: radixcache/pool.py, latent pages)."""
+        assert self.head_dim is not None
+        if self.is_mla:
+            return 1, (self.kv_lora_rank + self.qk_rope_head_dim) // 2
+        return self.num_kv_heads, self.head_dim
+
     @property
     def moe_routing(self) -> Routing:
         """How a "moe" layer routes (ValueError naming the field for a router it cannot run)."""
@@ -218,6 +285,11 @@ class ModelConfig:
             raise ValueError(f"{kind} rope_scaling is missing {', '.join(missing)}")
         for key in ("factor", "attention_factor", "original_max_position_embeddings"):
             _positive(f"rope_scaling {key}", scaling.get(key))
+        if kind == "yarn":
+            for key in ("beta_fast", "beta_slow", "mscale", "mscale_all_dim"):
+                value = scaling.get(key)
+                if value is not None and not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
+                    raise ValueError(f"yarn rope_scaling {key} must be a finite number >= 0, got {value!r}")
         if kind == "longrope":
             for key in ("short_factor", "long_factor"):
                 factors = scaling[key]
@@ -249,8 +321,18 @@ class ModelConfig:
 
     @property
     def attention_scale(self) -> float:
-        """The softmax scale of every layer's attention scores."""
+        """The softmax scale of every layer's attention scores. MLA: (qk_nope_head_dim + qk_rope_head_dim) ** -0.5,
+        times mscale ** 2 under yarn with mscale_all_dim (mscale = 0.1 * mscale_all_dim * ln(factor) + 1 for a
+        factor > 1), as transformers' yarn_apply_mscale."""
         assert self.head_dim is not None
+        if self.is_mla:
+            scale = (self.qk_nope_head_dim + self.qk_rope_head_dim) ** -0.5
+            scaling = self.rope_scaling or {}
+            factor, all_dim = float(scaling.get("factor") or 1.0), scaling.get("mscale_all_dim")
+            if scaling.get("rope_type") == "yarn" and all_dim and factor > 1:
+                mscale = 0.1 * all_dim * math.log(factor) + 1.0
+                scale = scale * mscale * mscale
+            return scale
         return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
 
     @property

@@ -17,6 +17,8 @@ _MODEL_TYPE_TO_ARCH = {
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
+    "deepseek_v2": "DeepseekV2ForCausalLM",
+    "deepseek_v3": "DeepseekV3ForCausalLM",
     "gemma2": "Gemma2ForCausalLM",
     "gemma3_text": "Gemma3ForCausalLM",
     "phi3": "Phi3ForCausalLM",
@@ -152,6 +154,62 @@ def _qwen3_moe(hf: dict[str, Any], arch: str) -> dict[str, Any]:
     )
 
 
+def _deepseek(hf: dict[str, Any], arch: str) -> dict[str, Any]:
+    """DeepSeek V2 / V2-Lite / V3 (R1, Kimi K2's config): multi-head latent attention, the first
+    first_k_dense_replace layers dense and the rest mixtures of n_routed_experts with n_shared_experts shared ones.
+    V2 routes with softmax scores (topk_method "greedy", or "group_limited_greedy" over n_group groups), V3 with
+    sigmoid scores and e_score_correction_bias ("noaux_tc"); any other topk_method or scoring_func is refused, as is
+    a rope_scaling other than yarn. Defaults are transformers' class defaults of each version."""
+    v3 = arch == "DeepseekV3ForCausalLM"
+    method = hf.get("topk_method", "noaux_tc" if v3 else "greedy")
+    methods = ("noaux_tc",) if v3 else ("greedy", "group_limited_greedy")
+    if method not in methods:
+        raise ValueError(f"topk_method {method!r} is not supported for {arch}; supported: {', '.join(methods)}")
+    scoring = hf.get("scoring_func", "sigmoid" if v3 else "softmax")
+    if scoring != ("sigmoid" if v3 else "softmax"):
+        raise ValueError(f"scoring_func {scoring!r} is not supported for {arch}")
+    for field in ("ep_size",):
+        if hf.get(field, 1) != 1:
+            raise ValueError(f"{field} {hf[field]!r}: only a single-device checkpoint layout is supported")
+    theta, scaling = _rope(hf.get("rope_parameters"), hf.get("rope_scaling"), hf.get("rope_theta", 10000.0))
+    layers = hf["num_hidden_layers"]
+    experts = hf.get("n_routed_experts", 256 if v3 else 64)
+    dense = hf.get("first_k_dense_replace", 3 if v3 else 0) or 0
+    if not isinstance(dense, int) or dense < 0:
+        raise ValueError(f"first_k_dense_replace must be an integer >= 0, got {dense!r}")
+    if hf.get("moe_layer_freq", 1) != 1:
+        raise ValueError(f"moe_layer_freq {hf['moe_layer_freq']!r}: only every layer past first_k_dense_replace sparse")
+    moe_i = hf.get("moe_intermediate_size", 2048 if v3 else 1407)
+    rope_dim = hf.get("qk_rope_head_dim", 64)
+    bias = bool(hf.get("attention_bias", False))
+    if bias:
+        raise ValueError("attention_bias: DeepSeek attention with biases is not supported")
+    interleave = hf.get("rope_interleave", True) if v3 else True
+    return dict(
+        **{**_common(hf, arch, rms_norm_eps=1e-6, context=4096 if v3 else 2048), "head_dim": rope_dim},
+        hidden_act=_activation(hf),
+        rope_theta=theta,
+        rope_scaling=scaling,
+        num_experts=experts,
+        num_experts_per_tok=hf.get("num_experts_per_tok") or (8 if v3 else 0),
+        moe_intermediate_size=moe_i,
+        norm_topk_prob=bool(hf.get("norm_topk_prob", v3)),
+        mlp_kinds=tuple("dense" if i < dense or experts == 0 else "moe" for i in range(layers)),
+        moe_router="deepseek_v3" if v3 else "deepseek_v2",
+        moe_n_group=hf.get("n_group") or 1,
+        moe_topk_group=hf.get("topk_group") or 1,
+        moe_group_limited=method == "group_limited_greedy",
+        routed_scaling_factor=float(hf.get("routed_scaling_factor", 2.5 if v3 else 1.0)),
+        shared_expert_intermediate_size=moe_i * (hf.get("n_shared_experts", 1 if v3 else 2) or 0),
+        kv_lora_rank=hf.get("kv_lora_rank", 512),
+        q_lora_rank=hf.get("q_lora_rank", 1536),
+        qk_nope_head_dim=hf.get("qk_nope_head_dim", 128),
+        qk_rope_head_dim=rope_dim,
+        v_head_dim=hf.get("v_head_dim", 128),
+        mla_rope_layout=("pairs_split" if interleave else "halves") if v3 else "pairs",
+    )
+
+
 def _gemma(hf: dict[str, Any], arch: str) -> dict[str, Any]:
     """Gemma 2 and Gemma 3 (text): interleaved sliding/global layers, (1 + w) sandwich norms, scaled embeddings,
     GeGLU, query_pre_attn_scalar; Gemma 2 soft-caps, Gemma 3 has q/k norms and a local RoPE base."""
@@ -224,6 +282,8 @@ _READERS: dict[str, Callable[[dict[str, Any], str], dict[str, Any]]] = {
     "Qwen2ForCausalLM": _llama_family,
     "Qwen3ForCausalLM": _llama_family,
     "Qwen3MoeForCausalLM": _qwen3_moe,
+    "DeepseekV2ForCausalLM": _deepseek,
+    "DeepseekV3ForCausalLM": _deepseek,
     "Gemma2ForCausalLM": _gemma,
     "Gemma3ForCausalLM": _gemma,
     "Phi3ForCausalLM": _phi3,

@@ -20,6 +20,7 @@ from radixcache.pool import KVLayer, KVPool
 from radixcache.worker.attention.base import AttentionBackend, AttentionOptions
 from radixcache.worker.attention.layout import BatchLayout
 from radixcache.worker.model.config import ModelConfig
+from radixcache.worker.model.mla import LatentAttention
 from radixcache.worker.model.moe import SparseMoE, split_fused_experts
 from radixcache.worker.model.rope import cos_sin, rope_frequencies, rotate
 from radixcache.worker.model.row_tiles import by_row_tiles, row_tile
@@ -52,9 +53,10 @@ class RMSNorm(nn.Module):
 def attention_options(config: ModelConfig) -> AttentionOptions:
     """What the attention backend must compute for this model (create the backend with it)."""
     return AttentionOptions(
-        scale=None if config.query_pre_attn_scalar is None else config.attention_scale,
+        scale=None if config.query_pre_attn_scalar is None and not config.is_mla else config.attention_scale,
         soft_cap=config.attn_logit_softcap,
         windows=config.layer_windows,
+        latent=config.is_mla,
     )
 
 
@@ -148,7 +150,9 @@ class DecoderLayer(nn.Module):
         super().__init__()
         eps, plus_one = config.rms_norm_eps, config.norm_plus_one
         self.input_layernorm = RMSNorm(config.hidden_size, eps, plus_one)
-        self.self_attn = Attention(config, layer_idx)
+        self.self_attn: Attention | LatentAttention = (
+            LatentAttention(config, layer_idx, Linear, RMSNorm) if config.is_mla else Attention(config, layer_idx)
+        )
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, plus_one)
         self.mlp = MLP(config) if config.mlp_kinds[layer_idx] == "dense" else sparse_moe(config)
         self.sandwich = config.sandwich_norms
@@ -203,6 +207,10 @@ _FUSED = {
 }
 
 
+# DeepSeek V3's router correction bias: the checkpoint keeps it on the router (mlp.gate), SparseMoE on itself
+_HF_BIAS, _OUR_BIAS = ".mlp.gate.e_score_correction_bias", ".mlp.e_score_correction_bias"
+
+
 class CausalLM(nn.Module):
     """Decoder + LM head over the paged KV pool.
 
@@ -233,6 +241,15 @@ class CausalLM(nn.Module):
         kinds = [False] + ([True] if c.rope_local_theta is not None else [])
         self.rotations = [(f.to(device), a) for f, a in (rope_frequencies(c, local=local) for local in kinds)]
 
+    def keep_float32_routers(self) -> None:
+        """Put back in float32 the routers that run in float32 (DeepSeek's mlp.gate and its correction bias), as
+        transformers keeps them in a 16-bit model (_keep_in_fp32_modules_strict). Call after module.to(dtype)."""
+        for module in self.modules():
+            if isinstance(module, SparseMoE) and module.routing.float32_logits:
+                module.gate.float()
+                if module.e_score_correction_bias is not None:
+                    module.e_score_correction_bias.data = module.e_score_correction_bias.data.float()
+
     def tie_weights(self) -> None:
         """Re-share lm_head with the embedding (needed after `to_empty`, which breaks the sharing)."""
         if self.config.tie_word_embeddings:
@@ -255,6 +272,8 @@ class CausalLM(nn.Module):
         computed once per step, shared by every layer of that rotation."""
         if self.rotations[0][0].device != positions.device:
             self.init_rotations(positions.device)
+        if self.config.mla_rope_layout == "pairs" and self.config.is_mla:
+            dtype = torch.float32  # DeepSeek V2 rotates in float32 (its complex product)
         return [cos_sin(positions, inv_freq, factor, dtype) for inv_freq, factor in self.rotations]
 
     def forward(
@@ -298,9 +317,9 @@ class CausalLM(nn.Module):
                 continue  # some checkpoints store inv_freq; it is recomputed from the config
             if name == "lm_head.weight" and self.config.tie_word_embeddings:
                 continue
-            target, part = name, None
+            target, part = name.replace(_HF_BIAS, _OUR_BIAS), None
             for hf, (fused, index) in _FUSED.items():
-                if f".{hf}." in name:
+                if f".{hf}." in name and name.replace(f".{hf}.", f".{fused}.") in params:  # (MLA keeps q_proj)
                     target, part = name.replace(f".{hf}.", f".{fused}."), index
                     break
             if target not in params:
@@ -328,7 +347,7 @@ class CausalLM(nn.Module):
                     names.update(name.replace(f".{fused}.", f".{hf}.") for hf in hf_names)
                     break
             else:
-                names.add(name)
+                names.add(name.replace(_OUR_BIAS, _HF_BIAS))
         return names
 
     def _fused_slice(self, param: torch.Tensor, name: str, part: int) -> torch.Tensor:

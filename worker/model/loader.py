@@ -41,6 +41,7 @@ def _empty_model(config: ModelConfig, device: torch.device, dtype: torch.dtype) 
     with torch.device("meta"):
         model = CausalLM(config)
     model = model.to_empty(device=device).to(dtype)
+    model.keep_float32_routers()
     model.tie_weights()
     model.init_rotations(device)
     return model.eval().requires_grad_(False)

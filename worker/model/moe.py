@@ -134,7 +134,7 @@ class SparseMoE(nn.Module):
     from the decoder so that its row-exact projection class is used. deepseek_v3 routing adds the parameter
     e_score_correction_bias [E] (HF names it mlp.gate.e_score_correction_bias). With DeepSeek routing the router's
     product runs in float32, so its weight must stay float32 in a 16-bit model, as transformers keeps it
-    (_keep_in_fp32_modules_strict); the loader does not do that yet: DeepSeek checkpoints are not served (MLA)."""
+    (_keep_in_fp32_modules_strict): CausalLM.keep_float32_routers, which the loader calls."""
 
     def __init__(
         self,

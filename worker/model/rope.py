@@ -38,7 +38,46 @@ def rope_frequencies(config: ModelConfig, *, local: bool = False) -> tuple[torch
         return inv_freq / float(scaling["factor"]), 1.0
     if kind == "llama3":
         return _llama3(inv_freq, scaling), 1.0
+    if kind == "yarn":
+        return _yarn(config, exponents)
     return inv_freq, 1.0
+
+
+def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def _yarn(config: ModelConfig, exponents: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """YaRN (DeepSeek V2/V3): frequencies blended between interpolated (divided by factor) and extrapolated ones
+    by a linear ramp over the dimensions between the beta_fast and beta_slow correction bounds (truncated to whole
+    dimensions unless truncate is false); attention_factor mscale(mscale) / mscale(mscale_all_dim) when both are
+    set, else mscale(1). As transformers computes them, in float32."""
+    scaling = config.rope_scaling
+    assert scaling is not None
+    dim, base, factor = config.rotary_dim, config.rope_theta, float(scaling["factor"])
+    original = int(scaling["original_max_position_embeddings"])
+    mscale, all_dim = scaling.get("mscale"), scaling.get("mscale_all_dim")
+    attention_factor = scaling.get("attention_factor")
+    if attention_factor is None:
+        attention_factor = (
+            _yarn_mscale(factor, mscale) / _yarn_mscale(factor, all_dim) if mscale and all_dim else _yarn_mscale(factor)
+        )
+    fast, slow = scaling.get("beta_fast") or 32, scaling.get("beta_slow") or 1
+
+    def correction_dim(rotations: float) -> float:
+        return (dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = correction_dim(fast), correction_dim(slow)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # transformers' guard against a zero-width ramp
+    pos_freqs = base**exponents
+    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32, device="cpu") - low) / (high - low), 0, 1)
+    extrapolation = 1 - ramp
+    inv_freq = (1.0 / (factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
+    return inv_freq, float(attention_factor)
 
 
 def _llama3(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:

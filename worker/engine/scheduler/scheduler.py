@@ -240,6 +240,7 @@ class Scheduler:
         if not seq.admitted_once:
             seq.admitted_once = True
             seq.cached_tokens = min(lease.cached_tokens, seq.num_prompt)
+            seq.cache_miss = lease.miss
             mine.prompt_tokens += seq.num_prompt
             mine.cached_tokens += seq.cached_tokens
             if lease.cached_tokens > 0 and any(
@@ -269,6 +270,7 @@ class Scheduler:
         assert parent.lease is not None and parent.num_computed >= parent.num_prompt
         child.admitted_once = True  # the request's prompt and cached tokens were counted with sample 0
         child.cached_tokens = parent.cached_tokens
+        child.cache_miss = parent.cache_miss
         lease = self.pages.fork_lease(parent, child)
         if lease is None:
             child.waited_steps = self.aging_steps

@@ -56,6 +56,7 @@ class MessagesResponder:
         self.started = False
         self.finish_reason: FinishReason | None = None
         self.prompt_tokens = self.cached_tokens = 0
+        self.cache_miss_reason = self.cache_match_end = ""
         self._text: TextBlock | None = None  # the text block being written
         self._raw: list[str] = []  # the text as the engine sent it (a stop sequence cut off)
 
@@ -66,6 +67,7 @@ class MessagesResponder:
         if not self.started:
             self.started = True
             self.prompt_tokens, self.cached_tokens = out.prompt_tokens, out.cached_tokens
+            self.cache_miss_reason, self.cache_match_end = out.cache_miss_reason, out.cache_match_end
             self.message.usage = self._usage(0, CacheCreation())
             events += [{"type": "message_start", "message": self.message.model_dump()}, {"type": "ping"}]
         self._raw.append(out.text)
@@ -139,6 +141,8 @@ class MessagesResponder:
             cache_read_input_tokens=self.cached_tokens,
             cache_creation_input_tokens=new,
             cache_creation=created,
+            cache_miss_reason=self.cache_miss_reason or None,
+            cache_match_end=self.cache_match_end or None,
         )
 
     def finish(self, created: CacheCreation) -> None:

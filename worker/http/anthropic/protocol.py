@@ -70,6 +70,9 @@ class Usage(BaseModel):
     cache_read_input_tokens: int = 0  # what the cache served (any cached prefix, not only at breakpoints)
     cache_creation_input_tokens: int = 0  # computed now and pinned under a cache_control breakpoint
     cache_creation: CacheCreation = Field(default_factory=CacheCreation)
+    # vendor fields: why the cache served no more (radixcache.miss_reasons' stable names; None: not said)
+    cache_miss_reason: str | None = None
+    cache_match_end: str | None = None
 
 
 class Message(BaseModel):

@@ -101,7 +101,12 @@ class CompletionRequest(_SamplingFields):
 
 # --- responses ---------------------------------------------------------------------------------------------------
 class PromptTokensDetails(BaseModel):
+    """cached_tokens is OpenAI's; the vendor fields say why the cache served no more (radixcache.miss_reasons: the
+    reason's and the match end's stable names; None where the engine did not say)."""
+
     cached_tokens: int
+    cache_miss_reason: str | None = None
+    cache_match_end: str | None = None
 
 
 class CompletionTokensDetails(BaseModel):

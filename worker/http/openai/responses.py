@@ -64,12 +64,18 @@ def usage(
     completion_tokens: int,
     draft_tokens: int = 0,
     accepted_draft_tokens: int = 0,
+    cache_miss_reason: str = "",
+    cache_match_end: str = "",
 ) -> Usage:
     return Usage(
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
         total_tokens=prompt_tokens + completion_tokens,
-        prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens),
+        prompt_tokens_details=PromptTokensDetails(
+            cached_tokens=cached_tokens,
+            cache_miss_reason=cache_miss_reason or None,
+            cache_match_end=cache_match_end or None,
+        ),
         completion_tokens_details=CompletionTokensDetails(
             accepted_prediction_tokens=accepted_draft_tokens,
             rejected_prediction_tokens=draft_tokens - accepted_draft_tokens,
@@ -89,11 +95,13 @@ class _Responder:
         self.closes_at_stop = closes_at_stop
         self.samples = [_Sample(i, ToolCallParser() if parse_tools else None) for i in range(n)]
         self.prompt_tokens = self.cached_tokens = 0
+        self.cache_miss_reason = self.cache_match_end = ""
 
     def _record(self, out: RequestOutput) -> tuple[_Sample, str, list[ToolCall]]:
         """Update out's sample; returns it with the text and tool calls this output makes certain."""
         sample = self.samples[out.index]
         self.prompt_tokens, self.cached_tokens = out.prompt_tokens, out.cached_tokens
+        self.cache_miss_reason, self.cache_match_end = out.cache_miss_reason, out.cache_match_end
         sample.completion_tokens = out.completion_tokens
         sample.draft_tokens, sample.accepted_draft_tokens = out.draft_tokens, out.accepted_draft_tokens
         sample.logprobs += out.logprobs
@@ -123,6 +131,8 @@ class _Responder:
             sum(s.completion_tokens for s in self.samples),
             sum(s.draft_tokens for s in self.samples),
             sum(s.accepted_draft_tokens for s in self.samples),
+            self.cache_miss_reason,
+            self.cache_match_end,
         )
 
     def _top(self, top: list[tuple[int, float]]) -> list[TopLogprobOut]:

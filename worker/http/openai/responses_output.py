@@ -86,7 +86,10 @@ class ResponsesResponder:
             self.object.usage = ResponseUsage(
                 input_tokens=out.prompt_tokens,
                 input_tokens_details=InputTokensDetails(
-                    cached_tokens=out.cached_tokens, cache_write_tokens=out.prompt_tokens - out.cached_tokens
+                    cached_tokens=out.cached_tokens,
+                    cache_write_tokens=out.prompt_tokens - out.cached_tokens,
+                    cache_miss_reason=out.cache_miss_reason or None,
+                    cache_match_end=out.cache_match_end or None,
                 ),
                 output_tokens=out.completion_tokens,
                 total_tokens=out.prompt_tokens + out.completion_tokens,

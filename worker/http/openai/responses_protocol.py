@@ -55,6 +55,9 @@ class ResponsesRequest(_Request):
 class InputTokensDetails(BaseModel):
     cached_tokens: int
     cache_write_tokens: int  # computed now (and so written into the cache)
+    # vendor fields: why the cache served no more (radixcache.miss_reasons' stable names; None: not said)
+    cache_miss_reason: str | None = None
+    cache_match_end: str | None = None
 
 
 class OutputTokensDetails(BaseModel):
