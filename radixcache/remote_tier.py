@@ -86,15 +86,23 @@ class RemoteTier:
         self._changes: deque[TierChange] = deque()
         self._stats = TierStats(MEDIUM_STORE, ready=False)
         self._connected = False
+        self._joining = False  # start() until the first join answered (joined, or failed)
         self._down_until: float | None = None  # unavailable until then (None: up, once connected)
         self._closed = False
         self._thread: threading.Thread | None = None
 
     # ---- lifecycle ------------------------------------------------------------------------------------------
     def start(self) -> RemoteTier:
+        self._joining = True
         self._thread = threading.Thread(target=self._write_loop, name="radixcache-store-writer", daemon=True)
         self._thread.start()
         return self
+
+    @property
+    def joining(self) -> bool:
+        """Started and its first join has not answered yet (a worker that is warm from its first request waits
+        for this; bounded by connect_timeout_s)."""
+        return self._joining
 
     @property
     def available(self) -> bool:
@@ -303,6 +311,12 @@ class RemoteTier:
                     self._stats.dropped_pages += 1
 
     def _join(self) -> bool:
+        try:
+            return self._connect()
+        finally:
+            self._joining = False
+
+    def _connect(self) -> bool:
         try:
             self.store.connect(self.connect_timeout_s)
         except StoreUnavailable as e:

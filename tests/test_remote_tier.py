@@ -441,6 +441,26 @@ def test_a_page_one_worker_computed_is_loaded_by_another_with_the_recomputed_out
 
 @e2e
 @pytest.mark.timeout(240)
+def test_a_worker_started_after_another_wrote_is_warm_from_its_first_request(model, cluster) -> None:
+    from radixcache.worker.engine.engine import Engine, EngineConfig
+
+    prompt = prompt_of(5)
+    a = worker(model, cluster)
+    first = run(a, prompt, "a")
+    settle(a)
+    a.shutdown()
+    config = EngineConfig(page_size=PAGE, kv_pages=40, kv_remote=cluster.url, kv_remote_metadata=cluster.metadata)
+    late = Engine(model, config)
+    late.start_tiers()  # no wait: the first request arrives while the store is still being joined
+    again = run(late, prompt, "late")
+    assert again.cached_tokens >= 36 and late.stats().store_hit_tokens >= 36
+    assert again.token_ids == first.token_ids == recompute(model, prompt)
+    late.cache.check(idle=True)
+    late.shutdown()
+
+
+@e2e
+@pytest.mark.timeout(240)
 def test_another_tenant_or_fingerprint_reads_nothing_from_the_store(model, cluster) -> None:
     prompt = prompt_of(3)
     a = worker(model, cluster)

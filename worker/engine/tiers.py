@@ -9,7 +9,8 @@ engine thread (`submit`: through its inbox), which adds it below the host tier a
 shutdown saved, before any other load. The store's scan of what earlier runs left goes on in the background; its
 pages are found by one stat each meanwhile. `ready` says when all of that is done. The fleet's store (kv_remote)
 is keyed by the same fingerprint and handed over with the disk, below it; it joins the store on its own writer
-thread, so `ready` does not wait for the network (its stats' store_ready says when it answers).
+thread, so `ready` does not wait for the network (its stats' store_ready says when it answers); admission does
+(`joining_store`, bounded by WARM_START_WAIT_S), so a replica started after others is warm from its first request.
 
 Serve (engine thread): the scheduler reaches the tiers through this object only (`pump`, `start_load`, `cancel`,
 `has_arrivals`, `active`), never through the cache's link; `wait` is for a caller driving `Engine.step` itself.
@@ -44,6 +45,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("radixcache.engine")
 
 PAGE_CODEC = Codec(encode=lambda page: page.to_bytes(), decode=PageData.from_bytes)
+# The longest admission waits, after the engine started, for the fleet's store to be joined (the fingerprint read, the
+# client's setup: ~2.4 s on loopback); past it the worker serves from its own tiers and the store joins later.
+WARM_START_WAIT_S = 30.0
 MIN_SAVE_S = 1.0  # a shutdown that drained up to its deadline still gets this long to save
 
 
@@ -97,6 +101,7 @@ class EngineTiers:
         self._pin = pin
         self._opened = threading.Event()  # the disk store is part of the link (or there is none to open)
         self._thread: threading.Thread | None = None
+        self._open_started: float | None = None
         self._closed = False
         self.error: str | None = None
         if config.kv_disk_dir is None and config.kv_remote is None:
@@ -109,6 +114,21 @@ class EngineTiers:
         return self._opened.is_set() and (disk is None or disk.wait_ready(0)) and not self.link.restoring
 
     # --- what the scheduler reads and asks, each step (engine thread) ----------------------------------------------
+    @property
+    def joining_store(self) -> bool:
+        """The fleet's store is configured and still being opened or joined (at most WARM_START_WAIT_S after
+        open_below): admission waits for it, so a worker that starts after others wrote the fleet's prefixes serves
+        them from the store from its first request. False once joined, failed, or past the bound."""
+        started = self._open_started
+        if self.config.kv_remote is None or started is None or self.error is not None:
+            return False
+        if time.monotonic() - started > WARM_START_WAIT_S:
+            return False
+        if not self._opened.is_set():
+            return True
+        remote = self.link.remote
+        return remote is not None and remote.joining
+
     @property
     def active(self) -> bool:
         """Some tier is open below memory (the disk may still be opening): worth looking a prompt up there."""
@@ -140,6 +160,7 @@ class EngineTiers:
         """Compute the fingerprint and open the disk store and the fleet's store on a background thread (once)."""
         if (self.config.kv_disk_dir is None and self.config.kv_remote is None) or self._thread is not None:
             return
+        self._open_started = time.monotonic()
         self._thread = threading.Thread(
             target=self._open, args=(loaded, pool, device, backend), name="radixcache-tier-open", daemon=True
         )

@@ -37,6 +37,10 @@ class TierLoads:
     def has_arrivals(self) -> bool:
         return self.tiers is not None and self.tiers.has_arrivals()
 
+    def holding(self) -> bool:
+        """Nobody is admitted yet: the fleet's store is still being joined (EngineTiers.joining_store, bounded)."""
+        return self.tiers is not None and self.tiers.joining_store
+
     def prefetch(self, ordered: list[Waiting], waiting: list[Sequence]) -> None:
         """Start loads for the first of `ordered` (admission order) whose prompt continues into a tier."""
         tiers = self.tiers
