@@ -19,6 +19,7 @@ import random
 import pytest
 import torch
 from model_fixtures import build_checkpoint, hf_config, hf_greedy
+from row_ways import assert_same_bits_alone_batched_and_verified
 
 from radixcache.pool import KVPool, KVShape
 from radixcache.worker.attention import BatchLayout, SequenceSlice, create_backend
@@ -197,30 +198,9 @@ def test_a_tokens_logits_are_the_same_bits_alone_batched_and_in_a_verify_chunk(s
         (tmp_path / "tokenizer_config.json").write_text((loaded.path / "tokenizer_config.json").read_text())
         loaded = load_checkpoint(tmp_path, dtype=dtype)
     mc, page = loaded.config, 8
-    rng = random.Random(3)
-    tokens = [[rng.randrange(2, 320) for _ in range(40)] for _ in range(3)]
-
-    def run(steps):
-        pool, backend = pool_and_backend(mc, page, 15, getattr(torch, dtype))
-        out = {}
-        with torch.inference_mode():
-            for step in steps:
-                slices = [SequenceSlice(list(range(s * 5, s * 5 + 5)), c, n) for s, c, n in step]
-                ids = torch.tensor([t for s, c, n in step for t in tokens[s][c : c + n]])
-                logits = loaded.model(ids, BatchLayout.build(slices, page), pool, backend, all_logits=True)
-                rows = [(s, p) for s, c, n in step for p in range(c, c + n)]
-                out.update({row: logits[i] for i, row in enumerate(rows)})
-        return out
-
-    prefill = [(s, 0, 24 + 3 * s) for s in range(3)]
-    alone = run([prefill] + [[(s, 24 + 3 * s + j, 1)] for s in range(3) for j in range(6)])
-    batched = run([prefill] + [[(s, 24 + 3 * s + j, 1) for s in range(3)] for j in range(6)])
-    verify = run([prefill, [(1, 27, 6), (0, 24, 1), (2, 30, 1)]])
-    for way in (batched, verify):
-        compared = [row for row in way if row in alone]
-        assert len(compared) >= 8
-        for row in compared:
-            assert torch.equal(way[row], alone[row]), f"(sequence, position) {row}"
+    assert_same_bits_alone_batched_and_verified(
+        loaded, page, lambda: pool_and_backend(mc, page, 15, getattr(torch, dtype))
+    )
 
 
 def test_a_latent_page_holds_one_latent_per_token_and_layer(served):

@@ -11,10 +11,11 @@ import random
 import pytest
 import torch
 from model_fixtures import build_checkpoint, copy_experts, hf_config, hf_greedy
+from row_ways import assert_same_bits_alone_batched_and_verified
 from safetensors.torch import load_file, save_file
 
 from radixcache.pool import KVPool, KVShape
-from radixcache.worker.attention import BatchLayout, SequenceSlice, create_backend
+from radixcache.worker.attention import create_backend
 from radixcache.worker.engine.engine import Engine, EngineConfig
 from radixcache.worker.engine.request import Request, SamplingParams
 from radixcache.worker.model import ModelConfig, load_checkpoint
@@ -249,29 +250,10 @@ def test_a_tokens_logits_are_the_same_bits_alone_and_batched(checkpoint, dtype):
     folder, _ = checkpoint
     loaded = load_checkpoint(folder, dtype=dtype)
     mc, page = loaded.config, 8
-    rng = random.Random(3)
-    tokens = [[rng.randrange(2, 320) for _ in range(40)] for _ in range(3)]
 
-    def run(steps):
+    def pool_and_backend():
         pool = KVPool(KVShape(mc.num_layers, mc.num_kv_heads, mc.head_dim), page_size=page, num_pages=15,
                       dtype=getattr(torch, dtype))  # fmt: skip
-        backend = create_backend("torch", attention=attention_options(mc))
-        out = {}
-        with torch.inference_mode():
-            for step in steps:
-                slices = [SequenceSlice(list(range(s * 5, s * 5 + 5)), c, n) for s, c, n in step]
-                ids = torch.tensor([t for s, c, n in step for t in tokens[s][c : c + n]])
-                logits = loaded.model(ids, BatchLayout.build(slices, page), pool, backend, all_logits=True)
-                rows = [(s, p) for s, c, n in step for p in range(c, c + n)]
-                out.update({row: logits[i] for i, row in enumerate(rows)})
-        return out
+        return pool, create_backend("torch", attention=attention_options(mc))
 
-    prefill = [(s, 0, 24 + 3 * s) for s in range(3)]
-    alone = run([prefill] + [[(s, 24 + 3 * s + j, 1)] for s in range(3) for j in range(6)])
-    batched = run([prefill] + [[(s, 24 + 3 * s + j, 1) for s in range(3)] for j in range(6)])
-    verify = run([prefill, [(1, 27, 6), (0, 24, 1), (2, 30, 1)]])  # a verify chunk beside decodes
-    for way in (batched, verify):
-        compared = [row for row in way if row in alone]
-        assert len(compared) >= 8
-        for row in compared:
-            assert torch.equal(way[row], alone[row]), f"(sequence, position) {row}"
+    assert_same_bits_alone_batched_and_verified(loaded, page, pool_and_backend)
