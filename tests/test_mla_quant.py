@@ -156,3 +156,39 @@ def test_kv_memory_buys_pages_at_the_bytes_the_pool_allocates(loaded, kv_dtype, 
 def test_int4_latent_pages_are_refused_naming_the_field(loaded):
     with pytest.raises(ValueError, match=r"kv_dtype \(--kv-dtype\) int4"):
         Engine(loaded, EngineConfig(page_size=4, kv_pages=32, kv_dtype="int4"))
+
+
+@pytest.mark.parametrize("kv_dtype", QUANTIZED)
+def test_attention_reads_each_latent_half_dequantized_with_its_own_scales(loaded, kv_dtype):
+    """The torch backend's latent attention over quantized pages equals causal attention, by hand, over the
+    latents as the codec stores them (each half encoded and decoded alone): the halves' scales are not mixed up."""
+    from radixcache.pool import KVPool, KVShape
+    from radixcache.worker.attention import BatchLayout, SequenceSlice, create_backend
+    from radixcache.worker.model.llama import attention_options
+
+    mc = loaded.config
+    kv_heads, half = mc.kv_cache_dims
+    options = attention_options(mc)
+    scales = torch.tensor([[0.5, 4.0]] * mc.num_layers)  # fp8's K and V scales apart (int8 has none)
+    shape = KVShape(mc.num_layers, kv_heads, half)
+    pool = KVPool(shape, page_size=PAGE, num_pages=8, dtype=kv_dtype, kv_scales=scales)
+    backend = create_backend("torch", num_heads=mc.num_heads, num_kv_heads=kv_heads, head_dim=half,
+                             dtype=torch.float32, attention=options)  # fmt: skip
+    torch.manual_seed(0)
+    n, heads = 11, mc.num_heads
+    first = torch.randn(n, 1, half)
+    second = torch.randn(n, 1, half) * 8  # the halves at different scales: one shared scale would lose the first
+    q = torch.randn(n, heads, 2 * half)
+    layout = BatchLayout.build([SequenceSlice(list(range(3)), 0, n)], PAGE)
+    with torch.inference_mode():
+        got = backend.forward(0, q, first, second, pool.kv_layer(0), layout)
+    codec, layer = codec_of(kv_dtype), pool.kv_layer(0)
+    stored = [
+        codec.decode(*codec.encode(x, s), torch.float32, s)
+        for x, s in ((first, layer.k_scale), (second, layer.v_scale))
+    ]
+    latent = torch.cat(stored, -1)[:, 0]  # [n, D]
+    scores = torch.einsum("thd,sd->hts", q, latent) * (options.scale or (2 * half) ** -0.5)
+    scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+    want = torch.einsum("hts,sd->thd", scores.softmax(-1), latent)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
