@@ -192,3 +192,19 @@ def test_attention_reads_each_latent_half_dequantized_with_its_own_scales(loaded
     scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
     want = torch.einsum("hts,sd->thd", scores.softmax(-1), latent)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kv_dtype", QUANTIZED)
+def test_a_hit_on_demoted_latent_pages_brings_them_back_into_the_pools_precision(loaded, kv_dtype):
+    """Without a tier, demoted (int4) latent pages are promoted into kv_dtype pages before attention reads them
+    (attention never reads int4 latent pages, which it refuses)."""
+    engine = Engine(loaded, EngineConfig(page_size=PAGE, kv_pages=40, kv_dtype=kv_dtype, kv_demote="int4"))
+    prompt = prompts(1, 40, seed=16)[0]
+    first, _ = run(engine, prompt, "first")
+    for i, filler in enumerate(prompts(2, 36, seed=17)):
+        run(engine, filler, f"filler-{i}")
+    assert engine.stats().cache.demoted_pages >= 8
+    again, cached = run(engine, prompt, "again")
+    stats = engine.stats().cache
+    assert cached >= 36 and stats.promoted_pages >= 8 and len(again) == len(first)
+    engine.cache.check(idle=True)
