@@ -13,8 +13,8 @@ only; the figures are given per layer kind.
 Latent pages (multi-head latent attention, DeepSeek V2 / V3: --kv-lora-rank R --rope-dim P, no --kv-heads /
 --head-dim): one latent of R + P values per token and layer, laid out as the pool lays it out (radixcache/pool.py,
 latent pages: one "head" of (R + P) / 2 in each of a page's K and V blocks), so bytes per token = layers x (R + P) x
-bytes per element. Latent pages are kept at the model's precision: a quantized --kv-dtype is refused, as the worker
-refuses it (worker/engine/step.py, check_latent_pages).
+bytes per element (+ 2 x 2 bytes for int8's two fp16 scales, one per half). int4 is refused for latent pages, as the
+worker refuses it (worker/engine/step.py, check_latent_pages).
 """
 
 from __future__ import annotations
@@ -115,8 +115,8 @@ def latent_shape(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
     width = args.kv_lora_rank + args.rope_dim
     if width % 2:
         parser.error(f"--kv-lora-rank + --rope-dim must be even (a latent fills a page's K and V halves), got {width}")
-    if codec_of(args.kv_dtype).quantized:
-        parser.error(f"--kv-dtype {args.kv_dtype}: latent (MLA) pages are kept at the model's precision")
+    if codec_of(args.kv_dtype).rotate_keys:
+        parser.error(f"--kv-dtype {args.kv_dtype}: latent (MLA) pages cannot be held at int4 (use int8 or fp8_e4m3)")
     args.kv_heads, args.head_dim = 1, width // 2
 
 
@@ -124,7 +124,8 @@ def formula(layers: int, kv_heads: int, head_dim: int, kv_dtype: str, latent: tu
     """How bytes per token is made, in words: '2 x 32 layers x 8 kv heads x 128 dims x bf16', or for latent pages
     (kv_lora_rank, rope_dim) '32 layers x (512 + 64) latent dims x bf16'."""
     if latent is not None:
-        return f"{layers} layers x ({latent[0]} + {latent[1]}) latent dims x {kv_dtype} (one latent, no per-head K/V)"
+        scales = f" + {layers} layers x 2 fp16 scales (one per latent half)" if codec_of(kv_dtype).token_scales else ""
+        return f"{layers} layers x ({latent[0]} + {latent[1]}) latent dims x {kv_dtype}{scales} (one latent, no per-head K/V)"
     codec = codec_of(kv_dtype)
     head = f"2 x {layers} layers x {kv_heads} kv heads x "
     if not codec.quantized:

@@ -23,8 +23,10 @@ the second: token (page, slot)'s latent in layer i is cat(values[i, page, 0, slo
 0]) (D must be even; 576 = 288 + 288 for DeepSeek V3). So a latent page is exactly D values per token and layer
 (no half left empty), and everything that moves or hashes pages (PageData, tiers, the fleet store, partial-page
 copies) moves latent pages unchanged; what the bytes mean is the model's, named by the fingerprint's config.
-Latent pages are kept at the model's precision (a quantized kv_dtype or demotion is refused at start-up:
-worker/engine/step.py, check_latent_pages).
+At a quantized kv_dtype each half is encoded as any K or V vector of one head is (int8: its own fp16 scale per
+token, so a latent has two; fp8_e4m3: the layer's K scale for the first half, its V scale for the second), so the
+page format, tiers and demotion are unchanged. int4 is refused for latent pages at start-up (its rotated keys would
+rotate the first half, which is also the value: worker/engine/step.py, check_latent_pages).
 
 Window paging (`window_layers`, a model's sliding layers, with `window_slots` > 0): those layers live apart, in a
 window arena of `window_slots` slots, so that a page can give back its sliding layers' values while keeping its

@@ -162,7 +162,7 @@ def test_latent_pages_per_token_agree_with_the_pool_the_worker_builds(
         (["--kv-lora-rank", "512"], "--kv-lora-rank and --rope-dim go together"),
         (["--kv-lora-rank", "512", "--rope-dim", "64", "--kv-heads", "8"], "replace --kv-heads / --head-dim"),
         (["--kv-lora-rank", "511", "--rope-dim", "64"], "must be even"),
-        (["--kv-lora-rank", "512", "--rope-dim", "64", "--dtype", "int8"], "--kv-dtype int8: latent (MLA) pages"),
+        (["--kv-lora-rank", "512", "--rope-dim", "64", "--dtype", "int4"], "--kv-dtype int4: latent (MLA) pages"),
         ([], "give --kv-heads and --head-dim"),
     ],
 )

@@ -337,8 +337,8 @@ class TorchAttentionBackend(AttentionBackend):
         """Each of g's row sets attended: [real rows, H, D] in q's dtype."""
         assert g.rows is not None
         ps, kvh, dim = layer.page_size, layer.values.shape[3], q.shape[2]
-        if self.attention.latent and layer.codec.quantized:
-            raise ValueError("latent (MLA) pages are read at full precision only: a quantized --kv-dtype is refused")
+        if self.attention.latent and layer.codec.rotate_keys:
+            raise ValueError("latent (MLA) pages cannot be read at int4: its rotated keys would turn one latent half")
         if (layer.codec.quantized or self.tile_full_precision) and g.chunk is None and not self.attention.latent:
             bounds = _tile_bounds(g.pages.shape[1], ps)
 
@@ -354,8 +354,13 @@ class TorchAttentionBackend(AttentionBackend):
             k_rows = _head_rows(g.pages, ps, kvh)
             g.head_rows = torch.cat((k_rows, k_rows + ps * kvh))
         if self.attention.latent:  # a latent page: K block and V block hold the two halves of one latent
-            half = (g.batch, kvh, g.width, layer.values.shape[4])
-            kk = vv = torch.cat(layer.gather_head_rows(g.head_rows, 0, torch.float32).view(2, *half).unbind(0), -1)
+            half = (g.batch, kvh, g.width, dim // 2)
+            if layer.codec.quantized:  # each half dequantized with its own scales (K's, then V's)
+                k_rows = g.head_rows[: g.head_rows.numel() // 2]
+                halves = [layer.gather_head_rows(k_rows, which, torch.float32).view(half) for which in (0, 1)]
+            else:
+                halves = list(layer.gather_head_rows(g.head_rows, 0, torch.float32).view(2, *half).unbind(0))
+            kk = vv = torch.cat(halves, -1)
             for spec in g.rows:
                 c0, c1 = spec.c0, spec.c1
                 yield self._attend(q, layer, spec, [(0, kk[:, :, c0:c1])], [(0, vv[:, :, c0:c1])])

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 import torch
 
 from radixcache.cache_base import BaseCache
-from radixcache.kv_dtypes import QUANTIZED_KV_DTYPES
 from radixcache.pool import KVPool, KVShape
 from radixcache.worker.attention import AttentionBackend, BatchLayout, SequenceSlice
 from radixcache.worker.attention.base import create_backend
@@ -68,18 +67,15 @@ def window_slots_needed(config: EngineConfig, window: int) -> int:
 
 
 def check_latent_pages(model_config: ModelConfig, config: EngineConfig) -> None:
-    """Latent (MLA) pages are kept at the model's precision only: the torch backend reads them back unquantized, and
-    a quantized latent would need its scales split across the page's two halves. ValueError naming the option."""
-    if not model_config.is_mla:
-        return
-    if config.kv_dtype in QUANTIZED_KV_DTYPES:
+    """Latent (MLA) pages take every kv_dtype but int4: int4 stores keys Hadamard-rotated, and the first half of a
+    latent, which a page keeps as its "key", is also its value (the torch backend reads both halves as one vector).
+    int8 and fp8_e4m3 keep each half with its own scales (per token for int8, per layer for fp8). Demotion keeps
+    its int4 copies unread (a hit brings them back into the pool's own precision first), so it is allowed.
+    ValueError naming the option."""
+    if model_config.is_mla and config.kv_dtype == "int4":
         raise ValueError(
-            f"kv_dtype (--kv-dtype) {config.kv_dtype}: {model_config.architecture} caches latent (MLA) pages, which are kept "
-            "at the model's precision; use --kv-dtype auto (or the model's bf16/fp16/fp32)"
-        )
-    if config.kv_demote is not None:
-        raise ValueError(
-            f"kv_demote (--kv-demote) {config.kv_demote}: latent (MLA) pages cannot be demoted to a quantized dtype"
+            f"kv_dtype (--kv-dtype) int4: {model_config.architecture} caches latent (MLA) pages, which int4's rotated "
+            "keys cannot hold; use --kv-dtype int8, fp8_e4m3 or the model's precision"
         )
 
 
