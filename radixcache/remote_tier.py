@@ -106,9 +106,10 @@ class RemoteTier:
 
     @property
     def available(self) -> bool:
-        """Connected, and not inside a back-off after a failed call."""
-        down = self._down_until
-        return self._connected and (down is None or self.clock() >= down)
+        """Connected, and no call has failed since the last one that answered. After a failure the tier stays
+        unavailable until the writer's probe answers: a back-off that merely lapsed proves nothing (a restarted
+        master may not have taken this client back yet), and every write made on that guess would be dropped."""
+        return self._connected and self._down_until is None
 
     def close(self, timeout: float | None = None) -> None:
         """Write what is queued for at most `timeout` seconds (the rest is lost), then disconnect. Idempotent."""
@@ -157,8 +158,19 @@ class RemoteTier:
             return key.name in self._pending or key.name in self._known
 
     def find(self, key: PageKey) -> bool:
-        """`contains`, or "maybe" while the store is reachable (no call: the loader's `get` asks)."""
-        return self.contains(key) or self.available
+        """`contains`, or "maybe" while the store is reachable (no call: the loader's `get` asks). Past a
+        back-off it answers no and has the writer probe at once, so demand brings the tier back soon."""
+        if self.contains(key):
+            return True
+        if self.available:
+            return True
+        down = self._down_until
+        if self._connected and down is not None and self.clock() >= down:
+            try:
+                self._queue.put_nowait(_WAKE)
+            except queue.Full:
+                pass  # the writer is busy and probes before its next page
+        return False
 
     def get(self, key: PageKey) -> Any | None:
         """The page's payload, checked (see the module docstring), or None (a miss, or the store unavailable)."""
@@ -335,15 +347,18 @@ class RemoteTier:
         while not self._closed and not self._join():
             time.sleep(self.retry_s)
         while True:
+            down = self._down_until
+            wait = self.retry_s if down is None else min(self.retry_s, max(0.01, down - self.clock()))
             try:
-                item = self._queue.get(timeout=self.retry_s)
+                item = self._queue.get(timeout=wait)
             except queue.Empty:
                 item = _WAKE
             if item is _STOP:
                 return
             self._run_flushes()
-            if self._down_until is not None and self.available:
-                self._probe()
+            down = self._down_until
+            if down is not None and self._connected and self.clock() >= down:
+                self._probe()  # the back-off is over: ask once; only an answer brings the tier back
             if isinstance(item, tuple):
                 self._write(*item)
 

@@ -188,10 +188,15 @@ def test_an_unavailable_store_is_counted_left_alone_and_rejoined() -> None:
     assert not tier.find(key)  # while it backs off, lookups do not even ask
     assert not tier.put(key, b"p") and tier.stats().dropped_pages == 1
     assert tier.get(key) is None and tier.stats().unavailable_errors == 1  # nothing asked during the back-off
+    now[0] = 6.0  # past the back-off, the store still down: the lapse alone brings nothing back
+    assert not tier.find(key)  # (and asks the writer to probe)
+    wait_for(lambda: tier.stats().unavailable_errors == 2)
+    assert not tier.available and not tier.put(key, b"p")
     store.down = False
-    now[0] = 6.0
-    assert tier.find(key)  # past the back-off: worth asking again
-    assert tier.put(key, b"p")
+    now[0] = 12.0
+    assert not tier.find(key)  # past the second back-off: the probe answers, then the tier is back
+    wait_for(lambda: tier.available)
+    assert tier.find(key) and tier.put(key, b"p")
     written(tier)
     assert tier.stats().ready and tier.get(key) == b"p"
 
@@ -309,6 +314,17 @@ class MooncakeCluster:
             return True
 
         wait_for(up, 60)
+        wait_for(self._memory_mounted, 60)  # a store with no memory yet refuses every put
+
+    def _memory_mounted(self) -> bool:
+        """The master counts the service's segment (its metrics' master_total_capacity_bytes)."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics}/metrics", timeout=1) as reply:
+                text = reply.read().decode()
+        except OSError:
+            return False
+        lines = [line.split() for line in text.splitlines() if line.startswith("master_total_capacity_bytes ")]
+        return bool(lines) and float(lines[0][1]) > 0
 
     def kill_master(self) -> None:
         assert self.master is not None
@@ -538,7 +554,7 @@ def test_the_master_killed_mid_run_fails_no_request_and_the_worker_rejoins(model
     written_before = a.stats().cache.store_written_pages  # before the run: its pages may be written while it runs
     assert run(a, fresh, "after").token_ids == recompute(model, fresh)
     settle(a)
-    assert a.stats().cache.store_written_pages > written_before  # writing again
+    assert a.stats().cache.store_written_pages > written_before, vars(tier.stats())  # writing again
     a.cache.check(idle=True)
     a.shutdown()
     b.shutdown()
