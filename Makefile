@@ -15,6 +15,13 @@ STAMP  := $(VENV)/.installed
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
+	@# Mooncake's binaries (the store extra, in test) link libibverbs even for TCP: Debian's libibverbs1, as root.
+	@if ! ldconfig -p 2>/dev/null | grep -q 'libibverbs\.so\.1'; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+			apt-get install -y -q libibverbs1 >/dev/null || { apt-get update -q && apt-get install -y -q libibverbs1; } \
+				|| echo "note: apt-get could not install libibverbs1: the store tests will skip"; \
+		else echo "note: libibverbs1 is missing (apt-get install libibverbs1): the store tests will skip"; fi; \
+	fi
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip "setuptools>=70" wheel
 	$(PY) -m pip install -q "$(TORCH)"

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from radixcache.lease import Lease, Lookup
-from radixcache.tier import MEDIUM_DISK, MEDIUM_HOST
+from radixcache.tier import MEDIUM_DISK, MEDIUM_HOST, MEDIUM_STORE
 
 if TYPE_CHECKING:
     from radixcache.tier import CacheTier
@@ -21,6 +21,15 @@ if TYPE_CHECKING:
     from radixcache.window_parts import WindowParts
 
 TIER_DISK_FIGURES = ("queued_pages", "dropped_pages", "corrupt_pages", "write_errors")
+TIER_STORE_FIGURES = (
+    "pages",
+    "queued_pages",
+    "written_pages",
+    "skipped_pages",
+    "dropped_pages",
+    "corrupt_pages",
+    "unavailable_errors",
+)
 
 
 @dataclass
@@ -63,6 +72,18 @@ class CacheStats:
     disk_corrupt_pages: int = 0
     disk_write_errors: int = 0
     disk_ready: int = 0  # 1 once the disk store is open and its index rebuilt (a fleet sums its replicas)
+    # The fleet's shared store (radixcache.remote_tier; all 0 without --kv-remote): loaded back into the pool;
+    # pages known to be there; queued; written by this worker; not written because the fleet had them; dropped
+    # (queue full, store unavailable); corrupt objects removed; failed or overdue calls; 1 while it answers.
+    store_loaded_pages: int = 0
+    store_pages: int = 0
+    store_queued_pages: int = 0
+    store_written_pages: int = 0
+    store_skipped_pages: int = 0
+    store_dropped_pages: int = 0
+    store_corrupt_pages: int = 0
+    store_unavailable_errors: int = 0
+    store_ready: int = 0
     pages_demoted: int = 0  # cached pages held demoted now (not counted in pages_total / pages_free / pages_cached)
     demoted_pages: int = 0  # pages demoted instead of evicted, since start
     promoted_pages: int = 0  # demoted pages brought back by a hit, since start
@@ -161,7 +182,12 @@ def tier_figures(tier: CacheTier | None) -> dict[str, Any]:
         "host_loaded_pages": counts.loaded_pages.get(MEDIUM_HOST, 0),
         "disk_loaded_pages": counts.loaded_pages.get(MEDIUM_DISK, 0),
     }
+    out["store_loaded_pages"] = counts.loaded_pages.get(MEDIUM_STORE, 0)
     for t in tier.tiers.stats():
+        if t.medium == MEDIUM_STORE:
+            out |= {f"store_{name}": getattr(t, name) for name in TIER_STORE_FIGURES}
+            out["store_ready"] = int(t.ready)
+            continue
         prefix = {MEDIUM_HOST: "host_", MEDIUM_DISK: "disk_"}[t.medium]
         out |= {prefix + name: getattr(t, name) for name in ("pages", "bytes", "capacity_bytes", "evicted_pages")}
         if t.medium == MEDIUM_DISK:

@@ -9,8 +9,9 @@ A tier (`PageTier`) holds opaque page payloads (radixcache.pool's PageData on th
 `put` (asynchronous where the tier writes slowly; False when it declined the page), `contains` (what the tier's
 memory says: no system call, for the engine thread), `find` (`contains`, or a look at the files: one stat, for an
 admission's lookup), `get` (the payload, checked, or None), `flush` (a namespace or everything), `stats`, `take_changes`
-(what it started and stopped holding, for cache events) and `close`. Two tiers exist: radixcache.host_tier.HostTier
-(host memory, pinned on CUDA) and radixcache.store.DiskStore (files); `TierChain` puts one above the other.
+(what it started and stopped holding, for cache events) and `close`. Three tiers exist: radixcache.host_tier.HostTier
+(host memory, pinned on CUDA), radixcache.store.DiskStore (files) and radixcache.remote_tier.RemoteTier (the
+fleet's shared store); `TierChain` puts them in that order.
 
 The cache's side: `CacheTier` is what radixcache.cache calls on its link to the tiers (radixcache.tiering.TierLink);
 `NoTier` stands in for it where no tier is configured (`PagesBelow`, the part eviction calls, as no-ops).
@@ -84,6 +85,8 @@ class TierStats:
     read_misses: int = 0  # get found nothing (or only a page of another prefix)
     corrupt_pages: int = 0  # files found torn, truncated or mismatched on read: deleted, never served
     write_errors: int = 0  # I/O errors while writing (the page is dropped)
+    skipped_pages: int = 0  # the fleet's store: put, but another worker had written it already (not written again)
+    unavailable_errors: int = 0  # the fleet's store: calls that failed or ran past their deadline
     ready: bool = True  # the index of what a previous run left is rebuilt
 
 

@@ -1,4 +1,4 @@
-"""TierLink: the prefix cache's link to the tiers below the device pool (host memory, disk).
+"""TierLink: the prefix cache's link to the tiers below the device pool (host memory, disk, the fleet's store).
 
 Everything here runs on the cache's thread (the engine's) except the loader thread, which only reads tiers.
 - Names: the link is the tree's event sink (forwarding everything to the cache's own sink), so it sees every run of
@@ -9,7 +9,8 @@ Everything here runs on the cache's thread (the engine's) except the loader thre
   to the disk, which skips what it has). Flushed pages are never spilled. With `write_through`, every whole page the
   tree stores (computed) is also copied out for the disk in the step after (`pump`'s time budget grows with what that
   step computed, so a decode step pays ~0.5 ms at most and a prefill's pages go out with the next step; all at once
-  when the engine is idle), so a crash loses only what was not written yet; eviction then finds most pages written already. None of this makes a
+  when the engine is idle), so a crash loses only what was not written yet; eviction then finds most pages written already.
+  The fleet's store (radixcache.remote_tier, `add_remote`) is always written through, within the same budget. None of this makes a
   system call on the cache's thread: the tiers' `contains` is memory only.
 - Load: `start_load` looks past the whole pages a prompt hits in memory for the pages that follow in the tiers. If
   there are any, it locks what memory holds (a lease, so nothing it continues is evicted meanwhile) and hands the
@@ -56,6 +57,7 @@ if TYPE_CHECKING:
     from radixcache.cache import PrefixCache
     from radixcache.events import EventSink
     from radixcache.lease import Lease
+    from radixcache.remote_tier import RemoteTier
     from radixcache.store import DiskStore
 
 log = logging.getLogger("radixcache.tiering")
@@ -138,6 +140,7 @@ class TierLink:
         self.clock = clock
         self.sink: EventSink | None = None  # the cache's own sink (an EventLog), fed through this link
         self.disk: DiskStore | None = None
+        self.remote: RemoteTier | None = None
         self.counts = TierLinkStats()
         self._cache: PrefixCache | None = None
         self._names: dict[int, PageKey] = {}  # page id -> its key, for every whole page the tree stores
@@ -167,10 +170,18 @@ class TierLink:
         for tier in self.tiers.tiers:
             if isinstance(tier, HostTier) and tier.lower is None:
                 tier.lower = store
-        self.tiers.tiers.append(store)
+        tiers = self.tiers.tiers
+        tiers.insert(tiers.index(self.remote) if self.remote is not None else len(tiers), store)  # above the store
         self.disk = store
         if self.write_through:  # what the tree stored before the disk opened is written through too
             self._to_write.extend(self._names)
+
+    def add_remote(self, store: RemoteTier) -> None:
+        """Put the fleet's shared store below every other tier. Computed pages are always written through to it
+        (once per fleet: it skips what the fleet has). Call on the cache's thread."""
+        self.tiers.tiers.append(store)
+        self.remote = store
+        self._to_write.extend(self._names)
 
     @property
     def active(self) -> bool:
@@ -194,7 +205,7 @@ class TierLink:
                     if page in self._tainted:
                         self._tainted.discard(page)
                         self._lossy.add(page)
-                if self.write_through and self.disk is not None:
+                if (self.write_through and self.disk is not None) or self.remote is not None:
                     self._to_write.extend(pages[:whole])
         if self.sink is not None:
             self.sink.stored(namespace, after, pages, key)
@@ -438,18 +449,26 @@ class TierLink:
                 tier_removed(c.medium, c.namespace, c.page_hash)
 
     def _write_through(self, budget_s: float) -> None:
-        disk, todo = self.disk, self._to_write
-        if disk is None:
+        todo = self._to_write
+        targets: list[DiskStore | RemoteTier] = [self.disk] if self.write_through and self.disk is not None else []
+        if self.remote is not None:
+            targets.append(self.remote)
+        if not targets:
             todo.clear()
             return
         deadline = time.perf_counter() + budget_s
         while todo:
             page = todo.popleft()
             key = self._names.get(page)  # None: evicted meanwhile (the spill took it), or flushed
-            if key is not None and self._exact(page) and not disk.contains(key):
-                self._count_put(disk.put(key, self.pool.read_page(page)))
-                if time.perf_counter() >= deadline:
-                    return
+            if key is None or not self._exact(page):
+                continue
+            payload = None
+            for target in targets:
+                if not target.contains(key):
+                    payload = payload if payload is not None else self.pool.read_page(page)
+                    self._count_put(target.put(key, payload))
+            if payload is not None and time.perf_counter() >= deadline:
+                return
 
     @property
     def unwritten(self) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import logging
 import os
 import sys
@@ -17,7 +18,14 @@ from typing import Any
 
 from radixcache.kv_dtypes import KV_DTYPES
 from radixcache.memory import parse_size
-from radixcache.worker.engine.config import DEFAULT_SPECULATE, DEMOTE_DTYPES, MAX_SPECULATE, WINDOW_PAGING
+from radixcache.object_store import parse_store_url
+from radixcache.worker.engine.config import (
+    DEFAULT_SPECULATE,
+    DEMOTE_DTYPES,
+    MAX_REMOTE_REPLICAS,
+    MAX_SPECULATE,
+    WINDOW_PAGING,
+)
 
 log = logging.getLogger("radixcache.serve")
 
@@ -137,6 +145,50 @@ def parser() -> argparse.ArgumentParser:
         metavar="SIZE",
         help="keep evicted pages in host memory first (pinned on CUDA), e.g. 8GiB; what it pushes out goes to "
         "--kv-disk when given. Off by default",
+    )
+    r = p.add_argument_group(
+        "the fleet's shared KV store (Mooncake Store, below host memory and disk; package extra `store`)"
+    )
+    r.add_argument(
+        "--kv-remote",
+        metavar="mooncake://HOST:PORT",
+        help="share computed pages with every worker of the same model through the Mooncake Store whose "
+        "mooncake_master listens at HOST:PORT: each page is written once per fleet and loaded by any worker "
+        "instead of recomputed. Off by default",
+    )
+    r.add_argument(
+        "--kv-remote-metadata",
+        metavar="URL",
+        help="the store's metadata server (default http://HOST:8080/metadata: the master's "
+        "--enable_http_metadata_server)",
+    )
+    r.add_argument(
+        "--kv-remote-host",
+        metavar="ADDR",
+        help="this worker's address for the store's transfers (default: its address on the route to the master)",
+    )
+    r.add_argument(
+        "--kv-remote-segment",
+        type=parse_size,
+        default=0,
+        metavar="SIZE",
+        help="memory this worker contributes to the store (default 0: the store services on each node hold it, so "
+        "a worker that dies takes nothing of the store with it)",
+    )
+    r.add_argument(
+        "--kv-remote-replicas",
+        type=int,
+        default=1,
+        metavar="N",
+        help="copies of each page in the store (default 1)",
+    )
+    r.add_argument(
+        "--kv-remote-timeout",
+        type=float,
+        default=1.0,
+        metavar="SECONDS",
+        help="deadline of every call to the store (default 1); a store that misses it is left alone for a few "
+        "seconds while the worker serves from its own tiers",
     )
     e.add_argument(
         "--speculate",
@@ -270,10 +322,25 @@ def check_tier_flags(args: argparse.Namespace) -> str | None:
             return f"--kv-disk {args.kv_disk}: {e.strerror or e}"
         if not os.access(folder, os.W_OK | os.X_OK):
             return f"--kv-disk {args.kv_disk}: the folder is not writable"
-    if args.kv_window_paging == "on" and (args.kv_disk or args.kv_host_memory or args.kv_demote):
+    if args.kv_remote is not None:
+        if args.no_cache:
+            return "--kv-remote keeps cached pages in the fleet's store: it needs the cache (drop --no-cache)"
+        try:
+            parse_store_url(args.kv_remote, "--kv-remote")
+        except ValueError as e:
+            return str(e)
+        if not 1 <= args.kv_remote_replicas <= MAX_REMOTE_REPLICAS:
+            return f"--kv-remote-replicas must be in [1, {MAX_REMOTE_REPLICAS}], got {args.kv_remote_replicas}"
+        if not 0.0 < args.kv_remote_timeout <= 60.0:
+            return f"--kv-remote-timeout must be in (0, 60] seconds, got {args.kv_remote_timeout}"
+        if args.kv_remote_metadata is not None and not args.kv_remote_metadata.startswith(("http://", "https://")):
+            return f"--kv-remote-metadata must be an http:// URL, got {args.kv_remote_metadata!r}"
+        if importlib.util.find_spec("mooncake") is None:  # looked up, not imported
+            return "--kv-remote needs the store extra (pip install 'radixcache[store]')"
+    if args.kv_window_paging == "on" and (args.kv_disk or args.kv_host_memory or args.kv_demote or args.kv_remote):
         return (
-            "--kv-window-paging on keeps sliding layers apart; --kv-disk, --kv-host-memory and --kv-demote move "
-            "whole pages: drop one of them (auto turns window paging off for them)"
+            "--kv-window-paging on keeps sliding layers apart; --kv-disk, --kv-host-memory, --kv-remote and "
+            "--kv-demote move whole pages: drop one of them (auto turns window paging off for them)"
         )
     return None
 
@@ -370,6 +437,12 @@ def build_engine(args: argparse.Namespace) -> tuple[Any, Any]:
         kv_disk_dir=args.kv_disk,
         kv_host_bytes=args.kv_host_memory,
         kv_disk_write=args.kv_disk_write,
+        kv_remote=args.kv_remote,
+        kv_remote_metadata=args.kv_remote_metadata,
+        kv_remote_host=args.kv_remote_host,
+        kv_remote_segment_bytes=args.kv_remote_segment,
+        kv_remote_replicas=args.kv_remote_replicas,
+        kv_remote_timeout_s=args.kv_remote_timeout,
         **({"kv_disk_bytes": args.kv_disk_size} if args.kv_disk_size is not None else {}),
     )
     engine = Engine(loaded, config)

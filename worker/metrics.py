@@ -35,6 +35,23 @@ TIER_FIGURES = (
     "disk_corrupt_pages",
     "disk_write_errors",
     "disk_ready",
+    "store_loaded_pages",
+    "store_pages",
+    "store_queued_pages",
+    "store_written_pages",
+    "store_skipped_pages",
+    "store_dropped_pages",
+    "store_corrupt_pages",
+    "store_unavailable_errors",
+    "store_ready",
+)
+STORE_COUNTERS = (  # the fleet's store (--kv-remote): name, help
+    ("written_pages", "pages this worker wrote to the fleet's store"),
+    ("skipped_pages", "pages not written: the fleet's store had them (once per fleet)"),
+    ("dropped_pages", "pages not written: the queue was full or the store unavailable"),
+    ("loaded_pages", "pages loaded from the fleet's store into the pool"),
+    ("corrupt_pages", "objects in the fleet's store that failed the page check (removed, never served)"),
+    ("unavailable_errors", "calls to the fleet's store that failed or ran past their deadline"),
 )
 # Window paging (radixcache.window_parts), copied through by name too.
 WINDOW_FIGURES = ("window_slots_total", "window_slots_free", "window_parts_idle", "window_parts_dropped")
@@ -56,7 +73,7 @@ def flatten_stats(stats: Any) -> dict[str, float]:
 
     queried, hit = c("queried_tokens"), c("hit_tokens")
     rows_exact = float(bool(getattr(stats, "rows_exact", True)))
-    host_hit, disk_hit = e("host_hit_tokens"), e("disk_hit_tokens")
+    host_hit, disk_hit, store_hit = e("host_hit_tokens"), e("disk_hit_tokens"), e("store_hit_tokens")
     return {
         "rows_exact": rows_exact,
         "pages_total": c("pages_total"),
@@ -77,7 +94,8 @@ def flatten_stats(stats: Any) -> dict[str, float]:
         "steps": e("steps"),
         "host_hit_tokens": host_hit,
         "disk_hit_tokens": disk_hit,
-        "device_hit_tokens": max(0.0, hit - host_hit - disk_hit),
+        "store_hit_tokens": store_hit,
+        "device_hit_tokens": max(0.0, hit - host_hit - disk_hit - store_hit),
         "draft_tokens": e("draft_tokens"),
         "accepted_draft_tokens": e("accepted_draft_tokens"),
         "draft_steps": e("draft_steps"),
@@ -110,10 +128,11 @@ class _EngineCollector(Collector):
         by_tier = CounterMetricFamily(
             "radixcache_cache_hit_tokens_by_tier", "prompt tokens found cached, by where they were", labels=["tier"]
         )
-        for tier in ("device", "host", "disk"):
+        for tier in ("device", "host", "disk", "store"):
             by_tier.add_metric([tier], s[f"{tier}_hit_tokens"])
         yield by_tier
         yield from _tier_metrics(s)
+        yield from _store_metrics(s)
         yield from _window_metrics(s)
         yield CounterMetricFamily("radixcache_cache_evicted_pages", "pages evicted for room", value=s["evicted_pages"])
         yield CounterMetricFamily("radixcache_preemptions", "requests preempted", value=s["preemptions"])
@@ -194,6 +213,21 @@ def _tier_metrics(s: dict[str, float]) -> Iterator[Metric]:
         value=s["disk_corrupt_pages"],
     )
     yield GaugeMetricFamily("radixcache_disk_queued_pages", "pages waiting to be written", value=s["disk_queued_pages"])
+
+
+def _store_metrics(s: dict[str, float]) -> Iterator[Metric]:
+    """The fleet's shared store (--kv-remote; nothing until it has answered or failed once)."""
+    if not (s["store_ready"] or s["store_unavailable_errors"] or s["store_written_pages"] or s["store_pages"]):
+        return
+    yield GaugeMetricFamily("radixcache_store_ready", "1 while the fleet's store answers", value=s["store_ready"])
+    yield GaugeMetricFamily(
+        "radixcache_store_pages", "pages this worker knows the fleet's store holds", value=s["store_pages"]
+    )
+    yield GaugeMetricFamily(
+        "radixcache_store_queued_pages", "pages waiting to be written to the store", value=s["store_queued_pages"]
+    )
+    for name, about in STORE_COUNTERS:
+        yield CounterMetricFamily(f"radixcache_store_{name}", about, value=s[f"store_{name}"])
 
 
 class WorkerMetrics:

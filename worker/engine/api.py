@@ -57,9 +57,11 @@ class EngineStats:
     draft_tokens: int = 0  # speculation: draft tokens verified
     accepted_draft_tokens: int = 0  # of those, the ones the sampler drew too (emitted without a step of their own)
     draft_steps: int = 0  # sequence-steps that verified a draft
-    # Of the cache's hit tokens (every admission), those loaded back from host memory / the disk (the rest: device)
+    # Of the cache's hit tokens (every admission), those loaded back from host memory / the disk / the fleet's
+    # store (the rest: device)
     host_hit_tokens: int = 0
     disk_hit_tokens: int = 0
+    store_hit_tokens: int = 0
     kv_dtype: str = ""  # the KV pages' precision (radixcache.kv_dtypes)
     kv_bytes_per_token: int = 0  # what one token's K/V costs in a page, scales included
     rows_exact: bool = True  # the start-up row check passed (False: speculation was turned off)

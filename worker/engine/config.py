@@ -6,10 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from radixcache.kv_dtypes import KV_DTYPES
+from radixcache.object_store import parse_store_url
 from radixcache.retention import check_policy
 
 DEFAULT_KV_MEMORY = 512 * 2**20
 DEFAULT_KV_DISK = 16 * 2**30
+DEFAULT_REMOTE_BUFFER = 64 * 2**20
+MAX_REMOTE_REPLICAS = 8
 DISK_WRITE_POLICIES = ("through", "evict")
 # On by default: the torch attention backend is row-exact (a verified draft's row is the same bits as the decode step
 # that would have computed it, in 16-bit too: worker/attention/torch_backend.py), so greedy output is the same on and
@@ -40,6 +43,17 @@ class EngineConfig:
     # "through": every computed page is queued for the disk at once (a crash loses only the queue); "evict": pages
     # are written when evicted (and at shutdown), so a crash loses what memory held
     kv_disk_write: str = "through"
+    # The fleet's shared store below the disk (radixcache.remote_tier): "mooncake://HOST:PORT" (the master's RPC
+    # address); its metadata server (default http://HOST:8080/metadata); this worker's address for the store (default:
+    # its address on the route to the master); memory this worker contributes to the store (0: the store services
+    # hold it all) and its staging buffer; copies per page; every call's deadline. None: off.
+    kv_remote: str | None = None
+    kv_remote_metadata: str | None = None
+    kv_remote_host: str | None = None
+    kv_remote_segment_bytes: int = 0
+    kv_remote_buffer_bytes: int = DEFAULT_REMOTE_BUFFER
+    kv_remote_replicas: int = 1
+    kv_remote_timeout_s: float = 1.0
     speculate: int = DEFAULT_SPECULATE  # draft tokens per sequence per step at most (worker/speculation); 0: off
     kv_dtype: str = "auto"  # KV page precision (radixcache.kv_codec): auto = the model's dtype
     kv_demote: str | None = None  # demote cold leaves to this precision instead of evicting them (None: off)
@@ -72,6 +86,7 @@ class EngineConfig:
             )
         if self.kv_host_bytes is not None and self.kv_host_bytes < 1:
             raise ValueError(f"kv_host_bytes must be >= 1, got {self.kv_host_bytes}")
+        self._check_remote()
         if not 0 <= self.speculate <= MAX_SPECULATE:
             raise ValueError(f"speculate must be in [0, {MAX_SPECULATE}] draft tokens (0: off), got {self.speculate}")
         if self.kv_dtype not in ("auto", *KV_DTYPES):
@@ -96,7 +111,29 @@ class EngineConfig:
         if not 0.0 <= self.max_pinned <= 1.0:
             raise ValueError(f"max_pinned must be a share of the KV pool in [0, 1], got {self.max_pinned}")
 
+    def _check_remote(self) -> None:
+        if self.kv_remote is None:
+            return
+        parse_store_url(self.kv_remote)
+        if not self.cache_enabled:
+            raise ValueError("kv_remote keeps cached pages in the fleet's store: it needs the cache")
+        if self.kv_remote_metadata is not None and not self.kv_remote_metadata.startswith(("http://", "https://")):
+            raise ValueError(f"kv_remote_metadata must be an http:// URL, got {self.kv_remote_metadata!r}")
+        if self.kv_remote_segment_bytes < 0:
+            raise ValueError(f"kv_remote_segment_bytes must be >= 0, got {self.kv_remote_segment_bytes}")
+        if self.kv_remote_buffer_bytes < 2**20:
+            raise ValueError(f"kv_remote_buffer_bytes must be >= 1MiB, got {self.kv_remote_buffer_bytes}")
+        if not 1 <= self.kv_remote_replicas <= MAX_REMOTE_REPLICAS:
+            raise ValueError(f"kv_remote_replicas must be in [1, {MAX_REMOTE_REPLICAS}], got {self.kv_remote_replicas}")
+        if not 0.0 < self.kv_remote_timeout_s <= 60.0:
+            raise ValueError(f"kv_remote_timeout_s must be in (0, 60] seconds, got {self.kv_remote_timeout_s}")
+
     @property
     def moves_whole_pages(self) -> bool:
         """Demotion or a tier below memory: they move a page with every layer in it (no window paging then)."""
-        return self.kv_demote is not None or self.kv_disk_dir is not None or self.kv_host_bytes is not None
+        return (
+            self.kv_demote is not None
+            or self.kv_disk_dir is not None
+            or self.kv_host_bytes is not None
+            or self.kv_remote is not None
+        )

@@ -226,7 +226,7 @@ class Engine:
     def start_tiers(self) -> None:
         """Open the disk tier in the background (start() does it; call it yourself when driving step())."""
         if self.tiers is not None:
-            self.tiers.open_disk(self._loaded, self.pool, device=self.device, backend=self.backend.name)
+            self.tiers.open_below(self._loaded, self.pool, device=self.device, backend=self.backend.name)
 
     def wait_tier_ready(self, timeout: float = 60.0) -> bool:
         """Wait until every tier is open and the disk's index rebuilt (True), or timeout (False). Works with and

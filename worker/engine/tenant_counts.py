@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from radixcache.tier import MEDIUM_DISK, MEDIUM_HOST
+from radixcache.tier import MEDIUM_DISK, MEDIUM_HOST, MEDIUM_STORE
 
 
 @dataclass
@@ -24,16 +24,19 @@ class TenantCounts:
     finished_requests: int = 0
     host_hit_tokens: int = 0  # of the cache's hit tokens (every admission), loaded back from host memory
     disk_hit_tokens: int = 0  # ... and from the disk (radixcache.tiering)
+    store_hit_tokens: int = 0  # ... and from the fleet's shared store (radixcache.remote_tier)
     draft_tokens: int = 0  # speculative draft tokens checked
     accepted_draft_tokens: int = 0  # of those, the sampled token
     draft_steps: int = 0  # sequence-steps that checked a draft
 
     def add_tier_hit(self, medium: str, tokens: int) -> None:
-        """`tokens` of an admission's hit came back from the tier `medium` (radixcache.tier: host or disk)."""
+        """`tokens` of an admission's hit came back from the tier `medium` (radixcache.tier: host, disk or store)."""
         if medium == MEDIUM_HOST:
             self.host_hit_tokens += tokens
         elif medium == MEDIUM_DISK:
             self.disk_hit_tokens += tokens
+        elif medium == MEDIUM_STORE:
+            self.store_hit_tokens += tokens
         else:
             raise ValueError(f"no tier hit counter for medium {medium!r}")
 

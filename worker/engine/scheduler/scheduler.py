@@ -80,6 +80,8 @@ class Scheduler:
         False while every waiting request waits for its load from a tier (the caller may sleep until notified)."""
         if self.running or self.loads.has_arrivals():
             return True
+        if self.loads.holding():
+            return False
         return any(s.load_job is None or s.load_job.finished for s in self.waiting)
 
     def add(self, seq: Sequence) -> None:
@@ -179,6 +181,8 @@ class Scheduler:
     def _admit(self, budget: int, chunks: dict[Sequence, Chunk], failed: list[Failure]) -> None:
         """Phase 4: waiting requests in admission order, phase by phase (the module docstring)."""
         promised = self.pages.promised_to_prefills(self.running)
+        if self.loads.holding():
+            return  # the fleet's store is being joined: what waits is served from it from the first request
         ordered = self._ordered_waiting()
         self.loads.prefetch(ordered, self.waiting)
         for candidate in ordered:

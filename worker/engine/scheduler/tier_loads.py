@@ -37,6 +37,10 @@ class TierLoads:
     def has_arrivals(self) -> bool:
         return self.tiers is not None and self.tiers.has_arrivals()
 
+    def holding(self) -> bool:
+        """Nobody is admitted yet: the fleet's store is still being joined (EngineTiers.joining_store, bounded)."""
+        return self.tiers is not None and self.tiers.joining_store
+
     def prefetch(self, ordered: list[Waiting], waiting: list[Sequence]) -> None:
         """Start loads for the first of `ordered` (admission order) whose prompt continues into a tier."""
         tiers = self.tiers
@@ -69,6 +73,8 @@ class TierLoads:
         if not job.finished:
             return False
         seq.load_job = None
+        if not job.loaded:  # nothing came (the fleet's store answers "maybe" until asked): do not ask again
+            seq.tier_probes = MAX_TIER_PROBES
         for medium, pages in job.loaded.items():
             seq.tier_tokens[medium] = seq.tier_tokens.get(medium, 0) + pages * self.page_size
         return True
