@@ -210,11 +210,17 @@ def resolve_backend_name(name: str, device: str | torch.device = "cpu", **option
     geometry = {key: options.get(key) for key in ("num_heads", "num_kv_heads", "head_dim", "dtype", "kv_dtype")}
     attention = options.get("attention")
     if isinstance(attention, AttentionOptions) and attention.latent and name != "torch":
-        if name == "auto":  # FlashInfer's MLA wrapper is not wired yet: latent pages are read by the torch backend
+        # FlashInfer's BatchMLAPagedAttentionWrapper.run wants ckv_cache [pages, page_size, kv_lora_rank] and
+        # kpe_cache [pages, page_size, rope dim], each row unit-strided. A latent page splits a token's latent in
+        # two equal halves across its K and V blocks (radixcache/pool.py: 288 + 288 for 512 + 64), so c straddles
+        # the two blocks and no view of the pool is a ckv_cache: serving it needs a pool layout change or a copy
+        # per step. Until then the torch backend reads latent pages.
+        if name == "auto":
             return "torch"
         if name in _REGISTRY:
             raise BackendUnavailableError(
-                f"attention backend {name!r} cannot run here: it does not read latent (MLA) pages. Use backend "
+                f"attention backend {name!r} cannot run here: it does not read latent (MLA) pages (their K/V halves are no "
+                "ckv/kpe view for FlashInfer's MLA kernels). Use backend "
                 "'torch' (or 'auto', which picks it for MLA models)"
             )
     if name == "auto":
