@@ -13,7 +13,9 @@ replica's host-memory tier, "DISK" for its disk tier; none, or "GPU", for the po
 kept apart, per medium: `match_split` counts the leading pages in the device (or in flight), then how many of the
 pages right after them a tier below holds (the replica would load those instead of computing them), which the
 policy scores below device pages and above nothing. Replicas sharing one disk-tier folder each report the files
-they find there, so a page one wrote counts for the others once their store sees it. Everything else (`match`,
+they find there, so a page one wrote counts for the others once their store sees it. Pages in the fleet's shared
+store ("STORE", `serve --kv-remote`) count for every replica, whichever reported them: any replica can load them.
+Everything else (`match`,
 `holds`, `held_pages`, what the pool would evict) is about the device alone.
 """
 
@@ -26,6 +28,7 @@ from typing import Any
 
 from radixcache.salt import owner_namespace
 from radixcache.tier import MEDIUM_DEVICE as DEVICE
+from radixcache.tier import MEDIUM_STORE as STORE
 
 Replica = Hashable
 
@@ -142,15 +145,27 @@ class PrefixIndex:
         if view is None:
             return 0, 0
         device = self._device_run(view, namespace, page_hashes)
-        if not view.below or device == len(page_hashes):
+        if device == len(page_hashes):
             return device, 0
-        tiers = [held[namespace] for held in view.below.values() if held.get(namespace)]
+        tiers = [held[namespace] for medium, held in view.below.items() if medium != STORE and held.get(namespace)]
+        tiers += self._in_store(namespace)
+        if not tiers:
+            return device, 0
         below = 0
         for h in page_hashes[device:]:
             if not any(h in held for held in tiers):
                 break
             below += 1
         return device, below
+
+    def _in_store(self, namespace: str) -> list[set[int]]:
+        """`namespace`'s pages in the fleet's store, as each replica's events report them (any replica loads them)."""
+        out = []
+        for view in self._replicas.values():
+            held = view.below.get(STORE)
+            if held and held.get(namespace):
+                out.append(held[namespace])
+        return out
 
     def _device_run(self, view: _ReplicaView, namespace: str, page_hashes: Sequence[int]) -> int:
         cached = view.cached.get(namespace, ())

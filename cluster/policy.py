@@ -88,7 +88,9 @@ class LoadWeights:
     # Per token of a matched page held below the device (host memory, disk): loading it costs this share of
     # computing it. bench/tier_bench.py (BENCHMARKS.md, "Disk tier"): a 1,024-token prefix re-hit from the disk
     # came 19.3x sooner than its cold prefill (disk_rehit_ttft_speedup), so 1 / 19.3 ~ 0.05. Host memory loads
-    # faster still; the disk's figure is used for both (an upper bound).
+    # faster still; the disk's figure is used for both (an upper bound). Pages in the fleet's store (any replica
+    # loads them) are scored at this weight too until the store's own load cost is measured: they then tie with a
+    # replica's own disk, and load decides.
     tier: float = 0.05
     # Per token of the leading pages the hints say were sent to a replica, when no events show them anywhere: as
     # much as a cached token (bench/cluster_bench.py's flush_restart trace; a real queue elsewhere still wins).

@@ -178,6 +178,22 @@ def test_the_index_keeps_each_pages_medium_and_counts_tier_pages_after_the_devic
     assert index.match_split("b", "", [1, 2]) == (0, 0)
 
 
+def test_pages_in_the_fleets_store_are_loadable_by_every_replica_and_score_below_the_device():
+    index = PrefixIndex()
+    index.apply("a", [("stored", "", [1, 2, 3, 4]), ("stored", "", [1, 2, 3, 4], "STORE")])
+    index.apply("b", [("stored", "", [9])])  # b holds none of it, but can load it from the store
+    index.apply("c", [("stored", "", [1], "DISK")])
+    assert index.match_split("a", "", [1, 2, 3, 4]) == (4, 0)
+    assert index.match_split("b", "", [1, 2, 3, 4, 5]) == (0, 4)  # stops where the store ends
+    assert index.match_split("c", "", [1, 2, 3, 4]) == (0, 4)  # its disk's page 1, then the store's 2-4
+    assert index.match_split("b", "x", [1, 2]) == (0, 0)  # another tenant's prompt loads nothing
+    assert index.cached_hashes("b", "", "STORE") == set()  # reported by a, counted for all
+    index.apply("a", [("removed", "", [3], "STORE")])
+    assert index.match_split("b", "", [1, 2, 3, 4]) == (0, 2)
+    index.forget("a")  # the store outlives a replica, but only what the living report is known
+    assert index.match_split("b", "", [1, 2]) == (0, 0)
+
+
 def test_a_prefix_on_device_beats_one_on_disk_which_beats_nothing_at_equal_load():
     w = LoadWeights()
     prompt = 64 * PAGE  # 1,024 tokens
