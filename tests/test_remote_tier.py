@@ -428,6 +428,7 @@ def test_a_page_one_worker_computed_is_loaded_by_another_with_the_recomputed_out
 
     from radixcache.event_log import EventLog
     from radixcache.events import PagesStored, page_hashes
+    from radixcache.worker.grpc.servicer import cache_stats_message
     from radixcache.worker.metrics import WorkerMetrics
 
     prompt = prompt_of(1)  # 10 pages
@@ -448,6 +449,12 @@ def test_a_page_one_worker_computed_is_loaded_by_another_with_the_recomputed_out
     text = generate_latest(WorkerMetrics(lambda: stats).registry).decode()
     assert f'radixcache_cache_hit_tokens_by_tier_total{{tier="store"}} {float(stats.store_hit_tokens)}' in text
     assert "radixcache_store_ready 1.0" in text
+    message = cache_stats_message(stats)  # what GetCacheStats sends
+    assert (message.store_hit_tokens, message.store_loaded_pages) == (
+        stats.store_hit_tokens,
+        stats.cache.store_loaded_pages,
+    )
+    assert message.store_ready and message.store_pages == stats.cache.store_pages > 0
     settle(b)  # what b computed (the generated tokens' pages) a had written already: once per fleet
     assert b.stats().cache.store_written_pages == 0 and b.stats().cache.store_skipped_pages >= 1
     for engine in (a, b):

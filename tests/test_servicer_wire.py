@@ -52,7 +52,8 @@ class ScriptedEngine(FakeEngine):
     - pin pins the whole pages of the longest cached prefix (as the real engine does: partly cached prompts pin
       partly) and records (namespace, tokens, ttl) of every call; over_budget[prompt text]: pin raises
       PinBudgetError;
-    - stats report `hits` = (queried, hit) tokens and `drafts` = (draft, accepted draft tokens, draft steps).
+    - stats report `hits` = (queried, hit) tokens, `drafts` = (draft, accepted draft tokens, draft steps) and
+      `store` (the fleet's store's figures by name: store_hit_tokens on the engine's stats, the rest on the cache's).
     """
 
     def __init__(self, **kwargs) -> None:
@@ -64,6 +65,7 @@ class ScriptedEngine(FakeEngine):
         self.over_budget: dict[str, str] = {}
         self.hits = (0, 0)
         self.drafts = (0, 0, 0)
+        self.store: dict[str, int] = {}
 
     def _text(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids)
@@ -98,6 +100,8 @@ class ScriptedEngine(FakeEngine):
         s = super().stats(namespace)
         s.cache.queried_tokens, s.cache.hit_tokens = self.hits
         s.draft_tokens, s.accepted_draft_tokens, s.draft_steps = self.drafts
+        for name, value in self.store.items():
+            setattr(s if name == "store_hit_tokens" else s.cache, name, value)
         return s
 
 
@@ -370,6 +374,32 @@ def test_cache_stats_hit_rate_is_the_fraction_of_queried_tokens(worker):
     stats = stub_of(worker).GetCacheStats(pb.GetCacheStatsRequest(), timeout=10)
     assert stats.hit_rate == 0.25 and (stats.queried_tokens, stats.hit_tokens, stats.pages_total) == (8, 2, 256)
     assert (stats.draft_tokens, stats.accepted_draft_tokens, stats.draft_steps) == (10, 7, 3)
+
+
+STORE_FIGURES = (
+    "store_hit_tokens",
+    "store_pages",
+    "store_loaded_pages",
+    "store_queued_pages",
+    "store_written_pages",
+    "store_skipped_pages",
+    "store_dropped_pages",
+    "store_corrupt_pages",
+    "store_unavailable_errors",
+)
+
+
+def test_cache_stats_report_the_fleets_store_by_name_to_the_client(worker):
+    from radixcache.client import Client
+
+    worker.engine.hits = (100, 60)
+    worker.engine.store = {name: 11 + i for i, name in enumerate(STORE_FIGURES)} | {"store_ready": 1}
+    with Client(worker.target) as client:
+        stats = client.stats()  # what `radixcache stats` prints, by name
+    assert {name: stats[name] for name in STORE_FIGURES} == {name: 11 + i for i, name in enumerate(STORE_FIGURES)}
+    assert stats["store_ready"] is True and stats["hit_tokens"] == 60
+    worker.engine.store = {}
+    assert not stub_of(worker).GetCacheStats(pb.GetCacheStatsRequest(), timeout=10).store_ready  # without a store
 
 
 # ---- authentication, loading and shutdown: every RPC ----------------------------------------------------------------

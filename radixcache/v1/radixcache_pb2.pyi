@@ -236,7 +236,7 @@ class GetCacheStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class CacheStats(_message.Message):
-    __slots__ = ("pages_total", "pages_free", "pages_cached", "pages_evictable", "pages_pinned", "pages_in_use", "queried_tokens", "hit_tokens", "hit_rate", "evicted_pages", "preemptions", "running", "waiting", "live_leases", "steps", "max_pinned_pages", "kv_dtype", "kv_bytes_per_token", "pages_demoted", "demoted_pages", "promoted_pages", "disk_pages", "disk_bytes", "disk_capacity_bytes", "host_pages", "spilled_pages", "spill_dropped_pages", "disk_corrupt_pages", "disk_hit_tokens", "host_hit_tokens", "disk_ready", "draft_tokens", "accepted_draft_tokens", "draft_steps", "replicas", "window_slots_total", "window_slots_free", "window_parts_idle", "window_parts_dropped")
+    __slots__ = ("pages_total", "pages_free", "pages_cached", "pages_evictable", "pages_pinned", "pages_in_use", "queried_tokens", "hit_tokens", "hit_rate", "evicted_pages", "preemptions", "running", "waiting", "live_leases", "steps", "max_pinned_pages", "kv_dtype", "kv_bytes_per_token", "pages_demoted", "demoted_pages", "promoted_pages", "disk_pages", "disk_bytes", "disk_capacity_bytes", "host_pages", "spilled_pages", "spill_dropped_pages", "disk_corrupt_pages", "disk_hit_tokens", "host_hit_tokens", "disk_ready", "draft_tokens", "accepted_draft_tokens", "draft_steps", "store_hit_tokens", "store_pages", "store_loaded_pages", "store_queued_pages", "store_written_pages", "store_skipped_pages", "store_dropped_pages", "store_corrupt_pages", "store_unavailable_errors", "store_ready", "replicas", "window_slots_total", "window_slots_free", "window_parts_idle", "window_parts_dropped")
     PAGES_TOTAL_FIELD_NUMBER: _ClassVar[int]
     PAGES_FREE_FIELD_NUMBER: _ClassVar[int]
     PAGES_CACHED_FIELD_NUMBER: _ClassVar[int]
@@ -271,6 +271,16 @@ class CacheStats(_message.Message):
     DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_STEPS_FIELD_NUMBER: _ClassVar[int]
+    STORE_HIT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    STORE_PAGES_FIELD_NUMBER: _ClassVar[int]
+    STORE_LOADED_PAGES_FIELD_NUMBER: _ClassVar[int]
+    STORE_QUEUED_PAGES_FIELD_NUMBER: _ClassVar[int]
+    STORE_WRITTEN_PAGES_FIELD_NUMBER: _ClassVar[int]
+    STORE_SKIPPED_PAGES_FIELD_NUMBER: _ClassVar[int]
+    STORE_DROPPED_PAGES_FIELD_NUMBER: _ClassVar[int]
+    STORE_CORRUPT_PAGES_FIELD_NUMBER: _ClassVar[int]
+    STORE_UNAVAILABLE_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    STORE_READY_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     WINDOW_SLOTS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     WINDOW_SLOTS_FREE_FIELD_NUMBER: _ClassVar[int]
@@ -310,12 +320,22 @@ class CacheStats(_message.Message):
     draft_tokens: int
     accepted_draft_tokens: int
     draft_steps: int
+    store_hit_tokens: int
+    store_pages: int
+    store_loaded_pages: int
+    store_queued_pages: int
+    store_written_pages: int
+    store_skipped_pages: int
+    store_dropped_pages: int
+    store_corrupt_pages: int
+    store_unavailable_errors: int
+    store_ready: bool
     replicas: _containers.RepeatedCompositeFieldContainer[ReplicaCacheStats]
     window_slots_total: int
     window_slots_free: int
     window_parts_idle: int
     window_parts_dropped: int
-    def __init__(self, pages_total: _Optional[int] = ..., pages_free: _Optional[int] = ..., pages_cached: _Optional[int] = ..., pages_evictable: _Optional[int] = ..., pages_pinned: _Optional[int] = ..., pages_in_use: _Optional[int] = ..., queried_tokens: _Optional[int] = ..., hit_tokens: _Optional[int] = ..., hit_rate: _Optional[float] = ..., evicted_pages: _Optional[int] = ..., preemptions: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., live_leases: _Optional[int] = ..., steps: _Optional[int] = ..., max_pinned_pages: _Optional[int] = ..., kv_dtype: _Optional[str] = ..., kv_bytes_per_token: _Optional[int] = ..., pages_demoted: _Optional[int] = ..., demoted_pages: _Optional[int] = ..., promoted_pages: _Optional[int] = ..., disk_pages: _Optional[int] = ..., disk_bytes: _Optional[int] = ..., disk_capacity_bytes: _Optional[int] = ..., host_pages: _Optional[int] = ..., spilled_pages: _Optional[int] = ..., spill_dropped_pages: _Optional[int] = ..., disk_corrupt_pages: _Optional[int] = ..., disk_hit_tokens: _Optional[int] = ..., host_hit_tokens: _Optional[int] = ..., disk_ready: _Optional[bool] = ..., draft_tokens: _Optional[int] = ..., accepted_draft_tokens: _Optional[int] = ..., draft_steps: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaCacheStats, _Mapping]]] = ..., window_slots_total: _Optional[int] = ..., window_slots_free: _Optional[int] = ..., window_parts_idle: _Optional[int] = ..., window_parts_dropped: _Optional[int] = ...) -> None: ...
+    def __init__(self, pages_total: _Optional[int] = ..., pages_free: _Optional[int] = ..., pages_cached: _Optional[int] = ..., pages_evictable: _Optional[int] = ..., pages_pinned: _Optional[int] = ..., pages_in_use: _Optional[int] = ..., queried_tokens: _Optional[int] = ..., hit_tokens: _Optional[int] = ..., hit_rate: _Optional[float] = ..., evicted_pages: _Optional[int] = ..., preemptions: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., live_leases: _Optional[int] = ..., steps: _Optional[int] = ..., max_pinned_pages: _Optional[int] = ..., kv_dtype: _Optional[str] = ..., kv_bytes_per_token: _Optional[int] = ..., pages_demoted: _Optional[int] = ..., demoted_pages: _Optional[int] = ..., promoted_pages: _Optional[int] = ..., disk_pages: _Optional[int] = ..., disk_bytes: _Optional[int] = ..., disk_capacity_bytes: _Optional[int] = ..., host_pages: _Optional[int] = ..., spilled_pages: _Optional[int] = ..., spill_dropped_pages: _Optional[int] = ..., disk_corrupt_pages: _Optional[int] = ..., disk_hit_tokens: _Optional[int] = ..., host_hit_tokens: _Optional[int] = ..., disk_ready: _Optional[bool] = ..., draft_tokens: _Optional[int] = ..., accepted_draft_tokens: _Optional[int] = ..., draft_steps: _Optional[int] = ..., store_hit_tokens: _Optional[int] = ..., store_pages: _Optional[int] = ..., store_loaded_pages: _Optional[int] = ..., store_queued_pages: _Optional[int] = ..., store_written_pages: _Optional[int] = ..., store_skipped_pages: _Optional[int] = ..., store_dropped_pages: _Optional[int] = ..., store_corrupt_pages: _Optional[int] = ..., store_unavailable_errors: _Optional[int] = ..., store_ready: _Optional[bool] = ..., replicas: _Optional[_Iterable[_Union[ReplicaCacheStats, _Mapping]]] = ..., window_slots_total: _Optional[int] = ..., window_slots_free: _Optional[int] = ..., window_parts_idle: _Optional[int] = ..., window_parts_dropped: _Optional[int] = ...) -> None: ...
 
 class ReplicaCacheStats(_message.Message):
     __slots__ = ("replica_id", "stats")
