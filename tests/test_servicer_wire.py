@@ -53,7 +53,7 @@ class ScriptedEngine(FakeEngine):
       partly) and records (namespace, tokens, ttl) of every call; over_budget[prompt text]: pin raises
       PinBudgetError;
     - stats report `hits` = (queried, hit) tokens, `drafts` = (draft, accepted draft tokens, draft steps) and
-      `store` (the fleet's store's figures by name: store_hit_tokens on the engine's stats, the rest on the cache's).
+      `store_figures` (the fleet's store's figures by name: store_hit_tokens on the engine's stats, the rest on the cache's).
     """
 
     def __init__(self, **kwargs) -> None:
@@ -65,7 +65,7 @@ class ScriptedEngine(FakeEngine):
         self.over_budget: dict[str, str] = {}
         self.hits = (0, 0)
         self.drafts = (0, 0, 0)
-        self.store: dict[str, int] = {}
+        self.store_figures: dict[str, int] = {}
 
     def _text(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids)
@@ -100,7 +100,7 @@ class ScriptedEngine(FakeEngine):
         s = super().stats(namespace)
         s.cache.queried_tokens, s.cache.hit_tokens = self.hits
         s.draft_tokens, s.accepted_draft_tokens, s.draft_steps = self.drafts
-        for name, value in self.store.items():
+        for name, value in self.store_figures.items():
             setattr(s if name == "store_hit_tokens" else s.cache, name, value)
         return s
 
@@ -393,12 +393,12 @@ def test_cache_stats_report_the_fleets_store_by_name_to_the_client(worker):
     from radixcache.client import Client
 
     worker.engine.hits = (100, 60)
-    worker.engine.store = {name: 11 + i for i, name in enumerate(STORE_FIGURES)} | {"store_ready": 1}
+    worker.engine.store_figures = {name: 11 + i for i, name in enumerate(STORE_FIGURES)} | {"store_ready": 1}
     with Client(worker.target) as client:
         stats = client.stats()  # what `radixcache stats` prints, by name
     assert {name: stats[name] for name in STORE_FIGURES} == {name: 11 + i for i, name in enumerate(STORE_FIGURES)}
     assert stats["store_ready"] is True and stats["hit_tokens"] == 60
-    worker.engine.store = {}
+    worker.engine.store_figures = {}
     assert not stub_of(worker).GetCacheStats(pb.GetCacheStatsRequest(), timeout=10).store_ready  # without a store
 
 
