@@ -7,13 +7,21 @@ Phases (one master and one store service started here; workers are `radixcache s
 1. cross-replica re-hit: replicas A and B join the store. A 1,024-token prefix + 8 tokens is asked on A (cold: its
    TTFT is the prefill), then, once A's write-through has landed, the same prefix + 8 other tokens on B (its TTFT is
    the store load + the tail). cross_replica_rehit_speedup = cold / re-hit, the median over `reps` prefixes.
-2. scale-up: replica C joins after all that; each known prefix asked once on C. scaleup_cached_share = the cached
+2. failover: A is killed (SIGKILL of its process group) once its write-through has landed; a replacement A2 joins
+   the same store and each of A's prefixes is asked once on it. failover_cached_share = the cached tokens it
+   reports over the whole pages of those prefixes.
+3. scale-up: replica C joins after all that; each known prefix asked once on C. scaleup_cached_share = the cached
    tokens it reports over the whole pages of those prefixes.
-3. unique prompts (nothing re-hits): 512-token prompts alternated between a store replica and one without the store.
-   unique_overhead = median request time with the store / without.
-Greedy tokens of the re-hits and the scale-up equal those of a worker without the store (`wrong_answers` counts
-those that differ). Not measured here (named in issue 37, left for the next round): the eviction trace's hit rate,
-failover and the fault figures (the fault behaviour is tested in tests/test_remote_tier.py).
+4. unique prompts (nothing re-hits, run before the failover): 512-token prompts alternated between a store replica
+   and one without the store. unique_overhead = median request time with the store / without.
+5. faults (last: a restarted master holds nothing): a bounded sequential loop of greedy requests on A2 through
+   (c) the objects of prefixes B just wrote corrupted in place (fault_corrupted_objects of them), those prefixes
+   then asked; (b) the store service killed (SIGKILL), requests, started again, requests; (a) the master killed
+   (SIGKILL), requests, master and service started again on the same ports, requests. fault_failed_requests: the
+   requests that raised; fault_wrong_answers: those whose greedy tokens differ from the worker without the store.
+Greedy tokens of the re-hits and the failover equal those of a worker without the store (`wrong_answers` counts
+those that differ). Not measured here (named in issue 37, left for the next round): the eviction trace's hit rate
+with the store against the same fleet memory without it.
 The last line printed is one JSON object (also written to bench/results/store_bench.json).
 """
 
@@ -21,7 +29,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
+import signal
 import statistics
 import subprocess
 import sys
@@ -53,6 +63,85 @@ def ask(c, prompt: list[int], max_tokens: int = 4) -> tuple[float, int, list[int
         cached = chunk.cached_tokens
         tokens += chunk.token_ids
     return first if first is not None else time.perf_counter() - start, cached, tokens
+
+
+def shares_on(c, cref, prefixes: list[list[int]], rng: random.Random) -> tuple[list[float], int]:
+    """Each prefix asked once on `c`: (cached tokens / its whole-page tokens, per prefix; greedy answers differing
+    from `cref`'s, when given)."""
+    shares, wrong = [], 0
+    for prefix in prefixes:
+        prompt = prefix + random_tokens(rng, 8)
+        _, got, tokens = ask(c, prompt)
+        shares.append(min(got, len(prefix)) / (len(prefix) // PAGE * PAGE))
+        if cref is not None:
+            wrong += tokens != ask(cref, prompt)[2]
+    return shares, wrong
+
+
+def fault_phases(store: LocalMooncake, writer, c, cref, rng: random.Random, per_window: int) -> dict:
+    """A bounded sequential loop of requests on `c` (a store replica) through three faults: (c) every object of
+    prefixes `writer` just wrote corrupted in place (one byte flipped, the object replaced), then those prefixes
+    asked; (b) the store service killed, requests, the service started again, requests; (a) the master killed,
+    requests, the master and the service started again (same ports), requests. Each request's greedy tokens are
+    compared with `cref` (no store); a request that raises counts as failed."""
+    tally = {"failed": 0, "wrong": 0, "requests": 0, "corrupted": 0}
+    known = [random_tokens(rng, 256) for _ in range(per_window)]
+
+    def window(prompts: list[list[int]]) -> None:
+        for prompt in prompts:
+            tally["requests"] += 1
+            try:
+                _, _, tokens = ask(c, prompt)
+            except Exception:  # noqa: BLE001 (any failure is what is counted)
+                tally["failed"] += 1
+                continue
+            tally["wrong"] += tokens != ask(cref, prompt)[2]
+
+    def mixed() -> list[list[int]]:  # a known prefix with a new tail, and a prompt never seen
+        return [p for k in known for p in (k + random_tokens(rng, 8), random_tokens(rng, 256))]
+
+    before = set(store.all_keys())
+    planted = [random_tokens(rng, 256) for _ in range(per_window)]
+    for prompt in planted:
+        ask(writer, prompt)
+    time.sleep(WRITE_LAND_S)
+    tally["corrupted"] = corrupt(store, sorted(set(store.all_keys()) - before))
+    window([p + random_tokens(rng, 8) for p in planted])
+    window(mixed())  # `known` computed (and written through) here
+    store.kill_service()
+    window(mixed())
+    store.start_service()
+    window(mixed())
+    store.kill_master()
+    window(mixed())
+    store.start_master()
+    store.kill_service()  # a restarted master knows no segment: the service mounts its memory again
+    store.start_service()
+    window(mixed())
+    return tally
+
+
+def corrupt(store: LocalMooncake, keys: list[str]) -> int:
+    """Flip one byte near the end of each object under `keys` (its payload, not its header); how many were."""
+    from radixcache.mooncake_store import MooncakeObjectStore
+    from radixcache.object_store import parse_store_url
+
+    vandal = MooncakeObjectStore(parse_store_url(store.url), store.metadata, local_host="127.0.0.1")
+    vandal.connect(30)
+    done = 0
+    try:
+        for key in keys:
+            raw = vandal.get(key, 5)
+            if raw is None:
+                continue
+            spoiled = bytearray(raw)
+            spoiled[-8] ^= 0x55
+            vandal.remove(key, 5)  # a put onto an existing key keeps the old value
+            vandal.put(key, bytes(spoiled), 5)
+            done += 1
+    finally:
+        vandal.close()
+    return done
 
 
 def main() -> int:
@@ -95,16 +184,23 @@ def main() -> int:
                     start = time.perf_counter()
                     ask(c, random_tokens(rng, 512))
                     times.append(time.perf_counter() - start)
-        with Worker(ckpt, *joined, threads=1, name="C") as late, Client(late.target) as cc:
-            shares = []
-            for prefix in prefixes:
-                _, got, _ = ask(cc, prefix + random_tokens(rng, 8))
-                shares.append(min(got, len(prefix)) / (len(prefix) // PAGE * PAGE))
+            os.killpg(a.proc.pid, signal.SIGKILL)  # A crashes; what it wrote through stays in the store
+            a.proc.wait(10)
+            with Worker(ckpt, *joined, threads=1, name="A2") as a2, Client(a2.target) as c2:
+                failover, wrong_failover = shares_on(c2, cref, prefixes, rng)
+                with Worker(ckpt, *joined, threads=1, name="C") as late, Client(late.target) as cc:
+                    shares, _ = shares_on(cc, None, prefixes, rng)
+                faults = fault_phases(store, cb, c2, cref, rng, 1 if args.smoke else 3)  # last: it empties the store
     summary = {
         "cross_replica_rehit_speedup": round(statistics.median(x / y for x, y in zip(cold, warm, strict=True)), 1),
         "scaleup_cached_share": round(statistics.mean(shares), 3),
         "unique_overhead": round(statistics.median(unique_on) / statistics.median(unique_off), 3),
-        "wrong_answers": wrong,
+        "failover_cached_share": round(statistics.mean(failover), 3),
+        "fault_failed_requests": faults["failed"],
+        "fault_wrong_answers": faults["wrong"],
+        "wrong_answers": wrong + wrong_failover,
+        "fault_requests": faults["requests"],
+        "fault_corrupted_objects": faults["corrupted"],
         "cold_ttft_s": [round(x, 3) for x in cold],
         "rehit_ttft_s": [round(x, 3) for x in warm],
         "rehit_cached_tokens": cached,

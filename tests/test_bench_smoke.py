@@ -158,8 +158,17 @@ EXPECTED: dict[str, dict] = {
         ]
     ),  # fmt: skip
     "store_bench.py": dict.fromkeys(
-        ["cross_replica_rehit_speedup", "scaleup_cached_share", "unique_overhead", "wrong_answers", "smoke"]
-    ),
+        [
+            "cross_replica_rehit_speedup",
+            "scaleup_cached_share",
+            "unique_overhead",
+            "failover_cached_share",
+            "fault_failed_requests",
+            "fault_wrong_answers",
+            "wrong_answers",
+            "smoke",
+        ]
+    ),  # fmt: skip
     "constrained_bench.py": dict.fromkeys(
         [
             "constrained_step_overhead_b1",
