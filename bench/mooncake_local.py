@@ -1,96 +1,18 @@
 """A Mooncake Store on loopback for the benchmarks: one `mooncake_master` (with its HTTP metadata server) and one
-store service holding the memory, on free ports, stopped by `stop()` / `with`. Needs the `store` extra and
+store service holding the memory, on free ports, stopped by `stop()` / `with`. The processes are started as
+`radixcache cluster --kv-remote-start` starts them (radixcache.cluster.store_processes). Needs the `store` extra and
 Debian's libibverbs1 (what `make setup` installs)."""
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
-from pathlib import Path
+from radixcache.cluster.store_processes import LocalStore, free_port
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+class LocalMooncake(LocalStore):
+    """LocalStore on loopback: LocalMooncake(segment_bytes), worker_args(), start(), stop(), capacity_bytes()."""
 
-
-class LocalMooncake:
     def __init__(self, segment_bytes: int = 1 << 30) -> None:
-        self.rpc, self.http, self.metrics, self.service_port = (free_port() for _ in range(4))
-        self.segment_bytes = segment_bytes
-        self.procs: list[subprocess.Popen] = []
-        self.url = f"mooncake://127.0.0.1:{self.rpc}"
-        self.metadata = f"http://127.0.0.1:{self.http}/metadata"
+        super().__init__(segment_bytes)
 
-    def worker_args(self) -> tuple[str, ...]:
-        """What `radixcache serve` needs to join this store."""
-        return ("--kv-remote", self.url, "--kv-remote-metadata", self.metadata, "--kv-remote-host", "127.0.0.1")
 
-    def start(self, timeout: float = 60.0) -> LocalMooncake:
-        bin_dir = Path(sys.executable).parent
-        quiet = {**os.environ, "GLOG_minloglevel": "2"}
-        master = [
-            str(bin_dir / "mooncake_master"),
-            "--rpc_address=127.0.0.1",
-            f"--rpc_port={self.rpc}",
-            "--enable_http_metadata_server=true",
-            "--http_metadata_server_host=127.0.0.1",
-            f"--http_metadata_server_port={self.http}",
-            "--metrics_host=127.0.0.1",
-            f"--metrics_port={self.metrics}",
-        ]
-        self.procs.append(subprocess.Popen(master, env=quiet, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        service_env = {
-            **quiet,
-            "MC_TCP_BIND_ADDRESS": "127.0.0.1",
-            "MOONCAKE_MASTER": f"127.0.0.1:{self.rpc}",
-            "MOONCAKE_TE_META_DATA_SERVER": self.metadata,
-            "MOONCAKE_LOCAL_HOSTNAME": "127.0.0.1",
-            "MOONCAKE_GLOBAL_SEGMENT_SIZE": str(self.segment_bytes),
-            "MOONCAKE_LOCAL_BUFFER_SIZE": "0",
-            "MOONCAKE_PROTOCOL": "tcp",
-        }
-        service = [sys.executable, "-m", "mooncake.mooncake_store_service", f"--port={self.service_port}"]
-        self.procs.append(
-            subprocess.Popen(service, env=service_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        )
-        deadline = time.monotonic() + timeout
-        while self.capacity_bytes() <= 0:  # the master counts the service's memory: puts can land
-            if time.monotonic() > deadline or any(p.poll() is not None for p in self.procs):
-                self.stop()
-                raise RuntimeError("the local Mooncake store did not come up")
-            time.sleep(0.1)
-        return self
-
-    def capacity_bytes(self) -> float:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics}/metrics", timeout=1) as reply:
-                text = reply.read().decode()
-        except OSError:
-            return 0.0
-        for line in text.splitlines():
-            if line.startswith("master_total_capacity_bytes "):
-                return float(line.split()[1])
-        return 0.0
-
-    def stop(self) -> None:
-        for proc in reversed(self.procs):
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(5)
-        self.procs.clear()
-
-    def __enter__(self) -> LocalMooncake:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+__all__ = ["LocalMooncake", "free_port"]
