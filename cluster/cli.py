@@ -2,6 +2,8 @@
 
 Every flag `radixcache serve` takes for the model and the cache (--model, --random-model, --page-size, --kv-pages,
 --kv-memory, --max-step-tokens, --backend, --no-cache, --dtype, --device, ...) is passed to each replica as is.
+With --kv-remote every replica joins an existing Mooncake Store; with --kv-remote-start the cluster starts one on
+this node (a mooncake_master and one store service) and stops it when it stops.
 Prints "serving on HOST:PORT" once the Serve application is running and answers, then runs until SIGTERM/SIGINT.
 """
 
@@ -13,6 +15,7 @@ import signal
 import sys
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from radixcache.cluster.policy import (
     DEFAULT_BALANCE_ABS,
@@ -21,6 +24,10 @@ from radixcache.cluster.policy import (
     DEFAULT_TIE_SHARE,
     LoadWeights,
 )
+from radixcache.cluster.store_flags import StorePlan, add_store_flags, replica_flags, store_plan
+
+if TYPE_CHECKING:
+    from radixcache.cluster.app import ClusterOptions
 
 
 def parser() -> argparse.ArgumentParser:
@@ -28,6 +35,7 @@ def parser() -> argparse.ArgumentParser:
         prog="radixcache cluster",
         description="Run N radixcache replicas on Ray Serve behind one gRPC endpoint, routed by cached prefix. "
         "Unknown flags go to every replica's `radixcache serve` (model and cache options).",
+        allow_abbrev=False,  # an abbreviation would swallow a serve flag (--kv-remote-segment is serve's, not ours)
     )
     p.add_argument("--replicas", type=int, default=2, help="engine replicas (default 2)")
     p.add_argument("--replica-cpus", type=float, default=1.0, help="Ray CPUs (and torch threads) per replica")
@@ -42,6 +50,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--grace-period", type=float, default=30.0,
                    help="seconds a replica being stopped lets its streams run before ending them with UNAVAILABLE "
                    "(default 30)")  # fmt: skip
+    add_store_flags(p)
     r = p.add_argument_group("routing")
     r.add_argument(
         "--balance-abs",
@@ -78,40 +87,66 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def cluster_options(args: argparse.Namespace, serve_argv: list[str]) -> tuple[ClusterOptions, StorePlan]:
+    """The application's options and the store to start from the parsed flags (no Ray, no process): each replica's
+    serve flags are the unknown ones plus the store's. OSError / ValueError say what is wrong."""
+    from radixcache.cluster.app import ClusterOptions
+    from radixcache.cluster.policy import RoutingThresholds
+    from radixcache.worker.front.auth import load_token_file
+
+    tokens, admins = load_token_file(args.auth_tokens) if args.auth_tokens else (None, set())
+    plan = store_plan(args, serve_argv)
+    options = ClusterOptions(
+        serve_argv=[*serve_argv, *replica_flags(plan)],
+        replicas=args.replicas,
+        replica_cpus=args.replica_cpus,
+        replica_gpus=args.replica_gpus,
+        thresholds=RoutingThresholds(args.balance_abs, args.balance_rel, args.min_match_pages, args.tie_share),
+        weights=LoadWeights(
+            args.queued_weight,
+            args.requests_weight,
+            args.kv_weight,
+            args.evict_weight,
+            args.tier_weight,
+            args.hint_weight,
+        ),
+        auth_tokens=tokens,
+        admin_tokens=frozenset(admins),
+        grace_period_s=args.grace_period,
+        ingress_replicas=args.ingress_replicas,
+    )
+    return options, plan
+
+
 def main(argv: list[str]) -> int:
     args, serve_argv = parser().parse_known_args(argv[1:])
+    try:
+        options, plan = cluster_options(args, serve_argv)
+    except (OSError, ValueError) as e:
+        print(f"radixcache cluster: {e}", file=sys.stderr)
+        return 2
+    if plan.start is not None:
+        try:
+            plan.start.start()
+        except RuntimeError as e:
+            print(f"radixcache cluster: --kv-remote-start: {e}", file=sys.stderr)
+            return 1
+        print(f"store: master {plan.start.url}, metadata {plan.start.metadata}", flush=True)
+    try:
+        return run(args, options)
+    finally:
+        if plan.start is not None:
+            plan.start.stop()
+
+
+def run(args: argparse.Namespace, options: ClusterOptions) -> int:
+    """Serves until SIGTERM/SIGINT."""
     import ray
     from ray import serve
     from ray.serve.config import HTTPOptions
 
-    from radixcache.cluster.app import ClusterOptions, build_app, grpc_options
-    from radixcache.cluster.policy import RoutingThresholds
-    from radixcache.worker.front.auth import load_token_file
+    from radixcache.cluster.app import build_app, grpc_options
 
-    try:
-        tokens, admins = load_token_file(args.auth_tokens) if args.auth_tokens else (None, set())
-        options = ClusterOptions(
-            serve_argv=serve_argv,
-            replicas=args.replicas,
-            replica_cpus=args.replica_cpus,
-            replica_gpus=args.replica_gpus,
-            thresholds=RoutingThresholds(args.balance_abs, args.balance_rel, args.min_match_pages, args.tie_share),
-            weights=LoadWeights(
-                args.queued_weight,
-                args.requests_weight,
-                args.kv_weight,
-                args.evict_weight,
-                args.tier_weight,
-                args.hint_weight,
-            ),
-            auth_tokens=tokens,
-            admin_tokens=frozenset(admins),
-            grace_period_s=args.grace_period,
-            ingress_replicas=args.ingress_replicas,
-        )
-    except (OSError, ValueError) as e:
-        print(f"radixcache cluster: {e}", file=sys.stderr)
-        return 2
     ray.init(address=args.ray_address, namespace=options.hub_namespace, include_dashboard=False)
     serve.start(  # a proxy on every node with a replica: streams spread instead of all crossing the head
         proxy_location="EveryNode",
@@ -120,7 +155,7 @@ def main(argv: list[str]) -> int:
     )
     serve.run(build_app(options), name=options.app_name)
     print(f"serving on {args.host}:{args.port}", flush=True)
-    print(json.dumps({"replicas": args.replicas, "serve_argv": serve_argv}), flush=True)
+    print(json.dumps({"replicas": args.replicas, "serve_argv": options.serve_argv}), flush=True)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

@@ -1,0 +1,143 @@
+"""A fleet's store started on this node: one `mooncake_master` (with its HTTP metadata server) and one Mooncake store
+service holding the store's memory, on given or free ports, stopped by `stop()` / `with`.
+
+`radixcache cluster --kv-remote-start` runs one for its replicas; the benchmarks run one on loopback. Needs the
+`store` extra and Debian's libibverbs1 (the package's binaries link it even for TCP). The store is inside the
+operator's trust boundary (its master and its service answer anyone who reaches them): `bind` is loopback unless
+the operator names an address on the cluster network.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import IO
+
+LOOPBACK = "127.0.0.1"
+STOP_WAIT_S = 10.0
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def store_serve_args(url: str, metadata: str, worker_host: str | None) -> list[str]:
+    """The `radixcache serve` flags that join a worker to the store whose master is `url` (mooncake://HOST:PORT)
+    and whose metadata server is `metadata`; `worker_host` is the worker's own address for transfers (None: the
+    worker picks its address on the route to the master)."""
+    args = ["--kv-remote", url, "--kv-remote-metadata", metadata]
+    return [*args, "--kv-remote-host", worker_host] if worker_host else args
+
+
+class LocalStore:
+    """A master and one store service of `segment_bytes` on `bind`. Ports 0 are picked free."""
+
+    def __init__(
+        self,
+        segment_bytes: int = 1 << 30,
+        *,
+        bind: str = LOOPBACK,
+        master_port: int = 0,
+        metadata_port: int = 0,
+        log: IO[bytes] | None = None,
+    ) -> None:
+        if segment_bytes <= 0:
+            raise ValueError(f"segment_bytes must be > 0, got {segment_bytes}")
+        for name, port in (("master_port", master_port), ("metadata_port", metadata_port)):
+            if not 0 <= port < 65536:
+                raise ValueError(f"{name} must be in [0, 65535], got {port}")
+        self.bind = bind
+        self.segment_bytes = segment_bytes
+        self.rpc = master_port or free_port(bind)
+        self.http = metadata_port or free_port(bind)
+        self.metrics, self.service_port = free_port(bind), free_port(bind)
+        self.log = log  # where the processes write (None: discarded)
+        self.procs: list[subprocess.Popen] = []
+        self.url = f"mooncake://{bind}:{self.rpc}"
+        self.metadata = f"http://{bind}:{self.http}/metadata"
+
+    def worker_args(self) -> tuple[str, ...]:
+        """What `radixcache serve` needs to join this store (on loopback the worker's own address is loopback too)."""
+        return tuple(store_serve_args(self.url, self.metadata, LOOPBACK if self.bind == LOOPBACK else None))
+
+    def _spawn(self, argv: list[str], env: dict[str, str]) -> None:
+        out = self.log if self.log is not None else subprocess.DEVNULL
+        self.procs.append(subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT))
+
+    def start(self, timeout: float = 60.0) -> LocalStore:
+        """Starts both and returns once the master counts the service's memory (before that every put fails);
+        RuntimeError (both stopped) if that takes over `timeout` or either exits."""
+        quiet = {**os.environ, "GLOG_minloglevel": os.environ.get("GLOG_minloglevel", "2")}
+        master = [
+            str(Path(sys.executable).parent / "mooncake_master"),
+            f"--rpc_address={self.bind}",
+            f"--rpc_port={self.rpc}",
+            "--enable_http_metadata_server=true",
+            f"--http_metadata_server_host={self.bind}",
+            f"--http_metadata_server_port={self.http}",
+            f"--metrics_host={self.bind}",
+            f"--metrics_port={self.metrics}",
+        ]
+        self._spawn(master, quiet)
+        service_env = {
+            **quiet,
+            "MC_TCP_BIND_ADDRESS": self.bind,
+            "MOONCAKE_MASTER": f"{self.bind}:{self.rpc}",
+            "MOONCAKE_TE_META_DATA_SERVER": self.metadata,
+            "MOONCAKE_LOCAL_HOSTNAME": self.bind,
+            "MOONCAKE_GLOBAL_SEGMENT_SIZE": str(self.segment_bytes),
+            "MOONCAKE_LOCAL_BUFFER_SIZE": "0",  # the service only holds memory; it reads nothing itself
+            "MOONCAKE_PROTOCOL": "tcp",
+        }
+        self._spawn(
+            [sys.executable, "-m", "mooncake.mooncake_store_service", f"--port={self.service_port}"], service_env
+        )
+        deadline = time.monotonic() + timeout
+        while self.capacity_bytes() <= 0:
+            exited = [p.args[0] for p in self.procs if p.poll() is not None]
+            if exited or time.monotonic() > deadline:
+                self.stop()
+                why = f"{exited} exited" if exited else f"not ready after {timeout:.0f} s"
+                raise RuntimeError(f"the local Mooncake store did not come up: {why}")
+            time.sleep(0.1)
+        return self
+
+    def capacity_bytes(self) -> float:
+        """The store's memory as the master counts it (its metrics' master_total_capacity_bytes); 0 if unknown."""
+        try:
+            with urllib.request.urlopen(f"http://{self.bind}:{self.metrics}/metrics", timeout=1) as reply:
+                text = reply.read().decode()
+        except OSError:
+            return 0.0
+        for line in text.splitlines():
+            if line.startswith("master_total_capacity_bytes "):
+                return float(line.split()[1])
+        return 0.0
+
+    def running(self) -> bool:
+        return bool(self.procs) and all(p.poll() is None for p in self.procs)
+
+    def stop(self) -> None:
+        """Stops the service, then the master (SIGTERM, SIGKILL after STOP_WAIT_S); idempotent."""
+        for proc in reversed(self.procs):
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(STOP_WAIT_S)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(5)
+        self.procs.clear()
+
+    def __enter__(self) -> LocalStore:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
