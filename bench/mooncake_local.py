@@ -13,6 +13,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from radixcache.cluster.store_processes import master_capacity_bytes
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -100,15 +102,7 @@ class LocalMooncake:
         return {**os.environ, "GLOG_minloglevel": "2"}
 
     def capacity_bytes(self) -> float:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics}/metrics", timeout=1) as reply:
-                text = reply.read().decode()
-        except OSError:
-            return 0.0
-        for line in text.splitlines():
-            if line.startswith("master_total_capacity_bytes "):
-                return float(line.split()[1])
-        return 0.0
+        return master_capacity_bytes("127.0.0.1", self.metrics)
 
     def stop(self) -> None:
         for proc in reversed(self.procs):

@@ -36,6 +36,20 @@ def store_serve_args(url: str, metadata: str, worker_host: str | None) -> list[s
     return [*args, "--kv-remote-host", worker_host] if worker_host else args
 
 
+def master_capacity_bytes(host: str, metrics_port: int) -> float:
+    """The memory the master at `host` counts in its store services (master_total_capacity_bytes on its metrics
+    port): 0 until a service has registered, or when the master does not answer. Puts land only once it is > 0."""
+    try:
+        with urllib.request.urlopen(f"http://{host}:{metrics_port}/metrics", timeout=1) as reply:
+            text = reply.read().decode()
+    except OSError:
+        return 0.0
+    for line in text.splitlines():
+        if line.startswith("master_total_capacity_bytes "):
+            return float(line.split()[1])
+    return 0.0
+
+
 class LocalStore:
     """A master and one store service of `segment_bytes` on `bind`. Ports 0 are picked free."""
 
@@ -111,15 +125,7 @@ class LocalStore:
 
     def capacity_bytes(self) -> float:
         """The store's memory as the master counts it (its metrics' master_total_capacity_bytes); 0 if unknown."""
-        try:
-            with urllib.request.urlopen(f"http://{self.bind}:{self.metrics}/metrics", timeout=1) as reply:
-                text = reply.read().decode()
-        except OSError:
-            return 0.0
-        for line in text.splitlines():
-            if line.startswith("master_total_capacity_bytes "):
-                return float(line.split()[1])
-        return 0.0
+        return master_capacity_bytes(self.bind, self.metrics)
 
     def running(self) -> bool:
         return bool(self.procs) and all(p.poll() is None for p in self.procs)
