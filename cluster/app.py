@@ -107,6 +107,7 @@ def build_app(options: ClusterOptions) -> Any:
             evict_weight=w.evict,
             tier_weight=w.tier,
             hint_weight=w.hint,
+            store_weight=w.store,
         )
     scaling: dict[str, Any] = (
         {"autoscaling_config": dict(options.autoscaling)} if options.autoscaling else {"num_replicas": options.replicas}
@@ -165,6 +166,7 @@ APP_ARGS = {
     "kv_weight": "routing: weight of the busy share of a KV pool",
     "evict_weight": "routing: cost of one cached token pushed out",
     "tier_weight": "routing: cost of one token loaded from a replica's host-memory or disk tier, in uncached tokens",
+    "store_weight": "routing: cost of one token loaded from the fleet's store (serve --kv-remote), in uncached tokens",
 }
 
 
@@ -204,6 +206,7 @@ def options_from_args(args: dict[str, Any]) -> ClusterOptions:
             float(args.get("evict_weight", w.evict)),
             float(args.get("tier_weight", w.tier)),
             float(args.get("hint_weight", w.hint)),
+            float(args.get("store_weight", w.store)),
         ),
         auth_tokens=tokens,
         admin_tokens=frozenset(admins),

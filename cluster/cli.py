@@ -84,6 +84,9 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--hint-weight", type=float, default=w.hint,
                    help="worth of a prompt token last sent to a replica, when no replica's events show the prompt "
                         f"(after a flush or a reset), in cached tokens (default {w.hint})")  # fmt: skip
+    r.add_argument("--store-weight", type=float, default=w.store,
+                   help="cost of a token a replica loads from the fleet's store (--kv-remote), in uncached tokens "
+                        f"(default {w.store})")  # fmt: skip
     return p
 
 
@@ -109,6 +112,7 @@ def cluster_options(args: argparse.Namespace, serve_argv: list[str]) -> tuple[Cl
             args.evict_weight,
             args.tier_weight,
             args.hint_weight,
+            args.store_weight,
         ),
         auth_tokens=tokens,
         admin_tokens=frozenset(admins),

@@ -125,12 +125,13 @@ class Decider:
         victims: list[int] = []
         if free is not None and free < prompt:  # the prompt might not fit without evicting: what would go
             victims = self.view.reuse.victim_uses(key, -(-(prompt - free) // self.page_size), index.holds)
-        device, below = index.match_split(key, namespace, hashes)
+        device, below, from_store = index.match_tiers(key, namespace, hashes)
         return Candidate(
             key,
             requests=loads.requests(key),
             matched_pages=device,
             tier_pages=below,
+            store_pages=from_store,
             queued_tokens=loads.queued_tokens(key),
             kv_busy=loads.kv_busy(key),
             free_tokens=free,

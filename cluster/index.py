@@ -141,22 +141,30 @@ class PrefixIndex:
     def match_split(self, replica: Replica, namespace: str, page_hashes: Sequence[int]) -> tuple[int, int]:
         """(leading pages of the chain in the device or in flight, the pages right after those that a tier below
         holds, up to the first that none does): what `replica` would hit, and what it would load."""
+        device, below, _ = self.match_tiers(replica, namespace, page_hashes)
+        return device, below
+
+    def match_tiers(self, replica: Replica, namespace: str, page_hashes: Sequence[int]) -> tuple[int, int, int]:
+        """As match_split, and of the pages it would load, how many only the fleet's store holds (none of
+        `replica`'s own tiers): those load over the network, at the store's cost."""
         view = self._replicas.get(replica)
         if view is None:
-            return 0, 0
+            return 0, 0, 0
         device = self._device_run(view, namespace, page_hashes)
         if device == len(page_hashes):
-            return device, 0
-        tiers = [held[namespace] for medium, held in view.below.items() if medium != STORE and held.get(namespace)]
-        tiers += self._in_store(namespace)
-        if not tiers:
-            return device, 0
-        below = 0
+            return device, 0, 0
+        own = [held[namespace] for medium, held in view.below.items() if medium != STORE and held.get(namespace)]
+        store = self._in_store(namespace)
+        below = from_store = 0
         for h in page_hashes[device:]:
-            if not any(h in held for held in tiers):
+            if any(h in held for held in own):
+                below += 1
+            elif any(h in held for held in store):
+                below += 1
+                from_store += 1
+            else:
                 break
-            below += 1
-        return device, below
+        return device, below, from_store
 
     def _in_store(self, namespace: str) -> list[set[int]]:
         """`namespace`'s pages in the fleet's store, as each replica's events report them (any replica loads them)."""

@@ -7,6 +7,9 @@ token there:
                                                    (in the device, then in a tier below it)
          + weights.tier     x loaded               the tokens of the pages right after the device's that a tier
                                                    below holds (host memory, disk): loaded, not computed
+         + weights.store    x from_store           of those, the tokens only the fleet's store holds (any
+                                                   replica loads them): scored at the store's own load cost
+                                                   instead of the tier's
          + weights.queued   x queued_tokens        prefill tokens already queued there
          + weights.requests x requests             requests running or waiting there (each slows every step)
          + weights.kv       x new x kv_busy        new = uncached + loaded, the tokens needing fresh pages;
@@ -32,7 +35,8 @@ concurrent decisions that have not reached a replica yet); `choose` picks one at
 cached prefix keeps its requests until the
 queue there is longer than recomputing it elsewhere: 1,024 cached tokens outweigh 1,024 queued ones, or 256 running
 requests (the imbalance rule below steps in long before). A prefix on a replica's disk tier scores below the same
-prefix in another's device and above nothing: with the default tier weight, 1,024 tokens to load cost ~51.
+prefix in another's device and above nothing: with the default tier weight, 1,024 tokens to load cost ~51; from
+the fleet's store (dearer to load than a replica's own disk) ~96: device > host/disk > store > nothing.
 
 A request with a cache key (OpenAI's prompt_cache_key, Request.cache_key) goes to its key's home replica unless
 the fleet is imbalanced: `key_home` picks it by rendezvous hashing of (tenant, key, replica) over the candidates,
@@ -88,16 +92,19 @@ class LoadWeights:
     # Per token of a matched page held below the device (host memory, disk): loading it costs this share of
     # computing it. bench/tier_bench.py (BENCHMARKS.md, "Disk tier"): a 1,024-token prefix re-hit from the disk
     # came 19.3x sooner than its cold prefill (disk_rehit_ttft_speedup), so 1 / 19.3 ~ 0.05. Host memory loads
-    # faster still; the disk's figure is used for both (an upper bound). Pages in the fleet's store (any replica
-    # loads them) are scored at this weight too until the store's own load cost is measured: they then tie with a
-    # replica's own disk, and load decides.
+    # faster still; the disk's figure is used for both (an upper bound).
     tier: float = 0.05
     # Per token of the leading pages the hints say were sent to a replica, when no events show them anywhere: as
     # much as a cached token (bench/cluster_bench.py's flush_restart trace; a real queue elsewhere still wins).
     hint: float = 1.0
+    # Per token of a matched page only the fleet's store holds (any replica loads it over the network).
+    # bench/store_bench.py (BENCHMARKS.md, "The fleet's store"): a 1,024-token prefix re-hit from the store came
+    # 10.6x sooner than its cold prefill (cross_replica_rehit_speedup; 12.3x in a second run), so 1 / 10.6 ~ 0.094:
+    # dearer than the disk, so a replica's own tier wins over another loading the same prefix from the store.
+    store: float = 0.094
 
     def __post_init__(self) -> None:
-        for name in ("queued", "requests", "kv", "evict", "tier", "hint"):
+        for name in ("queued", "requests", "kv", "evict", "tier", "hint", "store"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"load weight {name} must be >= 0, got {getattr(self, name)}")
 
@@ -112,6 +119,7 @@ class Candidate:
     free_tokens: int | None = None  # room in its pool before anything cached is evicted (None: not known yet)
     victim_uses: tuple[int, ...] = ()  # request counts of the pages it would evict next, in eviction order
     tier_pages: int = 0  # the prompt's pages right after matched_pages that a tier below the device holds
+    store_pages: int = 0  # of tier_pages, those only the fleet's store holds (none of this replica's own tiers)
     hinted_pages: int = 0  # leading pages of the prompt the router last sent here (cluster.hints)
 
 
@@ -128,13 +136,15 @@ def cost(
     page_size: int = 1,
     loaded_tokens: int = 0,
     hinted_tokens: int = 0,
+    store_tokens: int = 0,
 ) -> float:
     """Estimated tokens of prefill work before this request's first token on `c` (see the module docstring):
-    `cached_tokens` hit in the device, the next `loaded_tokens` loaded from a tier below it; less the affinity of
-    `hinted_tokens` computed where the hints send them."""
+    `cached_tokens` hit in the device, the next `loaded_tokens` loaded from a tier below it (`store_tokens` of them
+    from the fleet's store); less the affinity of `hinted_tokens` computed where the hints send them."""
     uncached = max(0, prompt_tokens - cached_tokens - loaded_tokens)
     new = uncached + loaded_tokens
-    load = uncached + w.tier * loaded_tokens + w.kv * new * c.kv_busy
+    store_tokens = min(store_tokens, loaded_tokens)
+    load = uncached + w.tier * (loaded_tokens - store_tokens) + w.store * store_tokens + w.kv * new * c.kv_busy
     load += w.queued * c.queued_tokens + w.requests * c.requests
     return load + w.evict * eviction_tokens(c, new, page_size) - w.hint * hinted_tokens
 
@@ -163,28 +173,30 @@ def cheapest(
     use_cache = not imbalanced([c.requests for c in candidates], t)
     shown = any(c.matched_pages + c.tier_pages >= t.min_match_pages for c in candidates)  # events show a prefix
 
-    def hits(c: Candidate) -> tuple[int, int, int]:
-        """(tokens hit in the device, tokens then loaded from a tier, tokens hinted): one token is always computed."""
+    def hits(c: Candidate) -> tuple[int, int, int, int]:
+        """(tokens hit in the device, tokens then loaded from a tier, of those from the fleet's store, tokens
+        hinted): one token is always computed."""
         if not use_cache:
-            return 0, 0, 0
+            return 0, 0, 0, 0
         if c.matched_pages + c.tier_pages >= t.min_match_pages:
             device = min(c.matched_pages * page_size, prompt_tokens - 1)
-            return device, min(c.tier_pages * page_size, prompt_tokens - 1 - device), 0
+            loaded = min(c.tier_pages * page_size, prompt_tokens - 1 - device)
+            return device, loaded, min(c.store_pages * page_size, loaded), 0
         if not shown and c.hinted_pages >= t.min_match_pages:
-            return 0, 0, min(c.hinted_pages * page_size, prompt_tokens - 1)
-        return 0, 0, 0
+            return 0, 0, 0, min(c.hinted_pages * page_size, prompt_tokens - 1)
+        return 0, 0, 0, 0
 
     if not use_cache:  # load alone decides: what a new prefix would evict is a cache consideration too
         w = dataclasses.replace(w, evict=0.0)
     found = [hits(c) for c in candidates]
     costs = [
-        cost(c, prompt_tokens, device, w, page_size, loaded, hinted)
-        for c, (device, loaded, hinted) in zip(candidates, found, strict=True)
+        cost(c, prompt_tokens, device, w, page_size, loaded, hinted, store)
+        for c, (device, loaded, store, hinted) in zip(candidates, found, strict=True)
     ]
     best = min(costs)
     tolerance = TIE_TOKENS
     if use_cache and len(set(found)) == 1:  # no cache advantage anywhere: small load differences are noise
-        device, loaded, _ = found[0]
+        device, loaded, _, _ = found[0]
         tolerance += t.tie_share * (prompt_tokens - device - loaded)
     return [c for c, x in zip(candidates, costs, strict=True) if x <= best + tolerance]
 

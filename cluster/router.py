@@ -53,6 +53,7 @@ class CacheAwareRouter(RequestRouter):
         evict_weight: float | None = None,
         tier_weight: float | None = None,
         hint_weight: float | None = None,
+        store_weight: float | None = None,
     ) -> None:
         defaults = LoadWeights()
         self.page_size = page_size
@@ -65,6 +66,7 @@ class CacheAwareRouter(RequestRouter):
             defaults.evict if evict_weight is None else evict_weight,
             defaults.tier if tier_weight is None else tier_weight,
             defaults.hint if hint_weight is None else hint_weight,
+            defaults.store if store_weight is None else store_weight,
         )
         self.view = FleetView(inflight_ttl_s=inflight_ttl_s, hint_pages=hint_pages)
         self.index, self.loads, self.reuse = self.view.index, self.view.loads, self.view.reuse

@@ -194,6 +194,37 @@ def test_pages_in_the_fleets_store_are_loadable_by_every_replica_and_score_below
     assert index.match_split("b", "", [1, 2]) == (0, 0)
 
 
+def test_the_index_tells_the_pages_only_the_store_holds_from_a_replicas_own_tier_pages():
+    index = PrefixIndex()
+    index.apply("a", [("stored", "", [1, 2, 3, 4], "STORE")])
+    index.apply("c", [("stored", "", [1, 2], "DISK")])
+    index.apply("b", [("stored", "", [9])])
+    assert index.match_tiers("c", "", [1, 2, 3, 4]) == (0, 4, 2)  # pages 1-2 from its own disk, 3-4 from the store
+    assert index.match_tiers("b", "", [1, 2, 3, 4]) == (0, 4, 4)  # b holds nothing of its own
+    assert index.match_tiers("a", "", [1, 2]) == (0, 2, 2)  # reporting a page in the store is not holding it
+
+
+def test_a_prefix_on_a_replicas_own_disk_beats_the_same_prefix_only_in_the_fleets_store():
+    w = LoadWeights()
+    prompt = 64 * PAGE  # 1,024 tokens
+    disk = Candidate("disk", 0, matched_pages=0, tier_pages=64)
+    store = Candidate("store", 0, matched_pages=0, tier_pages=64, store_pages=64)
+    nothing = Candidate("nothing", 0, 0)
+    device = Candidate("device", 0, matched_pages=64)
+    ranked = [c.replica for c in sorted([nothing, store, disk, device], key=lambda c: cost(
+        c, prompt, c.matched_pages * PAGE, w, PAGE, c.tier_pages * PAGE, 0, c.store_pages * PAGE))]  # fmt: skip
+    assert ranked == ["device", "disk", "store", "nothing"]
+    assert [c.replica for c in cheapest([store, disk], prompt, PAGE, w=w)] == ["disk"]
+    assert [c.replica for c in cheapest([nothing, store], prompt, PAGE, w=w)] == ["store"]
+    # the store's tokens cost 1/10.6 of a recompute each (store_bench's cross_replica_rehit_speedup)
+    assert cost(store, prompt, 0, w, PAGE, prompt - 1, 0, prompt - 1) == pytest.approx(1 + w.store * (prompt - 1))
+    # at equal weights they tie, and load decides between them
+    equal = LoadWeights(store=w.tier)
+    assert [c.replica for c in cheapest([store, disk], prompt, PAGE, w=equal)] == ["store", "disk"]
+    with pytest.raises(ValueError, match="store"):
+        LoadWeights(store=-1.0)
+
+
 def test_a_prefix_on_device_beats_one_on_disk_which_beats_nothing_at_equal_load():
     w = LoadWeights()
     prompt = 64 * PAGE  # 1,024 tokens
