@@ -166,6 +166,8 @@ APP_ARGS = {
     "kv_weight": "routing: weight of the busy share of a KV pool",
     "evict_weight": "routing: cost of one cached token pushed out",
     "tier_weight": "routing: cost of one token loaded from a replica's host-memory or disk tier, in uncached tokens",
+    "hint_weight": "routing: worth of a prompt token last sent to a replica when no events show the prompt",
+    "tie_share": "routing: with equal hits everywhere, load differences below this share of the tokens are noise",
     "store_weight": "routing: cost of one token loaded from the fleet's store (serve --kv-remote), in uncached tokens",
 }
 

@@ -201,3 +201,13 @@ def test_a_choice_counts_from_the_moment_it_is_made():
     clock.advance(11.0)
     decider.choose(Request("r3", [9] * PREFIX), ["x", "y"])
     assert sum(view.loads.requests(r) for r in "xy") == 1 and decider.pending == 1  # r2 no longer counts
+
+
+def test_a_serve_configs_routing_args_reach_the_policy():
+    from radixcache.cluster.app import options_from_args
+
+    options = options_from_args({"hint_weight": 0.5, "tie_share": 0.25, "store_weight": 0.2, "tier_weight": 0.1})
+    assert (options.weights.hint, options.weights.store, options.weights.tier) == (0.5, 0.2, 0.1)
+    assert options.thresholds.tie_share == 0.25
+    with pytest.raises(ValueError, match="unknown application args"):
+        options_from_args({"hint_wieght": 0.5})
