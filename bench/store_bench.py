@@ -19,9 +19,13 @@ Phases (one master and one store service started here; workers are `radixcache s
    then asked; (b) the store service killed (SIGKILL), requests, started again, requests; (a) the master killed
    (SIGKILL), requests, master and service started again on the same ports, requests. fault_failed_requests: the
    requests that raised; fault_wrong_answers: those whose greedy tokens differ from the worker without the store.
+6. eviction trace (its own store, first): two replicas whose pools hold 896 tokens each, 20 prefixes of 256 tokens
+   (5,120 tokens: ~2.9x the fleet's pools) asked in Zipf order (s=1) with a new 8-token question each, prefix g
+   always on replica g % 2 (the affinity a cache-aware router keeps), once with both replicas on the store and once
+   on two replicas without it: same fleet memory. store_eviction_hit_rate = cached tokens / the whole-page tokens
+   of prefixes asked before (anywhere in the fleet: what an unbounded cache would hit), for each fleet.
 Greedy tokens of the re-hits and the failover equal those of a worker without the store (`wrong_answers` counts
-those that differ). Not measured here (named in issue 37, left for the next round): the eviction trace's hit rate
-with the store against the same fleet memory without it.
+those that differ).
 The last line printed is one JSON object (also written to bench/results/store_bench.json).
 """
 
@@ -76,6 +80,38 @@ def shares_on(c, cref, prefixes: list[list[int]], rng: random.Random) -> tuple[l
         if cref is not None:
             wrong += tokens != ask(cref, prompt)[2]
     return shares, wrong
+
+
+EVICTION_POOL = ("--page-size", str(PAGE), "--kv-pages", "56", "--max-step-tokens", "512")  # 896 tokens each
+
+
+def eviction_trace(ckpt: str, rng: random.Random, smoke: bool) -> dict[str, float]:
+    """Hit rate of max on the eviction trace, the two replicas on a store of their own and without one."""
+    from radixcache.client import Client
+
+    groups, prefix_len, requests = (6, 64, 12) if smoke else (20, 256, 60)
+    prefixes = [random_tokens(rng, prefix_len) for _ in range(groups)]
+    picks = rng.choices(range(groups), [1 / (rank + 1) for rank in range(groups)], k=requests)
+    questions = [random_tokens(rng, 8) for _ in picks]
+    out = {}
+    with LocalMooncake() as store:
+        for name, extra in (("store", store.worker_args()), ("no_store", ())):
+            args = (*EVICTION_POOL, *extra)
+            with (
+                Worker(ckpt, *args, threads=1, name=f"{name}0") as w0,
+                Worker(ckpt, *args, threads=1, name=f"{name}1") as w1,
+                Client(w0.target) as c0,
+                Client(w1.target) as c1,
+            ):
+                fleet, seen, served, reachable = (c0, c1), set(), 0, 0
+                for g, question in zip(picks, questions, strict=True):
+                    _, got, _ = ask(fleet[g % 2], prefixes[g] + question)
+                    if g in seen:
+                        reachable += prefix_len // PAGE * PAGE
+                        served += min(got, prefix_len // PAGE * PAGE)
+                    seen.add(g)
+                out[name] = round(served / reachable, 3) if reachable else 0.0
+    return out
 
 
 def fault_phases(store: LocalMooncake, writer, c, cref, rng: random.Random, per_window: int) -> dict:
@@ -154,6 +190,7 @@ def main() -> int:
     ckpt = bench_checkpoint(args.smoke)
     rng = random.Random(37)
     load_before = uptime()
+    eviction = eviction_trace(ckpt, rng, args.smoke)
     with LocalMooncake() as store:
         joined = (*POOL, *store.worker_args())
         with (
@@ -192,6 +229,7 @@ def main() -> int:
                     shares, _ = shares_on(cc, None, prefixes, rng)
                 faults = fault_phases(store, cb, c2, cref, rng, 1 if args.smoke else 3)  # last: it empties the store
     summary = {
+        "store_eviction_hit_rate": eviction,
         "cross_replica_rehit_speedup": round(statistics.median(x / y for x, y in zip(cold, warm, strict=True)), 1),
         "scaleup_cached_share": round(statistics.mean(shares), 3),
         "unique_overhead": round(statistics.median(unique_on) / statistics.median(unique_off), 3),

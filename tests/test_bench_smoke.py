@@ -168,7 +168,8 @@ EXPECTED: dict[str, dict] = {
             "wrong_answers",
             "smoke",
         ]
-    ),  # fmt: skip
+    )
+    | {"store_eviction_hit_rate": dict.fromkeys(["store", "no_store"])},  # fmt: skip
     "constrained_bench.py": dict.fromkeys(
         [
             "constrained_step_overhead_b1",
