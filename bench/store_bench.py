@@ -46,7 +46,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import RESULTS, SMOKE_HELP, Worker, bench_checkpoint, random_tokens, smoke_out, write_json  # noqa: E402
-from mooncake_local import LocalMooncake  # noqa: E402
+
+from radixcache.cluster.store_processes import LocalStore  # noqa: E402
 
 PAGE = 16
 POOL = ("--page-size", str(PAGE), "--kv-pages", "160", "--max-step-tokens", "512")  # 2,560 tokens
@@ -94,7 +95,7 @@ def eviction_trace(ckpt: str, rng: random.Random, smoke: bool) -> dict[str, floa
     picks = rng.choices(range(groups), [1 / (rank + 1) for rank in range(groups)], k=requests)
     questions = [random_tokens(rng, 8) for _ in picks]
     out = {}
-    with LocalMooncake() as store:
+    with LocalStore() as store:
         for name, extra in (("store", store.worker_args()), ("no_store", ())):
             args = (*EVICTION_POOL, *extra)
             with (
@@ -114,7 +115,7 @@ def eviction_trace(ckpt: str, rng: random.Random, smoke: bool) -> dict[str, floa
     return out
 
 
-def fault_phases(store: LocalMooncake, writer, c, cref, rng: random.Random, per_window: int) -> dict:
+def fault_phases(store: LocalStore, writer, c, cref, rng: random.Random, per_window: int) -> dict:
     """A bounded sequential loop of requests on `c` (a store replica) through three faults: (c) every object of
     prefixes `writer` just wrote corrupted in place (one byte flipped, the object replaced), then those prefixes
     asked; (b) the store service killed, requests, the service started again, requests; (a) the master killed,
@@ -157,7 +158,7 @@ def fault_phases(store: LocalMooncake, writer, c, cref, rng: random.Random, per_
     return tally
 
 
-def corrupt(store: LocalMooncake, keys: list[str]) -> int:
+def corrupt(store: LocalStore, keys: list[str]) -> int:
     """Flip one byte near the end of each object under `keys` (its payload, not its header); how many were."""
     from radixcache.mooncake_store import MooncakeObjectStore
     from radixcache.object_store import parse_store_url
@@ -191,7 +192,7 @@ def main() -> int:
     rng = random.Random(37)
     load_before = uptime()
     eviction = eviction_trace(ckpt, rng, args.smoke)
-    with LocalMooncake() as store:
+    with LocalStore() as store:
         joined = (*POOL, *store.worker_args())
         with (
             Worker(ckpt, *joined, threads=1, name="A") as a,

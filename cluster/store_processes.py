@@ -51,7 +51,13 @@ def master_capacity_bytes(host: str, metrics_port: int) -> float:
 
 
 class LocalStore:
-    """A master and one store service of `segment_bytes` on `bind`. Ports 0 are picked free."""
+    """A master and one store service of `segment_bytes` on `bind`. Ports 0 are picked free.
+
+    `master_argv`, `service_argv` and `service_env` are the one statement of how this project runs them (the
+    benchmarks, the e2e tests and `radixcache cluster --kv-remote-start` all start them here; deploy/'s manifests
+    are checked against them). The master or the service alone can be killed (SIGKILL: a crash) and started again
+    on the same ports, as the fault tests do: a restarted master holds no objects and knows no segment, so the
+    service must be started again after it."""
 
     def __init__(
         self,
@@ -73,24 +79,24 @@ class LocalStore:
         self.http = metadata_port or free_port(bind)
         self.metrics, self.service_port = free_port(bind), free_port(bind)
         self.log = log  # where the processes write (None: discarded)
-        self.procs: list[subprocess.Popen] = []
+        self.master: subprocess.Popen | None = None
+        self.service: subprocess.Popen | None = None
         self.url = f"mooncake://{bind}:{self.rpc}"
         self.metadata = f"http://{bind}:{self.http}/metadata"
+
+    @property
+    def procs(self) -> list[subprocess.Popen]:
+        """The processes started and not yet reaped by stop(), service first."""
+        return [p for p in (self.service, self.master) if p is not None]
 
     def worker_args(self) -> tuple[str, ...]:
         """What `radixcache serve` needs to join this store (on loopback the worker's own address is loopback too)."""
         return tuple(store_serve_args(self.url, self.metadata, LOOPBACK if self.bind == LOOPBACK else None))
 
-    def _spawn(self, argv: list[str], env: dict[str, str]) -> None:
-        out = self.log if self.log is not None else subprocess.DEVNULL
-        self.procs.append(subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT))
-
-    def start(self, timeout: float = 60.0) -> LocalStore:
-        """Starts both and returns once the master counts the service's memory (before that every put fails);
-        RuntimeError (both stopped) if that takes over `timeout` or either exits."""
-        quiet = {**os.environ, "GLOG_minloglevel": os.environ.get("GLOG_minloglevel", "2")}
-        master = [
-            str(Path(sys.executable).parent / "mooncake_master"),
+    def master_argv(self, binary: str | None = None) -> list[str]:
+        """The master's command line: RPC, the HTTP metadata server and the metrics, all on `bind`."""
+        return [
+            binary or str(Path(sys.executable).parent / "mooncake_master"),
             f"--rpc_address={self.bind}",
             f"--rpc_port={self.rpc}",
             "--enable_http_metadata_server=true",
@@ -99,20 +105,44 @@ class LocalStore:
             f"--metrics_host={self.bind}",
             f"--metrics_port={self.metrics}",
         ]
-        self._spawn(master, quiet)
-        service_env = {
-            **quiet,
+
+    def service_argv(self, python: str | None = None) -> list[str]:
+        """The store service's command line (its configuration is in service_env)."""
+        return [python or sys.executable, "-m", "mooncake.mooncake_store_service", f"--port={self.service_port}"]
+
+    def service_env(self, local_hostname: str | None = None) -> dict[str, str]:
+        """The environment the store service reads: its master, the metadata server, the address it serves its
+        memory on (`local_hostname`, default `bind`), the segment it contributes, TCP."""
+        return {
             "MC_TCP_BIND_ADDRESS": self.bind,
             "MOONCAKE_MASTER": f"{self.bind}:{self.rpc}",
             "MOONCAKE_TE_META_DATA_SERVER": self.metadata,
-            "MOONCAKE_LOCAL_HOSTNAME": self.bind,
+            "MOONCAKE_LOCAL_HOSTNAME": local_hostname or self.bind,
             "MOONCAKE_GLOBAL_SEGMENT_SIZE": str(self.segment_bytes),
             "MOONCAKE_LOCAL_BUFFER_SIZE": "0",  # the service only holds memory; it reads nothing itself
             "MOONCAKE_PROTOCOL": "tcp",
         }
-        self._spawn(
-            [sys.executable, "-m", "mooncake.mooncake_store_service", f"--port={self.service_port}"], service_env
-        )
+
+    def _spawn(self, argv: list[str], env: dict[str, str]) -> subprocess.Popen:
+        out = self.log if self.log is not None else subprocess.DEVNULL
+        quiet = {"GLOG_minloglevel": os.environ.get("GLOG_minloglevel", "2")}
+        return subprocess.Popen(argv, env={**os.environ, **quiet, **env}, stdout=out, stderr=subprocess.STDOUT)
+
+    def start(self, timeout: float = 60.0) -> LocalStore:
+        """Starts both and returns once the master counts the service's memory (before that every put fails);
+        RuntimeError (both stopped) if that takes over `timeout` or either exits."""
+        self.start_master()
+        self.start_service(timeout)
+        return self
+
+    def start_master(self) -> None:
+        """The master on this store's ports (again after kill_master); returns at once: start_service waits."""
+        self.master = self._spawn(self.master_argv(), {})
+
+    def start_service(self, timeout: float = 60.0) -> None:
+        """The store service; returns once the master counts its memory. RuntimeError (everything stopped) if that
+        takes over `timeout` or a process exits."""
+        self.service = self._spawn(self.service_argv(), self.service_env())
         deadline = time.monotonic() + timeout
         while self.capacity_bytes() <= 0:
             exited = [p.args[0] for p in self.procs if p.poll() is not None]
@@ -121,7 +151,19 @@ class LocalStore:
                 why = f"{exited} exited" if exited else f"not ready after {timeout:.0f} s"
                 raise RuntimeError(f"the local Mooncake store did not come up: {why}")
             time.sleep(0.1)
-        return self
+
+    def kill_master(self) -> None:
+        """SIGKILL the master (a crash: every object's whereabouts is lost with it)."""
+        _kill(self.master)
+
+    def kill_service(self) -> None:
+        """SIGKILL the store service (the memory holding the objects)."""
+        _kill(self.service)
+
+    def all_keys(self) -> list[str]:
+        """Every object key the master knows (its HTTP /get_all_keys)."""
+        with urllib.request.urlopen(f"http://{self.bind}:{self.metrics}/get_all_keys", timeout=5) as reply:
+            return [k for k in reply.read().decode().splitlines() if k]
 
     def capacity_bytes(self) -> float:
         """The store's memory as the master counts it (its metrics' master_total_capacity_bytes); 0 if unknown."""
@@ -132,7 +174,7 @@ class LocalStore:
 
     def stop(self) -> None:
         """Stops the service, then the master (SIGTERM, SIGKILL after STOP_WAIT_S); idempotent."""
-        for proc in reversed(self.procs):
+        for proc in self.procs:
             if proc.poll() is None:
                 proc.terminate()
                 try:
@@ -140,10 +182,16 @@ class LocalStore:
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait(5)
-        self.procs.clear()
+        self.master = self.service = None
 
     def __enter__(self) -> LocalStore:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _kill(proc: subprocess.Popen | None) -> None:
+    if proc is not None and proc.poll() is None:
+        proc.kill()
+        proc.wait(10)

@@ -11,19 +11,16 @@ from __future__ import annotations
 
 import os
 import random
-import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from hashlib import blake2b
 from pathlib import Path
 
 import pytest
 
+from radixcache.cluster.store_processes import LocalStore
 from radixcache.events import hash_key_pages, namespace_prefix
 from radixcache.keys import encode
 from radixcache.object_store import StoreAddress, StoreUnavailable, parse_store_url
@@ -246,12 +243,6 @@ def test_without_kv_remote_nothing_imports_mooncake() -> None:
 
 
 # ---- end to end: a real Mooncake master and store service, real engines ---------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def mooncake_missing() -> str | None:
     """Why the Mooncake package cannot run here, or None."""
     try:
@@ -261,106 +252,19 @@ def mooncake_missing() -> str | None:
     return None
 
 
-class MooncakeCluster:
-    """One mooncake_master (with its HTTP metadata server) and one store service holding the memory, on free
-    loopback ports; `kill_master` / `start_master` for the fault test (same ports)."""
-
-    def __init__(self, folder: Path) -> None:
-        self.rpc, self.http, self.metrics, self.service_port = (free_port() for _ in range(4))
-        self.log = open(folder / "mooncake.log", "ab")  # noqa: SIM115 (closed by stop)
-        self.master: subprocess.Popen | None = None
-        self.service: subprocess.Popen | None = None
-        self.url = f"mooncake://127.0.0.1:{self.rpc}"
-        self.metadata = f"http://127.0.0.1:{self.http}/metadata"
-
-    def start_master(self) -> None:
-        binary = Path(sys.executable).parent / "mooncake_master"
-        args = [
-            str(binary),
-            "--rpc_address=127.0.0.1",
-            f"--rpc_port={self.rpc}",
-            "--rpc_thread_num=2",
-            "--enable_http_metadata_server=true",
-            "--http_metadata_server_host=127.0.0.1",
-            f"--http_metadata_server_port={self.http}",
-            "--metrics_host=127.0.0.1",
-            f"--metrics_port={self.metrics}",
-        ]
-        self.master = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
-        wait_for(lambda: self._listening(self.rpc) and self._listening(self.http), 30)
-
-    def start_service(self, segment: int = 64 << 20) -> None:
-        env = {
-            **os.environ,
-            "MC_TCP_BIND_ADDRESS": "127.0.0.1",
-            "MOONCAKE_MASTER": f"127.0.0.1:{self.rpc}",
-            "MOONCAKE_TE_META_DATA_SERVER": self.metadata,
-            "MOONCAKE_LOCAL_HOSTNAME": "127.0.0.1",
-            "MOONCAKE_GLOBAL_SEGMENT_SIZE": str(segment),
-            "MOONCAKE_LOCAL_BUFFER_SIZE": "0",
-            "MOONCAKE_PROTOCOL": "tcp",
-        }
-        args = [sys.executable, "-m", "mooncake.mooncake_store_service", f"--port={self.service_port}"]
-        self.service = subprocess.Popen(args, env=env, stdout=self.log, stderr=subprocess.STDOUT)
-
-        def up() -> bool:
-            assert self.service is not None and self.service.poll() is None, "the store service exited"
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{self.service_port}/api/exist?key=probe", timeout=1)
-            except urllib.error.HTTPError:
-                return True  # it answers
-            except OSError:
-                return False
-            return True
-
-        wait_for(up, 60)
-        wait_for(self._memory_mounted, 60)  # a store with no memory yet refuses every put
-
-    def _memory_mounted(self) -> bool:
-        """The master counts the service's segment (its metrics' master_total_capacity_bytes)."""
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics}/metrics", timeout=1) as reply:
-                text = reply.read().decode()
-        except OSError:
-            return False
-        lines = [line.split() for line in text.splitlines() if line.startswith("master_total_capacity_bytes ")]
-        return bool(lines) and float(lines[0][1]) > 0
-
-    def kill_master(self) -> None:
-        assert self.master is not None
-        self.master.send_signal(signal.SIGKILL)
-        self.master.wait(10)
-
-    @staticmethod
-    def _listening(port: int) -> bool:
-        with socket.socket() as s:
-            return s.connect_ex(("127.0.0.1", port)) == 0
-
-    def stop(self) -> None:
-        for proc in (self.service, self.master):
-            if proc is not None and proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(5)
-        self.log.close()
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     os.environ.setdefault("GLOG_minloglevel", "2")  # the client's info lines would drown the test output
     os.environ.setdefault("MC_TCP_BIND_ADDRESS", "127.0.0.1")
     if (why := mooncake_missing()) is not None:
         pytest.skip(why)
-    c = MooncakeCluster(tmp_path_factory.mktemp("mooncake"))
+    log = open(tmp_path_factory.mktemp("mooncake") / "mooncake.log", "ab")  # noqa: SIM115 (closed below)
+    store = LocalStore(64 << 20, log=log)  # the project's own way of starting a master and a store service
     try:
-        c.start_master()
-        c.start_service()
-        yield c
+        yield store.start()
     finally:
-        c.stop()
+        store.stop()
+        log.close()
 
 
 @pytest.fixture(scope="module")
@@ -373,7 +277,7 @@ def model():
 GREEDY_TOKENS = 8
 
 
-def worker(model, cluster: MooncakeCluster | None, *, kv_pages: int = 40, **kw):
+def worker(model, cluster: LocalStore | None, *, kv_pages: int = 40, **kw):
     """An engine (a worker) on the store; waits until it has joined it."""
     from radixcache.worker.engine.engine import Engine, EngineConfig
 
@@ -552,8 +456,7 @@ def test_the_master_killed_mid_run_fails_no_request_and_the_worker_rejoins(model
     wait_for(lambda: a.stats().cache.store_unavailable_errors > 0, 30)
     assert a.stats().cache.store_ready == 0
     cluster.start_master()
-    cluster.service.terminate()
-    cluster.service.wait(10)
+    cluster.kill_service()  # a restarted master knows no segment: the service mounts its memory again
     cluster.start_service()
     tier = a.cache.tier.remote
     wait_for(lambda: tier.available and tier.stats().ready, 60)
