@@ -20,7 +20,13 @@ Reported per trace and router: hit rate as a share of the theoretical maximum (b
 infinite cache, arrival order), TTFT p50/p90, failed requests; the present trace adds the largest share of the
 unique prompts one replica got. Also our router's decision time in process. Last line: one JSON object.
 
-    python bench/cluster_bench.py [--rounds 6] [--traces present,eviction,two_tenant,flush_restart] [--smoke]
+--store (issue 37): each trace and router is measured a second time (as "<router>+store") with both replicas on a
+fleet store of their own (cluster/store_processes.LocalStore: a Mooncake master and a 1 GiB store service on
+loopback, started empty for that deployment and stopped after it): the same replicas and pools, so the same fleet
+memory on the device. Where the eviction trace ran with our router both ways, the JSON adds
+store_eviction_hit_rate {"store", "no_store"}.
+
+    python bench/cluster_bench.py [--rounds 6] [--traces present,eviction,two_tenant,flush_restart] [--store] [--smoke]
 
 --smoke (tests/test_bench_smoke.py): the present trace at one round (2 chats of 2 rounds, 4 unique prompts), our
 router and Ray's prefix router, 2 tokens per request (the same keys per trace and router; the figures mean nothing).
@@ -235,19 +241,30 @@ TRACES = {"present": present, "eviction": eviction, "two_tenant": two_tenant, "f
 
 
 # --- one deployment ----------------------------------------------------------------------------------------------
-def measure(trace_name: str, router: str, a: argparse.Namespace, port: int) -> dict:
+def measure(trace_name: str, router: str, a: argparse.Namespace, port: int, store: bool = False) -> dict:
+    """One fresh deployment of two replicas routed by `router` through `trace_name`; with `store`, both replicas
+    join a store started empty for it (stopped after)."""
     import ray
     from ray import serve
 
     from radixcache.cluster.app import ClusterOptions, build_app
+    from radixcache.cluster.store_processes import LocalStore
 
     trace = TRACES[trace_name](a)
+    fleet_store = LocalStore().start() if store else None
     options = ClusterOptions(
-        serve_argv=["--random-model", "--page-size", str(PAGE), "--kv-pages", str(trace.pages)],
+        serve_argv=[
+            "--random-model",
+            "--page-size",
+            str(PAGE),
+            "--kv-pages",
+            str(trace.pages),
+            *(fleet_store.worker_args() if fleet_store else ()),
+        ],
         replicas=2,
         router_class=ROUTERS[router],
         auth_tokens=TOKENS,
-        app_name=f"rcb-{trace_name.replace('_', '-')}-{router.replace('_', '-')}",
+        app_name=f"rcb-{trace_name.replace('_', '-')}-{router.replace('_', '-')}{'-store' if store else ''}",
     )
     serve.run(build_app(options), name=options.app_name)
     run = Run(f"127.0.0.1:{port}", a.output)
@@ -258,6 +275,8 @@ def measure(trace_name: str, router: str, a: argparse.Namespace, port: int) -> d
     finally:
         wall = time.perf_counter() - start
         serve.delete(options.app_name)
+        if fleet_store is not None:
+            fleet_store.stop()
         for name, namespace in (
             (options.hub_name, options.hub_namespace),
             ("LlmPrefixTreeActor", f"serve::{options.app_name}::EngineReplica"),
@@ -284,6 +303,7 @@ def score(run: Run, wall: float) -> dict:
         "ttft_p90_ms": percentile(ttfts, 90) * 1e3,
         "requests": len(run.results),
         "failed": len(run.results) - len(ok),
+        "errors": sorted({r.error for r in run.results if r.error is not None})[:3],  # what failed, in its words
         "wall_s": wall,
         **run.extra,
     }
@@ -321,6 +341,7 @@ def main() -> None:
     p.add_argument("--output", type=int, default=8, help="tokens generated per request")
     p.add_argument("--routers", default=",".join(ROUTERS))
     p.add_argument("--traces", default=",".join(TRACES))
+    p.add_argument("--store", action="store_true", help="also measure each run with the replicas on a fleet store")
     p.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     a = p.parse_args()
     if a.smoke:
@@ -340,8 +361,10 @@ def main() -> None:
     try:
         for trace in a.traces.split(","):
             for router in a.routers.split(","):
-                table.setdefault(trace, {})[router] = r = measure(trace, router, a, port)
-                print(trace, router, json.dumps(r), flush=True)
+                for store in (False, True) if a.store else (False,):
+                    name = f"{router}+store" if store else router
+                    table.setdefault(trace, {})[name] = r = measure(trace, router, a, port, store)
+                    print(trace, name, json.dumps(r), flush=True)
     finally:
         serve.shutdown()
         ray.shutdown()
@@ -361,11 +384,16 @@ def main() -> None:
     summary = {
         trace: {
             router: {k: round(r[k], 4) for k in ("hit_rate_of_max", "ttft_p50_ms", "ttft_p90_ms")}
-            | {k: r[k] for k in ("failed", "unique_max_share", "restart_s") if k in r}
+            | {k: r[k] for k in ("failed", "errors", "unique_max_share", "restart_s") if k in r and r[k] != []}
             for router, r in rows.items()
         }
         for trace, rows in table.items()
     }
+    if {"exact", "exact+store"} <= set(table.get("eviction", {})):
+        summary["store_eviction_hit_rate"] = {
+            "store": round(table["eviction"]["exact+store"]["hit_rate_of_max"], 4),
+            "no_store": round(table["eviction"]["exact"]["hit_rate_of_max"], 4),
+        }
     summary["decision_ms_p50"] = round(decision, 4)
     summary["load_average"] = [load_before, load_after]
     summary["smoke"] = a.smoke

@@ -348,3 +348,29 @@ def test_stats_and_prometheus_split_hits_by_tier(model, tmp_path: Path) -> None:
     message = cache_stats_message(stats)
     assert message.disk_hit_tokens == stats.disk_hit_tokens and message.disk_ready and message.disk_pages > 0
     engine.shutdown()
+
+
+def test_a_request_waits_while_loads_under_way_pin_the_pages_it_needs(model, tmp_path: Path) -> None:
+    """Nothing is running, but a load from the tiers holds (locks) the prefix it extends: a request that fits the
+    pool alone, not beside that lock, waits for the load to finish instead of being refused as too big."""
+    from radixcache.worker.engine.request import FinishReason
+
+    engine = engine_on(model, tmp_path)
+    extended = prompts(1, 40, seed=21)[0]
+    expected = run(engine, extended, "first").token_ids
+    settle(engine)
+    engine.cache.evict(7)  # its last pages leave memory (they are on disk); its first pages stay
+    held = engine.cache.match_length(extended, "")
+    assert 0 < held < len(extended) - PAGE
+    big = prompts(1, 37 * PAGE, seed=22)[0]  # 37 of the pool's 40 pages (+2 for its output): not beside the lock
+    outs: dict[str, list[RequestOutput]] = {"extended": [], "big": []}
+    engine.submit(Request("extended", extended, GREEDY), outs["extended"].append)  # first in line: most cached
+    engine.submit(Request("big", big, GREEDY), outs["big"].append)
+    engine.run_until_idle()
+    last = {name: o[-1] for name, o in outs.items()}
+    assert last["big"].finish_reason == FinishReason.LENGTH, last["big"].error
+    assert [t for o in outs["big"] for t in o.token_ids] == run(engine_on(model, None), big, "alone").token_ids
+    assert [t for o in outs["extended"] for t in o.token_ids] == expected
+    assert last["extended"].cached_tokens > held  # it was served from its load
+    engine.cache.check(idle=True)
+    engine.shutdown()

@@ -11,7 +11,8 @@ Policy, in order, each step (`schedule`):
    scheduler/tier_loads.py), the pins (a request they leave no room is refused: scheduler/pins.py), a request whose
    prefix another running request is computing right now waits for those pages to be published instead of
    computing them twice, then the pages (its prompt must fit beside a reserve of one page per running sequence:
-   scheduler/allocation.py).
+   scheduler/allocation.py). A request that does not fit with nothing running is refused as too big, unless a
+   load under way for another waiting request locks pages it needs: it waits for that load to let go.
 When pages run out mid-step, the most recently admitted running sequence is preempted by recompute: its computed
 pages are published to the tree first, so its re-admission mostly hits.
 
@@ -200,7 +201,7 @@ class Scheduler:
                 continue
             lease = self.pages.lease_prompt(seq, cached, promised, len(self.running))
             if lease is None:
-                if not self.running:
+                if not self.running and not self.loads.locking_for_others(seq, self.waiting):
                     need = self.pages.prompt_need(seq, cached)
                     failed.append(Failure(seq, f"the KV cache cannot hold this request: it needs {need} more pages"))
                     continue

@@ -79,6 +79,11 @@ class TierLoads:
             seq.tier_tokens[medium] = seq.tier_tokens.get(medium, 0) + pages * self.page_size
         return True
 
+    def locking_for_others(self, seq: Sequence, waiting: list[Sequence]) -> bool:
+        """A load is under way for another waiting request: its lease locks the prefix it extends until it is
+        through (it finishes within its tiers' deadlines), so pages seq cannot get now may be free then."""
+        return any(s is not seq and s.load_job is not None and not s.load_job.finished for s in waiting)
+
     def drop(self, seq: Sequence) -> None:
         """seq ended: it waits for its load no more."""
         if seq.load_job is not None:
