@@ -36,6 +36,54 @@ def store_serve_args(url: str, metadata: str, worker_host: str | None) -> list[s
     return [*args, "--kv-remote-host", worker_host] if worker_host else args
 
 
+def store_url(host: str, rpc_port: int) -> str:
+    """The master as `--kv-remote` names it."""
+    return f"mooncake://{host}:{rpc_port}"
+
+
+def metadata_url(host: str, metadata_port: int) -> str:
+    """The master's HTTP metadata server as `--kv-remote-metadata` and the store service name it."""
+    return f"http://{host}:{metadata_port}/metadata"
+
+
+MASTER_BINARY = "mooncake_master"  # the store extra's console script, next to the interpreter
+STORE_SERVICE_MODULE = "mooncake.mooncake_store_service"
+
+
+def master_flags(bind: str, rpc_port: int, metadata_port: int, metrics_port: int) -> list[str]:
+    """`mooncake_master`'s flags: RPC, its HTTP metadata server and its metrics (/metrics, /health), all on `bind`.
+    deploy/mooncake.yaml's master runs these (tests/test_deploy.py checks it)."""
+    return [
+        f"--rpc_address={bind}",
+        f"--rpc_port={rpc_port}",
+        "--enable_http_metadata_server=true",
+        f"--http_metadata_server_host={bind}",
+        f"--http_metadata_server_port={metadata_port}",
+        f"--metrics_host={bind}",
+        f"--metrics_port={metrics_port}",
+    ]
+
+
+def store_service_argv(python: str, port: int) -> list[str]:
+    """The store service's command line: Mooncake's module, its HTTP API (which binds 0.0.0.0) on `port`."""
+    return [python, "-m", STORE_SERVICE_MODULE, f"--port={port}"]
+
+
+def store_service_env(master: str, metadata: str, host: str, segment_bytes: int) -> dict[str, str]:
+    """The store service's configuration (Mooncake reads it from the environment): the master's HOST:PORT, the
+    metadata URL, `host` (its own address, where the workers reach its memory, and the one it listens on) and
+    `segment_bytes`, the memory it contributes. deploy/mooncake.yaml's DaemonSet sets these (tests/test_deploy.py)."""
+    return {
+        "MC_TCP_BIND_ADDRESS": host,
+        "MOONCAKE_MASTER": master,
+        "MOONCAKE_TE_META_DATA_SERVER": metadata,
+        "MOONCAKE_LOCAL_HOSTNAME": host,
+        "MOONCAKE_GLOBAL_SEGMENT_SIZE": str(segment_bytes),
+        "MOONCAKE_LOCAL_BUFFER_SIZE": "0",  # the service only holds memory; it reads nothing itself
+        "MOONCAKE_PROTOCOL": "tcp",
+    }
+
+
 def master_capacity_bytes(host: str, metrics_port: int) -> float:
     """The memory the master at `host` counts in its store services (master_total_capacity_bytes on its metrics
     port): 0 until a service has registered, or when the master does not answer. Puts land only once it is > 0."""
@@ -74,8 +122,8 @@ class LocalStore:
         self.metrics, self.service_port = free_port(bind), free_port(bind)
         self.log = log  # where the processes write (None: discarded)
         self.procs: list[subprocess.Popen] = []
-        self.url = f"mooncake://{bind}:{self.rpc}"
-        self.metadata = f"http://{bind}:{self.http}/metadata"
+        self.url = store_url(bind, self.rpc)
+        self.metadata = metadata_url(bind, self.http)
 
     def worker_args(self) -> tuple[str, ...]:
         """What `radixcache serve` needs to join this store (on loopback the worker's own address is loopback too)."""
@@ -90,29 +138,15 @@ class LocalStore:
         RuntimeError (both stopped) if that takes over `timeout` or either exits."""
         quiet = {**os.environ, "GLOG_minloglevel": os.environ.get("GLOG_minloglevel", "2")}
         master = [
-            str(Path(sys.executable).parent / "mooncake_master"),
-            f"--rpc_address={self.bind}",
-            f"--rpc_port={self.rpc}",
-            "--enable_http_metadata_server=true",
-            f"--http_metadata_server_host={self.bind}",
-            f"--http_metadata_server_port={self.http}",
-            f"--metrics_host={self.bind}",
-            f"--metrics_port={self.metrics}",
+            str(Path(sys.executable).parent / MASTER_BINARY),
+            *master_flags(self.bind, self.rpc, self.http, self.metrics),
         ]
         self._spawn(master, quiet)
         service_env = {
             **quiet,
-            "MC_TCP_BIND_ADDRESS": self.bind,
-            "MOONCAKE_MASTER": f"{self.bind}:{self.rpc}",
-            "MOONCAKE_TE_META_DATA_SERVER": self.metadata,
-            "MOONCAKE_LOCAL_HOSTNAME": self.bind,
-            "MOONCAKE_GLOBAL_SEGMENT_SIZE": str(self.segment_bytes),
-            "MOONCAKE_LOCAL_BUFFER_SIZE": "0",  # the service only holds memory; it reads nothing itself
-            "MOONCAKE_PROTOCOL": "tcp",
+            **store_service_env(f"{self.bind}:{self.rpc}", self.metadata, self.bind, self.segment_bytes),
         }
-        self._spawn(
-            [sys.executable, "-m", "mooncake.mooncake_store_service", f"--port={self.service_port}"], service_env
-        )
+        self._spawn(store_service_argv(sys.executable, self.service_port), service_env)
         deadline = time.monotonic() + timeout
         while self.capacity_bytes() <= 0:
             exited = [p.args[0] for p in self.procs if p.poll() is not None]
