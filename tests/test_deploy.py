@@ -7,7 +7,9 @@ not know.
 
 The fleet's store (deploy/mooncake.yaml): its master and store services run the flags and environment that
 cluster/store_processes.py builds for `radixcache cluster --kv-remote-start` (the same functions), at the ports the
-RayService's --kv-remote flags name, sized to their memory, unprivileged, reachable only from the engine pods.
+RayService's --kv-remote flags name, sized to their memory, unprivileged, reachable only from the engine pods; its
+pod templates against Kubernetes' PodTemplateSpec as the same CRD embeds it (deploy/schema/podtemplate-v1.schema.json,
+derived by the same script).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 DEPLOY = REPO / "deploy"
 sys.path.insert(0, str(REPO / "scripts"))
-from derive_rayservice_schema import rayservice  # noqa: E402
+from derive_rayservice_schema import pod_templates, rayservice  # noqa: E402
 
 from radixcache.cluster.app import SERVICER_FUNCTION, ClusterOptions, app_builder, options_from_args  # noqa: E402
 from radixcache.cluster.store_processes import (  # noqa: E402
@@ -267,6 +269,28 @@ def test_the_store_manifest_holds_what_the_readme_lists():
         assert spec["selector"]["matchLabels"].items() <= spec["template"]["metadata"]["labels"].items(), name
     service = docs["Service", "radixcache-store-master"]["spec"]
     assert service["selector"].items() <= master["template"]["metadata"]["labels"].items()
+
+
+def test_the_store_pods_fit_kubernetes_pod_template_schema():
+    """The Deployment's and the DaemonSet's pod templates against Kubernetes' PodTemplateSpec (as KubeRay v1.7.0's
+    CRD embeds it, cut down by scripts/derive_rayservice_schema.py like the RayService's)."""
+    schema = json.loads((DEPLOY / "schema" / "podtemplate-v1.schema.json").read_text())
+    check = jsonschema.Draft7Validator(schema)
+    for template in pod_templates():
+        errors = [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in check.iter_errors(template)]
+        assert not errors, f"{errors} (a field new to the manifest: rerun scripts/derive_rayservice_schema.py)"
+    # It can fail: a misplaced probe field, a label that is not a string, a malformed quantity.
+    for path, value in (
+        (("spec", "containers", 0, "readinessProbe", "tcpSocket", "portt"), 8090),
+        (("metadata", "labels", "app.kubernetes.io/name"), True),
+        (("spec", "containers", 0, "resources", "limits", "memory"), "5 GiB"),
+    ):
+        broken = pod_templates()[1]
+        node = broken
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = value
+        assert list(check.iter_errors(broken)), path
 
 
 def test_the_master_runs_localstores_flags_where_the_rayservice_looks_for_it():
