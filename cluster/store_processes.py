@@ -36,6 +36,54 @@ def store_serve_args(url: str, metadata: str, worker_host: str | None) -> list[s
     return [*args, "--kv-remote-host", worker_host] if worker_host else args
 
 
+def store_url(host: str, rpc_port: int) -> str:
+    """The master as `--kv-remote` names it."""
+    return f"mooncake://{host}:{rpc_port}"
+
+
+def metadata_url(host: str, metadata_port: int) -> str:
+    """The master's HTTP metadata server as `--kv-remote-metadata` and the store service name it."""
+    return f"http://{host}:{metadata_port}/metadata"
+
+
+MASTER_BINARY = "mooncake_master"  # the store extra's console script, next to the interpreter
+STORE_SERVICE_MODULE = "mooncake.mooncake_store_service"
+
+
+def master_flags(bind: str, rpc_port: int, metadata_port: int, metrics_port: int) -> list[str]:
+    """`mooncake_master`'s flags: RPC, its HTTP metadata server and its metrics (/metrics, /health), all on `bind`.
+    deploy/mooncake.yaml's master runs these (tests/test_deploy.py checks it)."""
+    return [
+        f"--rpc_address={bind}",
+        f"--rpc_port={rpc_port}",
+        "--enable_http_metadata_server=true",
+        f"--http_metadata_server_host={bind}",
+        f"--http_metadata_server_port={metadata_port}",
+        f"--metrics_host={bind}",
+        f"--metrics_port={metrics_port}",
+    ]
+
+
+def store_service_argv(python: str, port: int) -> list[str]:
+    """The store service's command line: Mooncake's module, its HTTP API (which binds 0.0.0.0) on `port`."""
+    return [python, "-m", STORE_SERVICE_MODULE, f"--port={port}"]
+
+
+def store_service_env(master: str, metadata: str, host: str, segment_bytes: int) -> dict[str, str]:
+    """The store service's configuration (Mooncake reads it from the environment): the master's HOST:PORT, the
+    metadata URL, `host` (its own address, where the workers reach its memory, and the one it listens on) and
+    `segment_bytes`, the memory it contributes. deploy/mooncake.yaml's DaemonSet sets these (tests/test_deploy.py)."""
+    return {
+        "MC_TCP_BIND_ADDRESS": host,
+        "MOONCAKE_MASTER": master,
+        "MOONCAKE_TE_META_DATA_SERVER": metadata,
+        "MOONCAKE_LOCAL_HOSTNAME": host,
+        "MOONCAKE_GLOBAL_SEGMENT_SIZE": str(segment_bytes),
+        "MOONCAKE_LOCAL_BUFFER_SIZE": "0",  # the service only holds memory; it reads nothing itself
+        "MOONCAKE_PROTOCOL": "tcp",
+    }
+
+
 def master_capacity_bytes(host: str, metrics_port: int) -> float:
     """The memory the master at `host` counts in its store services (master_total_capacity_bytes on its metrics
     port): 0 until a service has registered, or when the master does not answer. Puts land only once it is > 0."""
@@ -53,9 +101,9 @@ def master_capacity_bytes(host: str, metrics_port: int) -> float:
 class LocalStore:
     """A master and one store service of `segment_bytes` on `bind`. Ports 0 are picked free.
 
-    `master_argv`, `service_argv` and `service_env` are the one statement of how this project runs them (the
-    benchmarks, the e2e tests and `radixcache cluster --kv-remote-start` all start them here; deploy/'s manifests
-    are checked against them). The master or the service alone can be killed (SIGKILL: a crash) and started again
+    It runs what master_flags / store_service_argv / store_service_env say, the one statement of how this project
+    runs them (the benchmarks, the e2e tests and `radixcache cluster --kv-remote-start` all start them here;
+    deploy/'s manifests are checked against the same functions). The master or the service alone can be killed (SIGKILL: a crash) and started again
     on the same ports, as the fault tests do: a restarted master holds no objects and knows no segment, so the
     service must be started again after it."""
 
@@ -81,8 +129,8 @@ class LocalStore:
         self.log = log  # where the processes write (None: discarded)
         self.master: subprocess.Popen | None = None
         self.service: subprocess.Popen | None = None
-        self.url = f"mooncake://{bind}:{self.rpc}"
-        self.metadata = f"http://{bind}:{self.http}/metadata"
+        self.url = store_url(bind, self.rpc)
+        self.metadata = metadata_url(bind, self.http)
 
     @property
     def procs(self) -> list[subprocess.Popen]:
@@ -92,36 +140,6 @@ class LocalStore:
     def worker_args(self) -> tuple[str, ...]:
         """What `radixcache serve` needs to join this store (on loopback the worker's own address is loopback too)."""
         return tuple(store_serve_args(self.url, self.metadata, LOOPBACK if self.bind == LOOPBACK else None))
-
-    def master_argv(self, binary: str | None = None) -> list[str]:
-        """The master's command line: RPC, the HTTP metadata server and the metrics, all on `bind`."""
-        return [
-            binary or str(Path(sys.executable).parent / "mooncake_master"),
-            f"--rpc_address={self.bind}",
-            f"--rpc_port={self.rpc}",
-            "--enable_http_metadata_server=true",
-            f"--http_metadata_server_host={self.bind}",
-            f"--http_metadata_server_port={self.http}",
-            f"--metrics_host={self.bind}",
-            f"--metrics_port={self.metrics}",
-        ]
-
-    def service_argv(self, python: str | None = None) -> list[str]:
-        """The store service's command line (its configuration is in service_env)."""
-        return [python or sys.executable, "-m", "mooncake.mooncake_store_service", f"--port={self.service_port}"]
-
-    def service_env(self, local_hostname: str | None = None) -> dict[str, str]:
-        """The environment the store service reads: its master, the metadata server, the address it serves its
-        memory on (`local_hostname`, default `bind`), the segment it contributes, TCP."""
-        return {
-            "MC_TCP_BIND_ADDRESS": self.bind,
-            "MOONCAKE_MASTER": f"{self.bind}:{self.rpc}",
-            "MOONCAKE_TE_META_DATA_SERVER": self.metadata,
-            "MOONCAKE_LOCAL_HOSTNAME": local_hostname or self.bind,
-            "MOONCAKE_GLOBAL_SEGMENT_SIZE": str(self.segment_bytes),
-            "MOONCAKE_LOCAL_BUFFER_SIZE": "0",  # the service only holds memory; it reads nothing itself
-            "MOONCAKE_PROTOCOL": "tcp",
-        }
 
     def _spawn(self, argv: list[str], env: dict[str, str]) -> subprocess.Popen:
         out = self.log if self.log is not None else subprocess.DEVNULL
@@ -137,12 +155,14 @@ class LocalStore:
 
     def start_master(self) -> None:
         """The master on this store's ports (again after kill_master); returns at once: start_service waits."""
-        self.master = self._spawn(self.master_argv(), {})
+        binary = str(Path(sys.executable).parent / MASTER_BINARY)
+        self.master = self._spawn([binary, *master_flags(self.bind, self.rpc, self.http, self.metrics)], {})
 
     def start_service(self, timeout: float = 60.0) -> None:
         """The store service; returns once the master counts its memory. RuntimeError (everything stopped) if that
         takes over `timeout` or a process exits."""
-        self.service = self._spawn(self.service_argv(), self.service_env())
+        env = store_service_env(f"{self.bind}:{self.rpc}", self.metadata, self.bind, self.segment_bytes)
+        self.service = self._spawn(store_service_argv(sys.executable, self.service_port), env)
         deadline = time.monotonic() + timeout
         while self.capacity_bytes() <= 0:
             exited = [p.args[0] for p in self.procs if p.poll() is not None]

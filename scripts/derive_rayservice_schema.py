@@ -1,4 +1,6 @@
-"""Derive deploy/schema/rayservice-v1.schema.json from KubeRay's RayService CRD, for tests/test_deploy.py.
+"""Derive deploy/schema/rayservice-v1.schema.json from KubeRay's RayService CRD, for tests/test_deploy.py; and from
+the same CRD's pod template (Kubernetes' own PodTemplateSpec, as KubeRay's release embeds it)
+deploy/schema/podtemplate-v1.schema.json, for the pod templates of deploy/mooncake.yaml's Deployment and DaemonSet.
 
     python scripts/derive_rayservice_schema.py CRD.yaml --source "ray-project/kuberay v1.7.0 (commit ...)"
 
@@ -10,7 +12,7 @@ needs checked, walking the CRD's v1 openAPIV3Schema alongside the manifest:
   field get `additionalProperties: false`, so a misspelled or misplaced field fails the test (the API server would
   silently drop it: structural schemas prune unknown fields);
 - CEL rules (x-kubernetes-validations) are dropped: jsonschema cannot run them.
-Rerun it after the manifest sets a new field (the test says which).
+Rerun it after either manifest sets a new field (the test says which).
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 MANIFEST = REPO / "deploy" / "rayservice.yaml"
 OUT = REPO / "deploy" / "schema" / "rayservice-v1.schema.json"
+STORE_MANIFEST = REPO / "deploy" / "mooncake.yaml"
+POD_OUT = REPO / "deploy" / "schema" / "podtemplate-v1.schema.json"
 DROPPED = {"properties", "items", "additionalProperties", "x-kubernetes-validations", "description"}
 
 
@@ -60,6 +64,25 @@ def derive(crd: dict[str, Any], manifest: dict[str, Any], source: str) -> dict[s
     }
 
 
+def derive_pod_template(crd: dict[str, Any], templates: list[dict[str, Any]], source: str) -> dict[str, Any]:
+    (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
+    cluster = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["rayClusterConfig"]
+    template = cluster["properties"]["headGroupSpec"]["properties"]["template"]
+    return {
+        "$comment": f"Derived by scripts/derive_rayservice_schema.py from {source}, "
+        "ray-operator/config/crd/bases/ray.io_rayservices.yaml (the v1 schema's "
+        "spec.rayClusterConfig.headGroupSpec.template: Kubernetes' PodTemplateSpec), cut down to the fields "
+        "deploy/mooncake.yaml's pod templates set (see the script's docstring). Do not edit.",
+        **prune(template, templates),
+    }
+
+
+def pod_templates(path: Path = STORE_MANIFEST) -> list[dict[str, Any]]:
+    """The pod templates of deploy/mooncake.yaml's Deployment and DaemonSet."""
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    return [d["spec"]["template"] for d in docs if d.get("kind") in ("Deployment", "DaemonSet")]
+
+
 def rayservice(path: Path = MANIFEST) -> dict[str, Any]:
     (doc,) = [d for d in yaml.safe_load_all(path.read_text()) if d and d.get("kind") == "RayService"]
     return doc
@@ -70,11 +93,16 @@ def main() -> None:
     p.add_argument("crd", type=Path, help="ray.io_rayservices.yaml of a KubeRay checkout")
     p.add_argument("--source", required=True, help='where it came from, e.g. "ray-project/kuberay v1.7.0 (commit X)"')
     p.add_argument("--out", type=Path, default=OUT)
+    p.add_argument("--pod-out", type=Path, default=POD_OUT)
     a = p.parse_args()
-    schema = derive(yaml.safe_load(a.crd.read_text()), rayservice(), a.source)
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(schema, indent=1, sort_keys=False) + "\n")
-    print(f"wrote {a.out} ({a.out.stat().st_size} bytes)")
+    crd = yaml.safe_load(a.crd.read_text())
+    for out, schema in (
+        (a.out, derive(crd, rayservice(), a.source)),
+        (a.pod_out, derive_pod_template(crd, pod_templates(), a.source)),
+    ):
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(schema, indent=1, sort_keys=False) + "\n")
+        print(f"wrote {out} ({out.stat().st_size} bytes)")
 
 
 if __name__ == "__main__":
