@@ -35,10 +35,12 @@ class AttentionOptions:
     windows:  () when every layer is global, else one entry per layer: None (global: every earlier position) or W
               (sliding: the last W positions, its own included). All-None is stored as (), so options that spell out
               the global layers equal those that do not.
-    latent:   the pages are latent pages (multi-head latent attention, radixcache/pool.py): forward's k and v are
-              the two halves of each new token's latent [T, 1, D / 2], and every position's key and value is its
-              whole latent [D] (the halves read back and joined); q is [T, H, D] and the output [T, H, D]
-              (worker/model/mla.py uses its leading kv_lora_rank dimensions). Only the torch backend runs it.
+    latent:   the pages are latent pages (multi-head latent attention, radixcache/pool.py; the pool's layers have
+              KVLayer.latent): forward's k and v are the two halves of each new token's latent [T, 1, D / 2],
+              which the layer stores token-contiguous, and every position's key and value is its whole latent [D]
+              (read back by token row, KVLayer.gather_latents; latent_tokens() is [pages, page_size, D]); q is
+              [T, H, D] and the output [T, H, D] (worker/model/mla.py uses its leading kv_lora_rank dimensions).
+              Only the torch backend runs it.
     """
 
     scale: float | None = None
@@ -211,10 +213,9 @@ def resolve_backend_name(name: str, device: str | torch.device = "cpu", **option
     attention = options.get("attention")
     if isinstance(attention, AttentionOptions) and attention.latent and name != "torch":
         # FlashInfer's BatchMLAPagedAttentionWrapper.run wants ckv_cache [pages, page_size, kv_lora_rank] and
-        # kpe_cache [pages, page_size, rope dim], each row unit-strided. A latent page splits a token's latent in
-        # two equal halves across its K and V blocks (radixcache/pool.py: 288 + 288 for 512 + 64), so c straddles
-        # the two blocks and no view of the pool is a ckv_cache: serving it needs a pool layout change or a copy
-        # per step. Until then the torch backend reads latent pages.
+        # kpe_cache [pages, page_size, rope dim], each row unit-strided. Latent pages are token-contiguous
+        # (radixcache/pool.py), so KVLayer.latent_tokens()[..., :R] and [..., R:] are such views, but no backend
+        # here runs FlashInfer's MLA kernels yet: until one does, the torch backend reads latent pages.
         if name == "auto":
             return "torch"
         if name in _REGISTRY:
