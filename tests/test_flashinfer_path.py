@@ -279,3 +279,85 @@ def test_an_int8_engine_on_cuda_runs_on_the_torch_backend(fake_cuda: types.Simpl
     model = tiny_model()
     engine = Engine(model, EngineConfig(page_size=4, kv_pages=32, kv_dtype="int8"))
     assert engine.backend.name == "torch" and engine.kv_dtype == "int8"
+
+
+# --- latent (MLA) models: FlashInfer's MLA wrapper where its kernels apply, the torch backend elsewhere ---------------
+MLA_GEOMETRY = {"num_heads": 16, "num_kv_heads": 1, "head_dim": 288, "dtype": torch.bfloat16}  # DeepSeek V3's latent
+DEEPSEEK = AttentionOptions(scale=0.1, latent=True, latent_dims=(512, 64))
+
+
+def test_a_deepseek_shaped_model_on_cuda_gets_flashinfers_mla_kernels(fake_cuda: types.SimpleNamespace) -> None:
+    from radixcache.worker.attention.flashinfer_mla_backend import FlashInferMLABackend
+
+    for name in ("auto", "flashinfer"):
+        backend = create_backend(name, "cuda", **MLA_GEOMETRY, attention=DEEPSEEK, kv_dtype="bf16")
+        assert isinstance(backend, FlashInferMLABackend) and backend.name == "flashinfer_mla"
+    assert create_backend("torch", "cuda", **MLA_GEOMETRY, attention=DEEPSEEK).name == "torch"
+    assert create_backend("auto", "cuda", **{**MLA_GEOMETRY, "dtype": torch.float16}, attention=DEEPSEEK).name == (
+        "flashinfer_mla"
+    )
+    (wrapper, *others) = [w for w in fake_cuda.lib.wrappers if type(w).kind == "mla"]
+    assert wrapper.backend == "auto" and not bool(wrapper.workspace.any())  # zeroed: fresh device memory is garbage
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"attention": AttentionOptions(latent=True, latent_dims=(32, 8))},
+         "built for kv_lora_rank 512 with a rope dim of 64, and the model's are 32 and 8"),
+        ({"attention": AttentionOptions(latent=True, latent_dims=(512, 32))}, "the model's are 512 and 32"),
+        ({"attention": AttentionOptions(latent=True, latent_dims=(256, 64))}, "the model's are 256 and 64"),
+        ({"attention": AttentionOptions(latent=True)}, "the latent's split \\(kv_lora_rank, rope dim\\) to plan"),
+        ({"dtype": torch.float32}, "MLA kernels run float16/bfloat16, and the model is float32"),
+        ({"dtype": None}, "model dtype to plan, and it is unset"),
+        ({"num_heads": None}, "num_heads to plan"),
+        ({"kv_dtype": "int8"}, "no MLA kernel for int8/int4 latent pages"),
+        ({"kv_dtype": "int4"}, "no MLA kernel for int8/int4 latent pages"),
+        ({"kv_dtype": "fp8_e4m3"}, "not checked against fp8_e4m3 latent pages"),
+        ({"kv_dtype": "fp16"}, "latent pages in the model's dtype, and the KV dtype is fp16"),
+    ],
+)  # fmt: skip
+def test_where_flashinfers_mla_kernels_do_not_apply_auto_picks_torch_and_flashinfer_says_why(
+    fake_cuda, change: dict, reason: str
+) -> None:  # noqa: ANN001
+    options = {**MLA_GEOMETRY, "attention": DEEPSEEK, "kv_dtype": "bf16", **change}
+    assert create_backend("auto", "cuda", **options).name == "torch"
+    with pytest.raises(BackendUnavailableError, match=f"MLA kernels for latent \\(MLA\\) pages: .*{reason}"):
+        create_backend("flashinfer", "cuda", **options)
+    assert not [w for w in fake_cuda.lib.wrappers if type(w).kind == "mla"]
+
+
+def test_a_flashinfer_without_the_mla_wrapper_or_that_does_not_import_is_never_picked(
+    fake_cuda, monkeypatch: pytest.MonkeyPatch
+) -> None:  # noqa: ANN001
+    monkeypatch.delattr(fake_cuda.lib, "BatchMLAPagedAttentionWrapper")
+    assert create_backend("auto", "cuda", **MLA_GEOMETRY, attention=DEEPSEEK).name == "torch"
+    with pytest.raises(BackendUnavailableError, match="has no BatchMLAPagedAttentionWrapper"):
+        create_backend("flashinfer", "cuda", **MLA_GEOMETRY, attention=DEEPSEEK)
+    monkeypatch.setitem(sys.modules, "flashinfer", None)
+    assert create_backend("auto", "cuda", **MLA_GEOMETRY, attention=DEEPSEEK).name == "torch"
+    with pytest.raises(BackendUnavailableError, match="flashinfer does not import"):
+        create_backend("flashinfer", "cuda", **MLA_GEOMETRY, attention=DEEPSEEK)
+
+
+def test_the_mla_plan_waits_for_the_previous_one_and_records_on_the_devices_stream(
+    fake_cuda: types.SimpleNamespace,
+) -> None:
+    backend = create_backend("flashinfer", "cuda:1", **MLA_GEOMETRY, attention=DEEPSEEK)
+    layout = BatchLayout.build([SequenceSlice([3, 5], 0, 20), SequenceSlice([7], 4, 1)], 16)
+    backend.begin_step(layout)
+    backend.begin_step(layout)
+    events = fake_cuda.torch.events
+    assert len(events) == 2 and [s.device for e in events for s in e.recorded_on] == [torch.device("cuda:1")] * 2
+    assert fake_cuda.torch.log == [("record", events[0].recorded_on[0]), ("synchronize", events[0]),
+                                   ("record", events[1].recorded_on[0])]  # fmt: skip
+    plan = fake_cuda.lib.calls[0][2]
+    assert (plan.qo_indptr, plan.kv_indptr, plan.kv_indices, plan.kv_len) == (
+        [0, 20, 21],
+        [0, 2, 3],
+        [3, 5, 7],
+        [20, 5],
+    )
+    assert (plan.num_heads, plan.head_dim_ckv, plan.head_dim_kpe, plan.page_size) == (16, 512, 64, 16)
+    assert plan.causal is True and plan.sm_scale == 0.1
+    assert plan.q_data_type == plan.kv_data_type == torch.bfloat16
