@@ -15,18 +15,26 @@ Page ids: the main arena (the pool's `kv_dtype`, where requests write) holds ids
 A page moves in and out of the pool whole, as a `radixcache.page_data.PageData` (`read_page` / `write_page`): its
 K/V in its arena's storage dtype plus the scales its precision needs, named by its `kv_dtype`.
 
-Latent pages (multi-head latent attention: DeepSeek V2/V3, worker/model/mla.py): per token and layer the model
-caches one vector of D = kv_lora_rank + qk_rope_head_dim values, latent = [c | k_pe] (c: kv_a_layernorm's output,
-k_pe: the roped shared key part), and nothing else: no separate K and V. Such a pool is an ordinary pool of
-KVShape(layers, kv_heads=1, head_dim=D / 2) whose K block holds the first half of each latent and whose V block
-the second: token (page, slot)'s latent in layer i is cat(values[i, page, 0, slot, 0], values[i, page, 1, slot,
-0]) (D must be even; 576 = 288 + 288 for DeepSeek V3). So a latent page is exactly D values per token and layer
-(no half left empty), and everything that moves or hashes pages (PageData, tiers, the fleet store, partial-page
-copies) moves latent pages unchanged; what the bytes mean is the model's, named by the fingerprint's config.
-At a quantized kv_dtype each half is encoded as any K or V vector of one head is (int8: its own fp16 scale per
-token, so a latent has two; fp8_e4m3: the layer's K scale for the first half, its V scale for the second), so the
-page format, tiers and demotion are unchanged. int4 is refused for latent pages at start-up (its rotated keys would
-rotate the first half, which is also the value: worker/engine/step.py, check_latent_pages).
+Latent pages (multi-head latent attention: DeepSeek V2/V3, worker/model/mla.py; a pool built with `latent=True`):
+per token and layer the model caches one vector of D = kv_lora_rank + qk_rope_head_dim values, latent = [c | k_pe]
+(c: kv_a_layernorm's output, k_pe: the roped shared key part), and nothing else: no separate K and V. Such a pool
+has the tensors of an ordinary pool of KVShape(layers, kv_heads=1, head_dim=D / 2) (D must be even; 576 = 2 x 288
+for DeepSeek V3), but its bytes are token-contiguous: one layer's values [pages, 2, page_size, 1, D / 2] are
+contiguous per page, and a latent page's 2 x page_size rows of D / 2 are read as page_size rows of D, so token
+(page, slot)'s latent in layer i is the D contiguous values values[i].view(pages, page_size, D)[page, slot] (its
+first half at half-row page * 2 * page_size + 2 * slot, its second half at the next; `KVLayer.latent_tokens`).
+`latent_tokens()[..., :R]` is then FlashInfer's ckv_cache [pages, page_size, R] and `[..., R:]` its kpe_cache,
+views with unit-strided rows of stride D. A page's bytes are D values per token and layer (no half left empty), and
+every codec encodes row by row (one row = D / 2 values with its own scale), so everything that moves or hashes
+whole pages (PageData, tiers, the fleet store, transcode for demotion) moves latent pages unchanged; copies of a
+slot range (`copy_prefix`) move whole latents along the slot axis. What the bytes mean is the model's, named by the
+fingerprint (its config, and "latent_layout": worker/engine/fingerprint.py).
+At a quantized kv_dtype: int8 keeps a fp16 scale per half-row (two per latent: scales.view(pages, page_size, 2) is
+(first-half scale, second-half scale) per token); fp8_e4m3 one per-layer scale for the whole latent (both halves
+of a latent may share a block, so a latent arena's V scales are set to its K scales). int4 is refused for latent
+pages at start-up (its rotated keys would rotate the first half, which is also the value: worker/engine/step.py,
+check_latent_pages); demoted int4 copies are never read by attention, and transcode round-trips them row by row.
+Window paging never combines with latent pages.
 
 Window paging (`window_layers`, a model's sliding layers, with `window_slots` > 0): those layers live apart, in a
 window arena of `window_slots` slots, so that a page can give back its sliding layers' values while keeping its
@@ -97,6 +105,15 @@ class KVShape:
                 raise ValueError(f"{field} must be >= 1, got {getattr(self, field)}")
 
 
+def latent_rows(rows: torch.Tensor, page_size: int) -> torch.Tensor:
+    """K/V rows (page * 2 * page_size + slot for a token's K, page_size rows later for its V) -> the half-rows a
+    latent page keeps them at: page * 2 * page_size + 2 * slot for the first half, the next for the second (the
+    module docstring, latent pages). The one place that remaps rows for latent pages."""
+    page, within = rows.div(2 * page_size, rounding_mode="floor"), rows.remainder(2 * page_size)
+    which, slot = within.div(page_size, rounding_mode="floor"), within.remainder(page_size)
+    return page * (2 * page_size) + 2 * slot + which
+
+
 @dataclass(frozen=True)
 class KVLayer:
     """One layer's pages as an attention backend writes and reads them.
@@ -106,6 +123,12 @@ class KVLayer:
     token (page, slot)'s K is row page * 2 * page_size + slot and its V page_size rows later; blocks: viewed as
     [pages * 2, page_size, ...], block 2p is page p's K and 2p + 1 its V. Every read dequantizes only what it
     gathers (never a full-precision copy of the pool).
+
+    `latent`: the layer holds latent pages (the module docstring): the same tensors, token-contiguous. Writes take
+    the K/V rows above and store a token's two halves at half-rows page * 2 * page_size + 2 * slot and the next
+    (`latent_rows`), so token (page, slot)'s latent is latent_tokens()[page, slot]; it is read whole by token row
+    (page * page_size + slot, `gather_latents`), never by K or V block (gather_heads / gather_head_rows refuse it).
+    fp8: one scale for the whole latent (k_scale; the pool sets v_scale to it).
     """
 
     values: torch.Tensor
@@ -113,6 +136,7 @@ class KVLayer:
     codec: KVCodec
     k_scale: float = 1.0
     v_scale: float = 1.0
+    latent: bool = False
 
     @classmethod
     def of(cls, layer: torch.Tensor | KVLayer) -> KVLayer:
@@ -125,14 +149,22 @@ class KVLayer:
     def page_size(self) -> int:
         return int(self.values.shape[2])
 
+    @property
+    def latent_dim(self) -> int:
+        """D: the values of one token's latent (2 x head_dim of the pool's shape)."""
+        return 2 * int(self.values.shape[3]) * int(self.values.shape[4]) * self.codec.pack
+
     def write_rows(self, rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store new tokens' k, v [T, kv_heads, head_dim] at rows `rows` [2T] (their K rows, then their V rows),
-        encoded (keys rotated first where the codec says so)."""
+        encoded (keys rotated first where the codec says so). A latent layer's k and v are the halves of each
+        latent, stored at the half-rows `latent_rows` maps those rows to."""
         codec = self.codec
         if codec.rotate_keys:
             k = hadamard(k)
         kq, ks = codec.encode(k, self.k_scale)
         vq, vs = codec.encode(v, self.v_scale)
+        if self.latent:
+            rows = latent_rows(rows, self.page_size)
         kvh = self.values.shape[3]
         values = _bytes(self.values).view(-1, kvh, self.values.shape[4])
         values.index_copy_(0, rows, torch.cat((_bytes(kq), _bytes(vq))))
@@ -145,10 +177,36 @@ class KVLayer:
         k_rows = pages * (2 * self.page_size) + slots
         self.write_rows(torch.cat((k_rows, k_rows + self.page_size)), k, v)
 
+    def latent_tokens(self) -> torch.Tensor:
+        """[pages, page_size, D]: a view of a latent layer's values, one token's latent a row (at fp8 the raw
+        float8 values, to be multiplied by k_scale). [..., :kv_lora_rank] is FlashInfer's ckv_cache and
+        [..., kv_lora_rank:] its kpe_cache: unit-strided rows of stride D. Values only: not for int8 / int4 pages,
+        whose latents need their per-row scales (gather_latents)."""
+        if not self.latent:
+            raise ValueError("latent_tokens: this layer does not hold latent pages")
+        if self.codec.token_scales:
+            raise ValueError(f"latent_tokens: {self.codec.name} latents need their scales; use gather_latents")
+        return self.values.view(self.values.shape[0], self.page_size, self.latent_dim)
+
+    def gather_latents(self, token_rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """[n, D] in `dtype`: the latents of token rows `token_rows` [n] (page * page_size + slot) of a latent layer,
+        dequantized (int8: each half-row with its own scale; fp8: k_scale, the latent's one scale)."""
+        if not self.latent:
+            raise ValueError("gather_latents: this layer does not hold latent pages")
+        n, half = token_rows.numel(), self.values.shape[4]
+        if self.scales is None:  # one gather of whole latents
+            values = _bytes(self.values).view(-1, 2 * half).index_select(0, token_rows).view(self.values.dtype)
+            return self.codec.decode(values, None, dtype, self.k_scale)
+        rows = (2 * token_rows[:, None] + torch.arange(2, device=token_rows.device)).flatten()  # its two half-rows
+        values = _bytes(self.values).view(-1, half).index_select(0, rows).view(self.values.dtype)
+        scales = self.scales.view(-1).index_select(0, rows)
+        return self.codec.decode(values, scales, dtype, self.k_scale).view(n, -1)
+
     def gather_heads(self, blocks: torch.Tensor, which: int, batch: int, dtype: torch.dtype) -> torch.Tensor:
         """[batch, kv_heads, n * page_size / batch, head_dim] in `dtype`, contiguous (head-major, as a batched
         matmul wants it): blocks `blocks` [n] in sequence-major order, all K blocks (which=0) or all V blocks
         (which=1), dequantized. The transpose runs on the stored bytes, before they are widened."""
+        self._not_latent("gather_heads")
         _, _, ps, kvh, dim = self.values.shape
         values = _bytes(self.values).view(-1, ps, kvh, dim).index_select(0, blocks)
         values = values.view(batch, -1, kvh, dim).transpose(1, 2).contiguous().view(self.values.dtype)
@@ -160,17 +218,24 @@ class KVLayer:
     def gather_head_rows(self, head_rows: torch.Tensor, which: int, dtype: torch.dtype) -> torch.Tensor:
         """[n, head_dim] in `dtype`: rows `head_rows` [n] of the layer's K (which=0) or V (which=1) viewed as one
         row per (K row, head) (row * kv_heads + head, see write_rows), dequantized."""
+        self._not_latent("gather_head_rows")
         kvh, dim = self.values.shape[3], self.values.shape[4]
         offset = which * self.page_size * kvh  # V rows are page_size token rows after K's
         values = _bytes(self.values).view(-1, dim)[offset:].index_select(0, head_rows).view(self.values.dtype)
         scales = None if self.scales is None else self.scales.view(-1)[offset:].index_select(0, head_rows)
         return self.codec.decode(values, scales, dtype, self.v_scale if which else self.k_scale)
 
+    def _not_latent(self, what: str) -> None:
+        if self.latent:
+            raise ValueError(f"{what} reads K or V blocks; a latent layer has none (gather_latents)")
+
 
 class PageArena:
     """The storage of `num_pages` pages at one precision, every layer (see the module docstring for the layout).
 
-    `layer_scales` [layers, 2] float32: fp8's per-layer K and V scales (default 1.0), part of every page read."""
+    `layer_scales` [layers, 2] float32: fp8's per-layer K and V scales (default 1.0), part of every page read.
+    `latent`: the pages are latent pages (token-contiguous, see the module docstring): a layer's fp8 V scale is set
+    to its K scale (one scale per latent, whatever `layer_scales` says of V), and slot copies move whole latents."""
 
     def __init__(
         self,
@@ -182,12 +247,14 @@ class PageArena:
         device: torch.device,
         layer_scales: torch.Tensor | None = None,
         layers: int | None = None,
+        latent: bool = False,
     ) -> None:
         """`layers`: how many of the model's layers this arena holds (default all; 0 for the main arena of a
         window-paged pool whose every layer slides: its pages are then ids without values)."""
         self.codec = codec = codec_of(kv_dtype)
         self.kv_dtype = codec.name
         self.num_pages = num_pages
+        self.latent = latent
         layers = shape.layers if layers is None else layers
         self.page_shape = (layers, 2, page_size, shape.kv_heads, codec.stored_dim(shape.head_dim))
         layers, *rest = self.page_shape
@@ -201,6 +268,8 @@ class PageArena:
             scales = torch.ones(layers, 2) if layer_scales is None else layer_scales.detach().float().cpu().clone()
             if tuple(scales.shape) != (layers, 2) or not bool((scales > 0).all() and scales.isfinite().all()):
                 raise ValueError(f"{codec.name} scales must be [layers={layers}, 2] finite and > 0")
+            if latent:  # both halves of a latent may share a block: one scale for the whole latent
+                scales[:, 1] = scales[:, 0]
             self.layer_scales = scales
             self._layer_floats = [(float(k), float(v)) for k, v in scales.tolist()]
 
@@ -211,11 +280,13 @@ class PageArena:
     def layer(self, index: int) -> KVLayer:
         k_scale, v_scale = self._layer_floats[index]
         scales = None if self.scales is None else self.scales[index]
-        return KVLayer(self.values[index], scales, self.codec, k_scale, v_scale)
+        return KVLayer(self.values[index], scales, self.codec, k_scale, v_scale, self.latent)
 
     def read_float(self, layer: int, pages: list[int]) -> torch.Tensor:
         """[n, 2, page_size, kv_heads, head_dim] float32: what `pages` (arena-local ids) of one layer hold, keys
-        turned back from the rotation they are stored in."""
+        turned back from the rotation they are stored in. (A latent page's [2, page_size] are its 2 x page_size
+        half-rows in storage order, not K and V; write_float puts them back where they were, which is all transcode
+        needs: every codec encodes row by row.)"""
         index = torch.tensor(pages, device=self.values.device)
         values = _bytes(self.values[layer]).index_select(0, index).view(self.values.dtype)
         scales = [None, None] if self.scales is None else self.scales[layer].index_select(0, index).unbind(1)
@@ -237,9 +308,20 @@ class PageArena:
             self.scales[layer].index_copy_(0, index, torch.stack((ks, vs), dim=1))
 
     def copy_prefix(self, src: int, dst: int, num_slots: int) -> None:
-        self.values[:, dst, :, :num_slots] = self.values[:, src, :, :num_slots]
-        if self.scales is not None:
-            self.scales[:, dst, :, :num_slots] = self.scales[:, src, :, :num_slots]
+        """Slots 0..num_slots-1 of page `src` into page `dst`, every layer, with their scales: a token's K and V,
+        or for latent pages its whole latent (its two half-rows, viewed [layers, pages, page_size, 2, ...])."""
+        values, scales = self.values, self.scales
+        if self.latent:
+            layers, pages, two, ps, *rest = values.shape
+            values = values.view(layers, pages, ps, two, *rest)
+            scales = None if scales is None else scales.view(layers, pages, ps, two, *rest[:-1])
+            values[:, dst, :num_slots] = values[:, src, :num_slots]
+            if scales is not None:
+                scales[:, dst, :num_slots] = scales[:, src, :num_slots]
+            return
+        values[:, dst, :, :num_slots] = values[:, src, :, :num_slots]
+        if scales is not None:
+            scales[:, dst, :, :num_slots] = scales[:, src, :, :num_slots]
 
     def read(self, page: int) -> PageData:
         values = self.values[:, page].to("cpu", copy=True).contiguous()
@@ -283,6 +365,9 @@ class KVPool:
     `num_pages` pages at `dtype` (ids 0..num_pages-1: what requests write into and attention reads), and with
     `demoted_pages` that many more at `demote_dtype` (ids num_pages.. : cold copies, never read by attention;
     `transcode` moves pages between the two).
+
+    `latent`: latent (MLA) pages, token-contiguous (the module docstring): `shape` is KVShape(layers, 1, D / 2), the
+    main dtype is not int4, fp8's V scales are its K scales, and there is no window paging.
     """
 
     def __init__(
@@ -298,6 +383,7 @@ class KVPool:
         demote_dtype: str = "int4",
         window_layers: tuple[int, ...] = (),
         window_slots: int = 0,
+        latent: bool = False,
     ) -> None:
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
@@ -315,6 +401,9 @@ class KVPool:
             raise ValueError("window paging does not combine with demotion or per-layer fp8 scales")
         if any(not 0 <= i < shape.layers for i in self.window_layers):
             raise ValueError(f"window layers {self.window_layers} must be layers of the model's {shape.layers}")
+        if latent and (self.window_layers or shape.kv_heads != 1 or codec_of(dtype).rotate_keys):
+            raise ValueError("latent pages have one kv head, no window paging and no int4 (rotated keys)")
+        self.latent = latent
         # model layer -> (arena, its index there)
         self._where: list[tuple[bool, int]] = []
         counts = [0, 0]
@@ -324,7 +413,7 @@ class KVPool:
             counts[sliding] += 1
         self.main = PageArena(
             shape, dtype, page_size=page_size, num_pages=num_pages, device=self.device, layer_scales=kv_scales,
-            layers=counts[0],
+            layers=counts[0], latent=latent,
         )  # fmt: skip
         self.window: PageArena | None = None
         if self.window_layers:
@@ -335,7 +424,7 @@ class KVPool:
         self.demoted_pages = demoted_pages
         if demoted_pages:
             self.demoted = PageArena(
-                shape, demote_dtype, page_size=page_size, num_pages=demoted_pages, device=self.device
+                shape, demote_dtype, page_size=page_size, num_pages=demoted_pages, device=self.device, latent=latent
             )
             if self.demoted.codec.bytes_per_token(1, 1, shape.head_dim) >= self.main.codec.bytes_per_token(
                 1, 1, shape.head_dim
@@ -359,13 +448,17 @@ class KVPool:
         dtype: str | torch.dtype = torch.float32,
         device: str | torch.device = "cpu",
         kv_scales: torch.Tensor | None = None,
+        latent: bool = False,
     ) -> KVPool:
         """As many whole pages as fit in `budget_bytes` (bytes per token, scales included, x page_size per page)."""
         per_page = cls.bytes_per_page(shape, page_size, dtype)
         num_pages = budget_bytes // per_page
         if num_pages < 1:
             raise ValueError(f"a budget of {budget_bytes} bytes holds no page of {per_page} bytes")
-        return cls(shape, page_size=page_size, num_pages=num_pages, dtype=dtype, device=device, kv_scales=kv_scales)
+        return cls(
+            shape, page_size=page_size, num_pages=num_pages, dtype=dtype, device=device, kv_scales=kv_scales,
+            latent=latent,
+        )  # fmt: skip
 
     @classmethod
     def with_demotion(
@@ -379,6 +472,7 @@ class KVPool:
         demote_share: float,
         device: str | torch.device = "cpu",
         kv_scales: torch.Tensor | None = None,
+        latent: bool = False,
     ) -> KVPool:
         """`budget_bytes` split: `demote_share` of it for pages at `demote_dtype`, the rest at `dtype`."""
         if not 0.0 < demote_share < 1.0:
@@ -390,7 +484,7 @@ class KVPool:
             raise ValueError(f"a budget of {budget_bytes} bytes holds no page of one of the two precisions")
         return cls(
             shape, page_size=page_size, num_pages=num_pages, dtype=dtype, device=device, kv_scales=kv_scales,
-            demoted_pages=demoted, demote_dtype=demote_dtype,
+            demoted_pages=demoted, demote_dtype=demote_dtype, latent=latent,
         )  # fmt: skip
 
     @staticmethod
@@ -460,8 +554,9 @@ class KVPool:
         return self.demoted.kv_dtype if self.demoted is not None else ""
 
     def layer(self, index: int) -> torch.Tensor:
-        """[pages, 2, page_size, kv_heads, stored_dim] values of one layer (NHD, K then V), in the storage dtype
-        (window slots instead of pages for a window-paged sliding layer)."""
+        """[pages, 2, page_size, kv_heads, stored_dim] values of one layer (NHD, K then V; for latent pages the
+        same tensor token-contiguous, KVLayer.latent_tokens), in the storage dtype (window slots instead of pages
+        for a window-paged sliding layer)."""
         return self.kv_layer(index).values
 
     def kv_layer(self, index: int) -> KVLayer:
@@ -478,8 +573,8 @@ class KVPool:
         return self._where[index][0]
 
     def copy_prefix(self, src_page: int, dst_page: int, num_slots: int, src_slot: int = -1, dst_slot: int = -1) -> None:
-        """Copy the first `num_slots` token slots of `src_page` into `dst_page`, in every layer, K and V, with their
-        scales. Both are pages at the pool's own precision (requests never copy from demoted pages). In a
+        """Copy the first `num_slots` token slots of `src_page` into `dst_page`, in every layer, K and V (whole
+        latents for latent pages), with their scales. Both are pages at the pool's own precision (requests never copy from demoted pages). In a
         window-paged pool the sliding layers are copied from window slot `src_slot` to `dst_slot` (skipped when
         either is -1: a part nobody will read)."""
         if not 0 < num_slots <= self.page_size:

@@ -282,3 +282,94 @@ def test_cache_events_name_the_latent_pages_group_mla(served):
     stored = [e for e in events if type(e).__name__ == "PagesStored"]
     assert len(stored) >= 2 and {e.kv_cache_spec_kind for e in stored} == {"mla_attention"}
     assert vllm_event(stored[0], 4)["kv_cache_spec_kind"] == "mla_attention"
+
+
+# --- latent pages in the pool: token-contiguous (radixcache/pool.py, latent pages) -----------------------------
+RANK, ROPE, LATENT_PAGE = 12, 4, 4  # D = 16: two half-rows of 8
+
+
+def latent_pool(kv_dtype: str, pages: int = 6, **kw) -> KVPool:
+    return KVPool(KVShape(2, 1, (RANK + ROPE) // 2), page_size=LATENT_PAGE, num_pages=pages, dtype=kv_dtype,
+                  latent=True, **kw)  # fmt: skip
+
+
+def fill(pool: KVPool, page: int, seed: int) -> torch.Tensor:
+    """Random latents [layers, page_size, D] written into every slot of `page` (as a model writes them: the halves
+    at K rows and V rows); what the pool holds of them comes back through gather_latents."""
+    g = torch.Generator().manual_seed(seed)
+    half = (RANK + ROPE) // 2
+    pages, slots = torch.full((LATENT_PAGE,), page), torch.arange(LATENT_PAGE)
+    for i in range(pool.shape.layers):
+        latent = torch.randn(LATENT_PAGE, 1, 2 * half, generator=g) * torch.tensor([1.0] * half + [5.0] * half)
+        pool.kv_layer(i).write(pages, slots, latent[..., :half], latent[..., half:])
+    return stored(pool, page)
+
+
+def stored(pool: KVPool, page: int, slots: int = LATENT_PAGE) -> torch.Tensor:
+    rows = page * LATENT_PAGE + torch.arange(slots)
+    return torch.stack([pool.kv_layer(i).gather_latents(rows, torch.float32) for i in range(pool.shape.layers)])
+
+
+@pytest.mark.parametrize("kv_dtype", ["fp32", "bf16", "fp8_e4m3"])
+def test_a_tokens_latent_is_one_row_of_the_page_and_ckv_kpe_are_views_flashinfer_reads(kv_dtype):
+    """Token (page, slot)'s latent is latent_tokens()[page, slot], D contiguous values; its [..., :R] and [..., R:]
+    are views of the pool (no copy) with unit-strided rows of stride D: FlashInfer's ckv_cache and kpe_cache."""
+    pool = latent_pool(kv_dtype, kv_scales=torch.tensor([[0.5, 3.0]] * 2))
+    g = torch.Generator().manual_seed(1)
+    half = (RANK + ROPE) // 2
+    pages, slots = torch.tensor([2, 2, 5, 0]), torch.tensor([3, 0, 1, 2])
+    latent = torch.randn(4, 1, 2 * half, generator=g)
+    layer = pool.kv_layer(1)
+    layer.write(pages, slots, latent[..., :half], latent[..., half:])
+    tokens = layer.latent_tokens()
+    assert tokens.shape == (6, LATENT_PAGE, RANK + ROPE)
+    scale = layer.k_scale if kv_dtype == "fp8_e4m3" else 1.0
+    want = pool.codec.decode(pool.codec.encode(latent[:, 0], layer.k_scale)[0], None, torch.float32, layer.k_scale)
+    torch.testing.assert_close(tokens[pages, slots].float() * scale, want, atol=0, rtol=0)
+    ckv, kpe = tokens[..., :RANK], tokens[..., RANK:]
+    element = tokens.element_size()
+    for view, offset in ((ckv, 0), (kpe, RANK)):
+        assert view.stride() == (LATENT_PAGE * (RANK + ROPE), RANK + ROPE, 1)
+        assert view.data_ptr() == layer.values.data_ptr() + offset * element  # the pool's bytes, not a copy
+    # half-row page * 2 * page_size + 2 * slot + 1 is token (page, slot)'s second half (not a V block's row)
+    assert layer.values.view(-1, half)[2 * 2 * LATENT_PAGE + 2 * 3 + 1].data_ptr() == tokens[2, 3, half:].data_ptr()
+
+
+def test_int8_latents_keep_one_scale_per_half_row_and_come_back_whole():
+    pool = latent_pool("int8")
+    layer = pool.kv_layer(0)
+    half = (RANK + ROPE) // 2
+    latent = torch.randn(3, 1, 2 * half) * torch.tensor([1.0] * half + [50.0] * half)
+    pages, slots = torch.tensor([1, 1, 4]), torch.tensor([2, 3, 0])
+    layer.write(pages, slots, latent[..., :half], latent[..., half:])
+    codes, scales = pool.codec.encode(latent[:, 0].view(3, 2, half))  # each half-row its own scale
+    assert layer.scales is not None
+    torch.testing.assert_close(layer.scales.view(6, LATENT_PAGE, 2)[pages, slots], scales, atol=0, rtol=0)
+    got = layer.gather_latents(pages * LATENT_PAGE + slots, torch.float32)
+    want = pool.codec.decode(codes, scales, torch.float32).view(3, 2 * half)
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+    with pytest.raises(ValueError, match="scales"):
+        layer.latent_tokens()
+
+
+@pytest.mark.parametrize("kv_dtype", ["fp32", "int8", "fp8_e4m3"])
+@pytest.mark.parametrize("num_slots", [1, 3])
+def test_a_partial_page_copy_moves_whole_latents(kv_dtype, num_slots):
+    """copy_prefix(src, dst, k < page_size): the first k latents of src land whole in dst, the rest untouched."""
+    pool = latent_pool(kv_dtype)
+    src = fill(pool, 1, seed=2)
+    before = fill(pool, 4, seed=3)
+    pool.copy_prefix(1, 4, num_slots)
+    after = stored(pool, 4)
+    torch.testing.assert_close(after[:, :num_slots], src[:, :num_slots], atol=0, rtol=0)
+    torch.testing.assert_close(after[:, num_slots:], before[:, num_slots:], atol=0, rtol=0)
+
+
+def test_fp8_latent_pages_use_one_scale_per_layer_and_window_paging_or_int4_are_refused():
+    pool = latent_pool("fp8_e4m3", kv_scales=torch.tensor([[0.5, 3.0], [2.0, 0.25]]))
+    assert [(pool.kv_layer(i).k_scale, pool.kv_layer(i).v_scale) for i in range(2)] == [(0.5, 0.5), (2.0, 2.0)]
+    assert pool.read_page(0).scales is not None and pool.read_page(0).scales[:, 1].tolist() == [0.5, 2.0]
+    with pytest.raises(ValueError, match="latent pages"):
+        latent_pool("bf16", window_layers=(0,), window_slots=2)
+    with pytest.raises(ValueError, match="latent pages"):
+        latent_pool("int4")
