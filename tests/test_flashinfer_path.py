@@ -3,6 +3,7 @@ warm-up, with CUDA and flashinfer faked (tests/fake_flashinfer.py) so the first 
 
 from __future__ import annotations
 
+import itertools
 import logging
 import random
 import sys
@@ -361,3 +362,53 @@ def test_the_mla_plan_waits_for_the_previous_one_and_records_on_the_devices_stre
     assert (plan.num_heads, plan.head_dim_ckv, plan.head_dim_kpe, plan.page_size) == (16, 512, 64, 16)
     assert plan.causal is True and plan.sm_scale == 0.1
     assert plan.q_data_type == plan.kv_data_type == torch.bfloat16
+
+
+def _mla_reference(q: torch.Tensor, tokens: torch.Tensor, layout: BatchLayout, scale: float, rank: int) -> torch.Tensor:
+    """MLA attention straight from its definition over the pool's latents [pages, page_size, D] (float32): every
+    position's key the whole latent, its value the first `rank` values, causal within each sequence."""
+    out = torch.empty(q.shape[0], q.shape[1], rank)
+    bounds, ps = layout.qo_indptr.tolist(), layout.page_size
+    starts = [0, *itertools.accumulate(-(-n // ps) for n in layout.seq_lens)]
+    for b, total in enumerate(layout.seq_lens):
+        lat = tokens[layout.kv_indices[starts[b] : starts[b + 1]].long()].reshape(-1, tokens.shape[-1])[:total].float()
+        rows = slice(bounds[b], bounds[b + 1])
+        qb = q[rows].float()
+        n = qb.shape[0]
+        scores = torch.einsum("nhd,ld->hnl", qb, lat) * scale
+        hidden = torch.arange(total)[None, :] > (total - n + torch.arange(n))[:, None]
+        out[rows] = torch.einsum("hnl,lr->nhr", scores.masked_fill(hidden, float("-inf")).softmax(-1), lat[:, :rank])
+    return out
+
+
+@pytest.mark.parametrize(("page_size", "heads"), [(16, 16), (1, 16), (4, 3)])
+def test_the_mla_backends_calls_compute_mla_over_the_latent_pages_it_wrote(
+    fake_cuda, page_size: int, heads: int
+) -> None:  # noqa: ANN001
+    """Prefill, decode and mixed steps (cached prefixes ending mid-page among them), re-planned on one backend: each
+    step's latents land whole at their (page, slot) of the token-contiguous pool, and the fake MLA kernel over the
+    backend's plan() / run() arguments (ckv / kpe as column views of latent_tokens(), q split at R) gives MLA
+    attention over those pages."""
+    rank, rope = DEEPSEEK.latent_dims  # type: ignore[misc]
+    half, layers = (rank + rope) // 2, 2
+    rng = random.Random(page_size * 7 + heads)
+    pool = KVPool(KVShape(layers, 1, half), page_size=page_size, num_pages=400, dtype=torch.bfloat16, latent=True)
+    pool.kv.normal_()  # stale latents everywhere: only the block tables' positions may be read
+    backend = create_backend("flashinfer", "cuda", **{**MLA_GEOMETRY, "num_heads": heads}, attention=DEEPSEEK)
+    for kinds in ("pp", "dddd", "pdpd", "d", "pdd"):
+        slices = _random_step(rng, kinds, page_size, 400)
+        layout = BatchLayout.build(slices, page_size)
+        backend.begin_step(layout)
+        for layer in range(layers):
+            q = torch.randn(layout.num_tokens, heads, rank + rope).bfloat16()
+            latent = torch.randn(layout.num_tokens, 1, rank + rope).bfloat16()
+            got = backend.forward(layer, q, latent[..., :half], latent[..., half:], pool.kv_layer(layer), layout)
+            tokens = pool.kv_layer(layer).latent_tokens()
+            assert torch.equal(tokens[layout.write_pages, layout.write_slots], latent[:, 0])  # written whole
+            assert got.shape == (layout.num_tokens, heads, rank) and got.dtype == torch.bfloat16
+            want = _mla_reference(q, tokens, layout, DEEPSEEK.scale, rank)  # type: ignore[arg-type]
+            torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=2e-2)
+    runs = [c[2] for c in fake_cuda.lib.calls if c[:2] == ("mla", "run")]
+    assert len(runs) == 5 * layers
+    row = page_size * (rank + rope)
+    assert all(ckv == (row, rank + rope, 1) and kpe == (row, rank + rope, 1) for _, ckv, kpe in runs)  # views, no copy
