@@ -72,7 +72,8 @@ def sizes() -> dict[str, dict[str, float]]:
     }.items():
         mc = ModelConfig.from_hf_config(hf(arch, **fields))
         kv_heads, half = mc.kv_cache_dims
-        pool = KVPool(KVShape(mc.num_layers, kv_heads, half), page_size=16, num_pages=1, dtype=torch.bfloat16)
+        shape = KVShape(mc.num_layers, kv_heads, half)
+        pool = KVPool(shape, page_size=16, num_pages=1, dtype=torch.bfloat16, latent=True)
         latent = pool.bytes_per_token
         assert latent == mc.num_layers * (mc.kv_lora_rank + mc.qk_rope_head_dim) * 2, "pool and calculator differ"
         qk = mc.qk_nope_head_dim + mc.qk_rope_head_dim
@@ -136,7 +137,7 @@ def decode_absorbed_vs_expanded(batch: int, context: int, repeats: int) -> dict[
     ps = 16
     per_seq = -(-context // ps)
     kv_heads, half = mc.kv_cache_dims
-    pool = KVPool(KVShape(mc.num_layers, kv_heads, half), page_size=ps, num_pages=batch * per_seq)
+    pool = KVPool(KVShape(mc.num_layers, kv_heads, half), page_size=ps, num_pages=batch * per_seq, latent=True)
     g = torch.Generator().manual_seed(0)
     slots = torch.arange(pool.num_pages * 2 * ps).view(pool.num_pages, 2, ps)[:, 0].flatten()
     rows = torch.cat((slots, slots + ps))

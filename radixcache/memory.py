@@ -12,8 +12,9 @@ only; the figures are given per layer kind.
 
 Latent pages (multi-head latent attention, DeepSeek V2 / V3: --kv-lora-rank R --rope-dim P, no --kv-heads /
 --head-dim): one latent of R + P values per token and layer, laid out as the pool lays it out (radixcache/pool.py,
-latent pages: one "head" of (R + P) / 2 in each of a page's K and V blocks), so bytes per token = layers x (R + P) x
-bytes per element (+ 2 x 2 bytes for int8's two fp16 scales, one per half). int4 is refused for latent pages, as the
+latent pages: the R + P values of a token contiguous, in two half-rows of (R + P) / 2, the tensors of a pool of one
+"head" of (R + P) / 2), so bytes per token = layers x (R + P) x bytes per element (+ 2 x 2 bytes for int8's two fp16
+scales, one per half-row; fp8's one per-layer scale costs nothing per token). int4 is refused for latent pages, as the
 worker refuses it (worker/engine/step.py, check_latent_pages).
 """
 
@@ -114,7 +115,7 @@ def latent_shape(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
         parser.error("--kv-lora-rank / --rope-dim (latent pages) replace --kv-heads / --head-dim")
     width = args.kv_lora_rank + args.rope_dim
     if width % 2:
-        parser.error(f"--kv-lora-rank + --rope-dim must be even (a latent fills a page's K and V halves), got {width}")
+        parser.error(f"--kv-lora-rank + --rope-dim must be even (a latent is two half-rows), got {width}")
     if codec_of(args.kv_dtype).rotate_keys:
         parser.error(f"--kv-dtype {args.kv_dtype}: latent (MLA) pages cannot be held at int4 (use int8 or fp8_e4m3)")
     args.kv_heads, args.head_dim = 1, width // 2

@@ -97,3 +97,21 @@ def test_the_store_folder_is_named_by_it_and_says_what_it_is(model, tmp_path: Pa
     assert folder.parent == tmp_path and folder.name == fingerprint(parts, weights_digest(model))
     about = json.loads((folder / "FINGERPRINT.json").read_text())
     assert about["page_size"] == 4 and about["kv_dtype"] == "fp32" and about["weights"].startswith("recipe:")
+
+
+def test_an_mla_models_fingerprint_names_its_latent_page_layout(model) -> None:
+    """Latent pages became token-contiguous: an MLA model's fingerprint says so (an old disk tier's latent pages,
+    the same bytes laid out otherwise, are not read), and no other model's fingerprint carries the part."""
+    from model_fixtures import hf_config
+
+    from radixcache.worker.model import ModelConfig
+
+    mla = random_model(ModelConfig.from_hf_config(hf_config("DeepseekV3ForCausalLM").to_dict()))
+    mc = mla.config
+    pool = KVPool(KVShape(mc.num_layers, *mc.kv_cache_dims), page_size=4, num_pages=2, latent=True)
+    parts = fingerprint_parts(mla, pool=pool, page_size=4, device="cpu", backend="torch")
+    assert parts["latent_layout"] == "token"
+    without = {k: v for k, v in parts.items() if k != "latent_layout"}
+    assert fingerprint(parts, "w") != fingerprint(without, "w")
+    plain = fingerprint_parts(model, pool=pool_for(model), page_size=4, device="cpu", backend="torch")
+    assert "latent_layout" not in plain

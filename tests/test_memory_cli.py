@@ -146,7 +146,7 @@ def test_latent_pages_per_token_agree_with_the_pool_the_worker_builds(
     mc = ModelConfig.from_hf_config(hf)
     kv_heads, head_dim = mc.kv_cache_dims
     shape = KVShape(layers=mc.num_layers, kv_heads=kv_heads, head_dim=head_dim)
-    pool = KVPool.from_budget(shape, page_size=16, budget_bytes=8 * 2**20, dtype=torch.bfloat16)
+    pool = KVPool.from_budget(shape, page_size=16, budget_bytes=8 * 2**20, dtype=torch.bfloat16, latent=True)
     layers, rank, rope = str(mc.num_layers), str(mc.kv_lora_rank), str(mc.qk_rope_head_dim)
     args = ["memory", "--layers", layers, "--kv-lora-rank", rank, "--rope-dim", rope, "--dtype", "bf16"]
     assert main([*args, "--page-size", "16", "--budget", "8MiB"]) == 0

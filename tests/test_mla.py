@@ -152,7 +152,8 @@ def test_the_engine_serves_transformers_greedy_tokens(served, page_size, specula
 
 def pool_and_backend(mc: ModelConfig, page_size: int, pages: int, dtype: torch.dtype = torch.float32):
     kv_heads, head_dim = mc.kv_cache_dims
-    pool = KVPool(KVShape(mc.num_layers, kv_heads, head_dim), page_size=page_size, num_pages=pages, dtype=dtype)
+    shape = KVShape(mc.num_layers, kv_heads, head_dim)
+    pool = KVPool(shape, page_size=page_size, num_pages=pages, dtype=dtype, latent=True)
     backend = create_backend("torch", num_heads=mc.num_heads, num_kv_heads=kv_heads, head_dim=head_dim,
                              dtype=dtype, attention=attention_options(mc))  # fmt: skip
     return pool, backend
@@ -212,18 +213,18 @@ def test_a_latent_page_holds_one_latent_per_token_and_layer(served):
     sink = Sink()
     engine.submit(Request("r", prompts[0], SamplingParams(max_tokens=2, ignore_eos=True)), sink)
     engine.run_until_idle()
-    # What the model wrote for the prompt's first token in layer 0 is [c | k_pe], c kv_a_layernorm's output: the
-    # page's K block holds the latent's first half, its V block the rest (radixcache/pool.py, latent pages).
+    # What the model wrote for the prompt's first tokens in layer 0 is [c | k_pe], c kv_a_layernorm's output: token
+    # (page, slot)'s latent is the page's row `slot` of D contiguous values (radixcache/pool.py, latent pages).
     layer0 = loaded.model.model.layers[0]
     with torch.inference_mode():
-        x = layer0.input_layernorm.forward(loaded.model.model.embed_tokens(torch.tensor(prompts[0][:1])))
+        x = layer0.input_layernorm.forward(loaded.model.model.embed_tokens(torch.tensor(prompts[0][:2])))
         c = layer0.self_attn.kv_a_layernorm.forward(
             layer0.self_attn.kv_a_proj_with_mqa.forward(x)[:, : mc.kv_lora_rank]
         )
-    values = engine.pool.layer(0)  # [pages, 2, page_size, 1, latent / 2]
-    stored = torch.cat((values[:, 0, 0, 0], values[:, 1, 0, 0]), dim=-1)  # every page's first slot, joined
-    assert stored.shape[-1] == latent
-    assert any(torch.allclose(row[: mc.kv_lora_rank], c[0], atol=1e-6, rtol=0) for row in stored)
+    tokens = engine.pool.kv_layer(0).latent_tokens()  # [pages, page_size, latent]
+    assert tokens.shape[1:] == (4, latent)
+    [page] = [p for p in range(tokens.shape[0]) if torch.allclose(tokens[p, 0, : mc.kv_lora_rank], c[0], atol=1e-6)]
+    torch.testing.assert_close(tokens[page, 1, : mc.kv_lora_rank], c[1], atol=1e-6, rtol=0)  # the next slot's
 
 
 def test_int4_latent_pages_and_flashinfer_are_refused_at_start_up(served):

@@ -1,5 +1,6 @@
-"""Latent (MLA) pages at a quantized --kv-dtype (int8, fp8_e4m3): each half of a token's latent is stored at that
-precision with its own scales (radixcache/pool.py, latent pages) and read back dequantized by the torch backend.
+"""Latent (MLA) pages at a quantized --kv-dtype (int8, fp8_e4m3): a token's latent is stored at that precision as two
+half-rows, int8's each with its own scale, fp8's with the layer's one scale for the whole latent (radixcache/pool.py,
+latent pages), and read back dequantized by the torch backend.
 The cache never changes an answer at a given kv dtype: cold, warm, other page sizes, pages brought back from the
 host and disk tiers and pages handed down by demotion all give the greedy tokens of a recompute at that dtype."""
 
@@ -161,7 +162,8 @@ def test_int4_latent_pages_are_refused_naming_the_field(loaded):
 @pytest.mark.parametrize("kv_dtype", QUANTIZED)
 def test_attention_reads_each_latent_half_dequantized_with_its_own_scales(loaded, kv_dtype):
     """The torch backend's latent attention over quantized pages equals causal attention, by hand, over the
-    latents as the codec stores them (each half encoded and decoded alone): the halves' scales are not mixed up."""
+    latents as the codec stores them (each half encoded and decoded alone: int8's halves with their own scales, not
+    mixed up; fp8's with the layer's one latent scale, its K scale, whatever V scale the pool was given)."""
     from radixcache.pool import KVPool, KVShape
     from radixcache.worker.attention import BatchLayout, SequenceSlice, create_backend
     from radixcache.worker.model.llama import attention_options
@@ -171,7 +173,9 @@ def test_attention_reads_each_latent_half_dequantized_with_its_own_scales(loaded
     options = attention_options(mc)
     scales = torch.tensor([[0.5, 4.0]] * mc.num_layers)  # fp8's K and V scales apart (int8 has none)
     shape = KVShape(mc.num_layers, kv_heads, half)
-    pool = KVPool(shape, page_size=PAGE, num_pages=8, dtype=kv_dtype, kv_scales=scales)
+    pool = KVPool(shape, page_size=PAGE, num_pages=8, dtype=kv_dtype, kv_scales=scales, latent=True)
+    if kv_dtype == "fp8_e4m3":  # both halves of a latent may share a block: one scale, K's
+        assert (pool.kv_layer(0).k_scale, pool.kv_layer(0).v_scale) == (0.5, 0.5)
     backend = create_backend("torch", num_heads=mc.num_heads, num_kv_heads=kv_heads, head_dim=half,
                              dtype=torch.float32, attention=options)  # fmt: skip
     torch.manual_seed(0)
@@ -185,7 +189,7 @@ def test_attention_reads_each_latent_half_dequantized_with_its_own_scales(loaded
     codec, layer = codec_of(kv_dtype), pool.kv_layer(0)
     stored = [
         codec.decode(*codec.encode(x, s), torch.float32, s)
-        for x, s in ((first, layer.k_scale), (second, layer.v_scale))
+        for x, s in ((first, layer.k_scale), (second, layer.k_scale))
     ]
     latent = torch.cat(stored, -1)[:, 0]  # [n, D]
     scores = torch.einsum("thd,sd->hts", q, latent) * (options.scale or (2 * half) ** -0.5)

@@ -96,7 +96,8 @@ class Runner:
     def __init__(self, loaded: object, page_size: int) -> None:
         cfg = loaded.config
         self.model, self.page_size = loaded.model, page_size
-        self.pool = KVPool(KVShape(cfg.num_layers, *cfg.kv_cache_dims), page_size=page_size, num_pages=600)
+        shape = KVShape(cfg.num_layers, *cfg.kv_cache_dims)
+        self.pool = KVPool(shape, page_size=page_size, num_pages=600, latent=cfg.is_mla)
         self.backend = create_backend("torch", attention=attention_options(cfg))
         self.next_page = 0
 

@@ -35,13 +35,14 @@ class AttentionOptions:
     windows:  () when every layer is global, else one entry per layer: None (global: every earlier position) or W
               (sliding: the last W positions, its own included). All-None is stored as (), so options that spell out
               the global layers equal those that do not.
-    latent:   the pages are latent pages (multi-head latent attention, radixcache/pool.py): forward's k and v are
-              the two halves of each new token's latent [T, 1, D / 2], and every position's key and value is its
-              whole latent [D] (the halves read back and joined); q is [T, H, D]. The output is [T, H, R] or
-              [T, H, D]: only its first R = kv_lora_rank dimensions (softmax(s) @ c) are what a latent backend must
-              return, and all worker/model/mla.py reads (the torch backend returns all D, FlashInfer's MLA kernels
-              R). The torch backend runs it everywhere, the flashinfer_mla backend on CUDA where
-              flashinfer_mla_unsupported_reason allows.
+    latent:   the pages are latent pages (multi-head latent attention, radixcache/pool.py; the pool's layers have
+              KVLayer.latent): forward's k and v are the two halves of each new token's latent [T, 1, D / 2],
+              which the layer stores token-contiguous, and every position's key and value is its whole latent [D]
+              (read back by token row, KVLayer.gather_latents; latent_tokens() is [pages, page_size, D]); q is
+              [T, H, D]. The output is [T, H, R] or [T, H, D]: only its first R = kv_lora_rank dimensions
+              (softmax(s) @ c) are what a latent backend must return, and all worker/model/mla.py reads (the torch
+              backend returns all D, FlashInfer's MLA kernels R). The torch backend runs it everywhere, the
+              flashinfer_mla backend on CUDA where flashinfer_mla_unsupported_reason allows.
     latent_dims: with latent, (R, P) = (kv_lora_rank, qk_rope_head_dim), D = R + P: where the latent splits into c
               and k_pe (FlashInfer's MLA kernels take them apart); None: not told (then only torch runs it).
     """

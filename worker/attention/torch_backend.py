@@ -121,6 +121,7 @@ class _Gather:
     chunk: tuple[int, int, int] | None = None  # a long chunk's (first q row, new tokens, total)
     first: int = 0  # a long chunk's first column position
     head_rows: torch.Tensor | None = None  # [2 * B * KVH * width] K rows then V rows, head-major (see _head_rows)
+    token_rows: torch.Tensor | None = None  # latent pages: [B * width] token rows (page * page_size + slot)
 
 
 @dataclass
@@ -350,21 +351,20 @@ class TorchAttentionBackend(AttentionBackend):
             spec = g.rows[0]
             yield self._attend(q, layer, spec, tiles(0), tiles(1), tiled=True)
             return
+        if self.attention.latent:  # a latent page: one latent per token, read whole as its key and its value
+            if not layer.latent:
+                raise ValueError("latent attention reads latent pages: the pool must be built with latent=True")
+            if g.token_rows is None:
+                slots = torch.arange(ps, device=g.pages.device)
+                g.token_rows = (g.pages[:, :, None] * ps + slots).flatten()
+            kk = layer.gather_latents(g.token_rows, torch.float32).view(g.batch, kvh, g.width, dim)
+            for spec in g.rows:
+                c0, c1 = spec.c0, spec.c1
+                yield self._attend(q, layer, spec, [(0, kk[:, :, c0:c1])], [(0, kk[:, :, c0:c1])])
+            return
         if g.head_rows is None:  # K rows, then V rows (page_size token rows later)
             k_rows = _head_rows(g.pages, ps, kvh)
             g.head_rows = torch.cat((k_rows, k_rows + ps * kvh))
-        if self.attention.latent:  # a latent page: K block and V block hold the two halves of one latent
-            half = (g.batch, kvh, g.width, dim // 2)
-            if layer.codec.quantized:  # each half dequantized with its own scales (K's, then V's)
-                k_rows = g.head_rows[: g.head_rows.numel() // 2]
-                halves = [layer.gather_head_rows(k_rows, which, torch.float32).view(half) for which in (0, 1)]
-            else:
-                halves = list(layer.gather_head_rows(g.head_rows, 0, torch.float32).view(2, *half).unbind(0))
-            kk = vv = torch.cat(halves, -1)
-            for spec in g.rows:
-                c0, c1 = spec.c0, spec.c1
-                yield self._attend(q, layer, spec, [(0, kk[:, :, c0:c1])], [(0, vv[:, :, c0:c1])])
-            return
         shape = (g.batch, kvh, g.width, dim)
         if layer.codec.quantized:  # K and V dequantized with their own scales
             k_rows = g.head_rows[: g.head_rows.numel() // 2]  # gather_head_rows finds V from K rows

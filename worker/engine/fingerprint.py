@@ -5,6 +5,9 @@ Two workers may read each other's pages only when every part agrees:
   the recipe of a random model (seed, scale, dtype); the projections' format (full, or int8 with its kernel);
 - the architecture and its config (every ModelConfig field), the model's dtype, the KV pool's precision (kv_dtype:
   a quantized page's scales are part of the page) and the page size;
+- for an MLA model, how its latent pages lay a latent out (LATENT_LAYOUT, radixcache/pool.py: "token", token-
+  contiguous): a disk tier written before that layout holds the same bytes meaning something else. Only MLA
+  models carry this part, so no other model's fingerprint changed with it;
 - the tokenizer (its JSON, special tokens and chat template): the same text must map to the same ids;
 - where the K/V are computed (device type and attention backend): their last bits may differ, and greedy output
   must equal what this worker computes itself;
@@ -29,6 +32,7 @@ from radixcache.pool import KVPool
 from radixcache.worker.model.loader import LoadedModel
 
 STORE_FORMAT = 1
+LATENT_LAYOUT = "token"  # latent pages: each token's latent D contiguous values (radixcache/pool.py)
 DIGESTS_FILE = "weight-digests.json"
 MAX_MEMO = 64  # checkpoints remembered
 _CHUNK = 8 << 20
@@ -95,7 +99,9 @@ def fingerprint_parts(
 
         weights = f"int8/{int8_kernel() if str(device).startswith('cpu') else 'weight-only'}"
     tokenizer = loaded.tokenizer
+    latent = {"latent_layout": LATENT_LAYOUT} if config.is_mla else {}
     return {
+        **latent,
         "store_format": STORE_FORMAT,
         "config": json.loads(json.dumps(dataclasses.asdict(config), default=str)),
         "weights_format": weights,

@@ -68,10 +68,10 @@ def window_slots_needed(config: EngineConfig, window: int) -> int:
 
 def check_latent_pages(model_config: ModelConfig, config: EngineConfig) -> None:
     """Latent (MLA) pages take every kv_dtype but int4: int4 stores keys Hadamard-rotated, and the first half of a
-    latent, which a page keeps as its "key", is also its value (the torch backend reads both halves as one vector).
-    int8 and fp8_e4m3 keep each half with its own scales (per token for int8, per layer for fp8). Demotion keeps
-    its int4 copies unread (a hit brings them back into the pool's own precision first), so it is allowed.
-    ValueError naming the option."""
+    latent, which a write hands the pool as its "key", is also its value (a latent is read whole, as key and value).
+    int8 keeps a scale per half of each latent (per token), fp8_e4m3 one per-layer scale for the whole latent
+    (radixcache/pool.py, latent pages). Demotion keeps its int4 copies unread (a hit brings them back into the
+    pool's own precision first), so it is allowed. ValueError naming the option."""
     if model_config.is_mla and config.kv_dtype == "int4":
         raise ValueError(
             f"kv_dtype (--kv-dtype) int4: {model_config.architecture} caches latent (MLA) pages, which int4's rotated "
@@ -82,11 +82,12 @@ def check_latent_pages(model_config: ModelConfig, config: EngineConfig) -> None:
 def build_pool(loaded: LoadedModel, config: EngineConfig) -> KVPool:
     """The KV pool for `loaded`'s model on its device, at config.kv_dtype (auto: the model's dtype): kv_pages
     exactly, or as many pages as kv_memory_bytes holds (scales included, so a smaller precision buys more pages).
-    A model with sliding layers gets them paged apart (window_paging), with window_slots_needed slots."""
+    A model with sliding layers gets them paged apart (window_paging), with window_slots_needed slots; an MLA
+    model gets latent pages (token-contiguous latents: radixcache/pool.py)."""
     param = next(loaded.model.parameters())
     mc = loaded.config
     assert mc.head_dim is not None, "ModelConfig derives head_dim when the checkpoint leaves it out"
-    kv_heads, head_dim = mc.kv_cache_dims  # an MLA model's latent pages: one "head" of half a latent
+    kv_heads, head_dim = mc.kv_cache_dims  # an MLA model's latent pages: (1, D / 2), a token's latent two half-rows
     shape = KVShape(layers=mc.num_layers, kv_heads=kv_heads, head_dim=head_dim)
     kv_dtype = param.dtype if config.kv_dtype == "auto" else config.kv_dtype
     check_latent_pages(mc, config)
@@ -113,15 +114,20 @@ def build_pool(loaded: LoadedModel, config: EngineConfig) -> KVPool:
             demote_dtype=config.kv_demote,
             demote_share=config.kv_demote_share,
             device=param.device,
+            latent=mc.is_mla,
         )
     if config.kv_pages is not None:
-        return KVPool(shape, page_size=config.page_size, num_pages=config.kv_pages, dtype=kv_dtype, device=param.device)
+        return KVPool(
+            shape, page_size=config.page_size, num_pages=config.kv_pages, dtype=kv_dtype, device=param.device,
+            latent=mc.is_mla,
+        )  # fmt: skip
     return KVPool.from_budget(
         shape,
         page_size=config.page_size,
         budget_bytes=config.kv_memory_bytes or DEFAULT_KV_MEMORY,
         dtype=kv_dtype,
         device=param.device,
+        latent=mc.is_mla,
     )
 
 

@@ -236,7 +236,7 @@ class ModelConfig:
             raise ValueError(f"head_dim {self.head_dim} must equal qk_rope_head_dim {self.qk_rope_head_dim} (MLA)")
         if (self.kv_lora_rank + self.qk_rope_head_dim) % 2:
             raise ValueError(
-                f"kv_lora_rank + qk_rope_head_dim must be even (a latent page splits it in two halves), got "
+                f"kv_lora_rank + qk_rope_head_dim must be even (a latent page stores it as two half-rows), got "
                 f"{self.kv_lora_rank} + {self.qk_rope_head_dim}"
             )
         if self.mla_rope_layout not in MLA_ROPE_LAYOUTS:
@@ -257,8 +257,9 @@ class ModelConfig:
     @property
     def kv_cache_dims(self) -> tuple[int, int]:
         """(kv_heads, head_dim) of the pool's pages (radixcache.pool.KVShape): the model's KV heads, or for MLA one
-        "head" of (kv_lora_rank + qk_rope_head_dim) / 2, the latent split across a page's K and V blocks (its first
-        half in K, the rest in V: radixcache/pool.py, latent pages)."""
+        "head" of D / 2 (D = kv_lora_rank + qk_rope_head_dim): the tensor shape of a latent pool (built with
+        latent=True), whose page holds each token's latent as D contiguous values, two half-rows of D / 2
+        (radixcache/pool.py, latent pages)."""
         assert self.head_dim is not None
         if self.is_mla:
             return 1, (self.kv_lora_rank + self.qk_rope_head_dim) // 2

@@ -12,8 +12,9 @@ shares). How a pool page holds it: radixcache/pool.py, "Latent pages". No per-he
 
 which is transformers' expanded attention (k_h = [W_UK_h c | k_pe], v_h = W_UV_h c) with the products
 reassociated: equal in exact arithmetic, within float rounding of it. The attention itself is single-KV-head
-attention of head_dim R + P whose values are the same latents (AttentionOptions.latent: the torch backend reads the
-latent back from the page's two halves); its output's first R dimensions are softmax(s) @ c. Every step, prefill
+attention of head_dim R + P whose values are the same latents (AttentionOptions.latent: forward hands the backend
+each new latent as two halves, which the pool stores token-contiguous, and the torch backend reads every position's
+latent back whole by token row); its output's first R dimensions are softmax(s) @ c. Every step, prefill
 included, takes this one path, so a token's result is the same bits as a decode, a batch member, a verify row or a
 chunk row (the torch backend's promise); the absorbed products run a fixed number of rows at a time
 (worker/model/row_tiles.py) for the same reason.
