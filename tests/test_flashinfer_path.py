@@ -386,28 +386,37 @@ def test_the_mla_backends_calls_compute_mla_over_the_latent_pages_it_wrote(
     fake_cuda, page_size: int, heads: int
 ) -> None:  # noqa: ANN001
     """Prefill, decode and mixed steps (cached prefixes ending mid-page among them), re-planned on one backend: each
-    step's latents land whole at their (page, slot) of the token-contiguous pool, and the fake MLA kernel over the
-    backend's plan() / run() arguments (ckv / kpe as column views of latent_tokens(), q split at R) gives MLA
-    attention over those pages."""
+    step's latents land whole at their (page, slot) of the token-contiguous pool, as the torch backend writes them,
+    and the fake MLA kernel over the backend's plan() / run() arguments (ckv / kpe as column views of
+    latent_tokens(), q split at R) gives the torch backend's output (its first R dimensions) on the same pages, and
+    MLA attention straight from its definition."""
     rank, rope = DEEPSEEK.latent_dims  # type: ignore[misc]
     half, layers = (rank + rope) // 2, 2
     rng = random.Random(page_size * 7 + heads)
     pool = KVPool(KVShape(layers, 1, half), page_size=page_size, num_pages=400, dtype=torch.bfloat16, latent=True)
     pool.kv.normal_()  # stale latents everywhere: only the block tables' positions may be read
+    ref_pool = KVPool(KVShape(layers, 1, half), page_size=page_size, num_pages=400, dtype=torch.float32, latent=True)
+    ref_pool.kv.copy_(pool.kv.float())
     backend = create_backend("flashinfer", "cuda", **{**MLA_GEOMETRY, "num_heads": heads}, attention=DEEPSEEK)
+    reference = create_backend("torch", "cpu", attention=DEEPSEEK)
     for kinds in ("pp", "dddd", "pdpd", "d", "pdd"):
         slices = _random_step(rng, kinds, page_size, 400)
         layout = BatchLayout.build(slices, page_size)
         backend.begin_step(layout)
+        reference.begin_step(layout)
         for layer in range(layers):
             q = torch.randn(layout.num_tokens, heads, rank + rope).bfloat16()
             latent = torch.randn(layout.num_tokens, 1, rank + rope).bfloat16()
             got = backend.forward(layer, q, latent[..., :half], latent[..., half:], pool.kv_layer(layer), layout)
+            k, v = latent.float()[..., :half], latent.float()[..., half:]
+            want = reference.forward(layer, q.float(), k, v, ref_pool.kv_layer(layer), layout)[..., :rank]
             tokens = pool.kv_layer(layer).latent_tokens()
             assert torch.equal(tokens[layout.write_pages, layout.write_slots], latent[:, 0])  # written whole
+            assert torch.equal(tokens.float(), ref_pool.kv_layer(layer).latent_tokens())  # where torch writes them
             assert got.shape == (layout.num_tokens, heads, rank) and got.dtype == torch.bfloat16
-            want = _mla_reference(q, tokens, layout, DEEPSEEK.scale, rank)  # type: ignore[arg-type]
             torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=2e-2)
+            direct = _mla_reference(q, tokens, layout, DEEPSEEK.scale, rank)  # type: ignore[arg-type]
+            torch.testing.assert_close(got.float(), direct, atol=2e-2, rtol=2e-2)
     runs = [c[2] for c in fake_cuda.lib.calls if c[:2] == ("mla", "run")]
     assert len(runs) == 5 * layers
     row = page_size * (rank + rope)
