@@ -232,10 +232,11 @@ def mapping_keys(expr: ast.expr, local: dict) -> list[str]:
     raise Unreadable(f"**{ast.unparse(expr)}: not a dict with literal keys in the same function")
 
 
-def calls_in(source: str, name: str) -> list[Call]:
-    """Every wrapper constructor, plan() and run() call in a file, with what it passes."""
+def calls_in(source: str, name: str, known: dict[str, set[str]] | None = None) -> list[Call]:
+    """Every wrapper constructor, plan() and run() call in a file, with what it passes. `known`: wrapper attributes
+    the backends define (scripts/gpu_check.py reaches a backend's wrappers through getattr(backend, "_prefill"))."""
     tree = ast.parse(source)
-    attrs = wrapper_attributes(tree)
+    attrs = {**(known or {}), **wrapper_attributes(tree)}
     out = []
     for func in [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)]:
         local = bindings(func)
@@ -279,10 +280,31 @@ def problems(call: Call, real: dict[tuple[str, str], Signature]) -> list[str]:
     return out
 
 
+def backend_attributes() -> dict[str, set[str]]:
+    """The backends' wrapper attributes (self._prefill, self._wrapper, ...) -> the classes held there."""
+    out: dict[str, set[str]] = {}
+    for path in (BACKEND, MLA_BACKEND):
+        for attr, classes in wrapper_attributes(parse(path)).items():
+            out.setdefault(attr, set()).update(classes)
+    return out
+
+
 def our_calls() -> list[Call]:
+    known = backend_attributes()
     return [
-        c for path in CALLERS for c in calls_in(path.read_text(encoding="utf-8"), path.relative_to(ROOT).as_posix())
+        c
+        for path in CALLERS
+        for c in calls_in(path.read_text(encoding="utf-8"), path.relative_to(ROOT).as_posix(), known)
     ]
+
+
+def test_gpu_checks_own_kernel_reruns_are_collected_too() -> None:
+    """scripts/gpu_check.py reruns the planned kernels into a NaN buffer through the backends' wrapper attributes:
+    those run() calls are checked as well (the paged wrappers' and the MLA wrapper's)."""
+    script = ROOT / "scripts" / "gpu_check.py"
+    calls = calls_in(script.read_text(encoding="utf-8"), "gpu_check", backend_attributes())
+    kinds = {(cls, c.method) for c in calls for cls in c.classes}
+    assert {(w, "run") for w in WRAPPERS} <= kinds, sorted(kinds)
 
 
 @pytest.mark.parametrize(("path", "wrappers"), [(BACKEND, PAGED), (MLA_BACKEND, (MLA,))])

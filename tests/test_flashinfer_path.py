@@ -421,3 +421,48 @@ def test_the_mla_backends_calls_compute_mla_over_the_latent_pages_it_wrote(
     assert len(runs) == 5 * layers
     row = page_size * (rank + rope)
     assert all(ckv == (row, rank + rope, 1) and kpe == (row, rank + rope, 1) for _, ckv, kpe in runs)  # views, no copy
+
+
+def test_a_deepseek_model_on_flashinfers_mla_kernels_gives_the_torch_backends_logits(fake_cuda) -> None:  # noqa: ANN001
+    """worker/model/mla.py end to end over the flashinfer_mla backend (fake kernels) and over the torch backend: a
+    DeepSeek V3 of tests/model_fixtures.py's fixture with FlashInfer's 512 / 64 latent and 16 heads, bf16, a prefill
+    then a mixed step (a decode beside a prefill on a cached prefix ending mid-page): the same logits within bf16
+    rounding, and the same latent pages."""
+    from model_fixtures import deepseek_config_json
+
+    from radixcache.worker.model import ModelConfig, random_model
+    from radixcache.worker.model.llama import attention_options
+
+    fields = dict(
+        kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=32, v_head_dim=32, q_lora_rank=64, hidden_size=128,
+        num_attention_heads=16, num_key_value_heads=16, num_hidden_layers=2, first_k_dense_replace=2,
+    )  # fmt: skip
+    config = ModelConfig.from_hf_config(deepseek_config_json("DeepseekV3ForCausalLM", **fields))
+    model = random_model(config, seed=1, dtype=torch.bfloat16, std=0.1).model
+    options = dict(
+        num_heads=config.num_heads, num_kv_heads=1, head_dim=288, dtype=torch.bfloat16,
+        attention=attention_options(config), kv_dtype="bf16",
+    )  # fmt: skip
+    ps, g = 16, torch.Generator().manual_seed(0)
+    tokens = torch.randint(3, config.vocab_size, (2, 64), generator=g)
+    steps = [
+        [SequenceSlice([0, 1, 2], 0, 21)],
+        [SequenceSlice([0, 1, 2], 21, 1), SequenceSlice([4, 5, 6], 0, 30)],
+    ]
+    logits, pools = {}, {}
+    for name in ("flashinfer", "torch"):
+        backend = create_backend(name, "cuda" if name == "flashinfer" else "cpu", **options)
+        pool = KVPool(KVShape(2, 1, 288), page_size=ps, num_pages=8, dtype=torch.bfloat16, latent=True)
+        out = []
+        with torch.inference_mode():
+            for step in steps:
+                ids = torch.cat([tokens[int(s.pages[0] > 0), s.num_cached : s.total] for s in step])
+                out.append(model(ids, BatchLayout.build(step, ps), pool, backend, all_logits=True).float())
+        logits[backend.name], pools[backend.name] = torch.cat(out), pool
+    assert set(logits) == {"flashinfer_mla", "torch"}
+    torch.testing.assert_close(logits["flashinfer_mla"], logits["torch"], atol=0.1, rtol=0)  # logits std ~1.1
+    for layer in range(2):
+        mla_pages = pools["flashinfer_mla"].kv_layer(layer).latent_tokens().float()
+        torch_pages = pools["torch"].kv_layer(layer).latent_tokens().float()
+        torch.testing.assert_close(mla_pages, torch_pages, atol=0.05, rtol=0.05)
+    assert len([c for c in fake_cuda.lib.calls if c[:2] == ("mla", "run")]) == 2 * 2  # every layer of each step
