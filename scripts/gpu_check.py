@@ -34,8 +34,10 @@ of every section's verdict, to paste; exit status 1 if any check fails, 0 otherw
 7. MLA (DeepSeek V2 / V3 latent pages through FlashInfer's BatchMLAPagedAttentionWrapper, the flashinfer_mla
    backend; run right after section 4's first checks, before the rest of section 3's matrix): the kernels on the
    section 3 lifecycle over latent pages of kv_lora_rank 512 + rope 64 (16 heads in bf16 at page sizes 16 and 1,
-   fp16, then 128 heads; DeepSeek V3's softmax scale with yarn's mscale), the first 512 output dimensions compared
-   with the torch backend in float32 per sequence, the latents written to the same slots, the NaN-buffer rerun; and
+   fp16, fp8_e4m3 latent pages on FlashInfer's fp8 MLA path (ckv_scale = kpe_scale = the layer's latent scale, 0.5;
+   byte-identical pages), then 128 heads; DeepSeek V3's softmax scale with yarn's mscale), the first 512 output
+   dimensions compared with the torch backend in float32 per sequence, the latents written to the same slots, the
+   NaN-buffer rerun; and
    a tiny DeepSeek-V3-shaped model (tests/model_fixtures.py's DeepSeek fixture with 512 / 64 and 16 heads, random
    weights) served with flashinfer and with torch at page size 16 (a prefix hit ending mid-page; page size 1 is left
    to the kernel cases, for time): the same greedy tokens, the candidate really being flashinfer_mla.
@@ -207,11 +209,13 @@ MLA_HALF = sum(MLA.latent_dims or ()) // 2
 
 def mla_matrix() -> list[Config]:
     """Latent pages through FlashInfer's MLA wrapper: 16 heads (what FlashInfer's own MLA tests run; a DeepSeek V3
-    shard at TP 8) in bf16 at page sizes 16 and 1, fp16, then all 128 heads of V3 at TP 1."""
+    shard at TP 8) in bf16 at page sizes 16 and 1, fp16, fp8_e4m3 latent pages (FlashInfer's fp8 MLA path: Hopper,
+    bf16 queries; the layer's one latent scale 0.5 as ckv_scale and kpe_scale), then all 128 heads of V3 at TP 1."""
     return [
         Config("deepseek mla", 16, 1, MLA_HALF, torch.bfloat16, 16, MLA),
         Config("deepseek mla", 16, 1, MLA_HALF, torch.bfloat16, 1, MLA),
         Config("deepseek mla", 16, 1, MLA_HALF, torch.float16, 16, MLA),
+        Config("deepseek mla", 16, 1, MLA_HALF, torch.bfloat16, 16, MLA, kv_dtype="fp8_e4m3"),
         Config("deepseek mla", 128, 1, MLA_HALF, torch.bfloat16, 16, MLA),
     ]
 
@@ -286,7 +290,8 @@ def nan_buffer_check(backend: AttentionBackend, q: torch.Tensor, kv_layer: KVLay
         rank = int(getattr(backend, "rank"))  # noqa: B009 (only the MLA backend has it)
         q, tokens = q.contiguous(), kv_layer.latent_tokens()
         out = torch.full((q.shape[0], q.shape[1], rank), float("nan"), dtype=q.dtype, device=q.device)
-        mla.run(q[..., :rank], q[..., rank:], tokens[..., :rank], tokens[..., rank:], out=out)
+        fp8 = {"ckv_scale": kv_layer.k_scale, "kpe_scale": kv_layer.k_scale} if getattr(backend, "fp8", False) else {}
+        mla.run(q[..., :rank], q[..., rank:], tokens[..., :rank], tokens[..., rank:], out=out, **fp8)
         return bool(torch.isfinite(out).all()) and torch.equal(out, got)
     wrappers = getattr(backend, "_decode" if getattr(backend, "_use_decode", False) else "_prefill", None)
     if wrappers is None:
@@ -342,11 +347,19 @@ def run_case(
         ref_pool = KVPool(shape, page_size=ps, num_pages=num_pages, dtype=torch.float32, device=device, latent=latent)
         ref_pool.kv.copy_(pool.kv.float())
     else:  # quantized pages: the reference reads the very same pages (the torch backend dequantizes in float32)
-        scales = torch.tensor([FP8_SCALES] * LAYERS)
+        scales = torch.tensor([FP8_SCALES] * LAYERS)  # (latent pages keep one scale a layer: the K one, 0.5)
         pool, ref_pool = (
-            KVPool(shape, page_size=ps, num_pages=num_pages, dtype=config.kv_dtype, device=device, kv_scales=scales)
+            KVPool(
+                shape,
+                page_size=ps,
+                num_pages=num_pages,
+                dtype=config.kv_dtype,
+                device=device,
+                kv_scales=scales,
+                latent=latent,
+            )
             for _ in range(2)
-        )
+        )  # fmt: skip
         pool.kv.copy_(torch.randn(pool.kv.shape, device=device).to(pool.kv.dtype))
         ref_pool.kv.copy_(pool.kv)
     free = list(range(num_pages))

@@ -347,6 +347,11 @@ class BatchMLAPagedAttentionWrapper:
     ) -> None:
         assert kv_data_type in (torch.float16, torch.bfloat16, torch.float8_e4m3fn), kv_data_type  # plan()'s allowlist
         assert q_data_type in (torch.float16, torch.bfloat16), q_data_type
+        if kv_data_type == torch.float8_e4m3fn:  # plan()'s fp8 conditions (flashinfer/mla/_core.py)
+            if not self.lib.hopper:
+                raise ValueError("FP8 kv_data_type for MLA requires an SM90 (Hopper) device")
+            assert q_data_type == torch.bfloat16, "FP8 kv_data_type for MLA only supports q_data_type=torch.bfloat16"
+            assert (head_dim_ckv, head_dim_kpe) in ((512, 0), (512, 64)), (head_dim_ckv, head_dim_kpe)
         assert isinstance(causal, bool) and isinstance(sm_scale, float) and sm_scale > 0, (causal, sm_scale)
         plan = MLAPlan(
             _int32_list("qo_indptr", qo_indptr),
@@ -388,7 +393,14 @@ class BatchMLAPagedAttentionWrapper:
         assert plan is not None, "run() before plan()"
         self.lib.calls.append((self.kind, "run", (q_nope.shape, ckv_cache.stride(), kpe_cache.stride())))
         assert kv_len is None and page_table is None and o_scale is None, "the cutlass backend's arguments"
-        assert ckv_scale is None and ckv_scale_arr is None and kpe_scale is None, "fp8 scales with 16-bit pages"
+        fp8 = plan.kv_data_type == torch.float8_e4m3fn
+        if fp8:  # as run() requires: one of ckv_scale / ckv_scale_arr, and kpe_scale, finite and > 0
+            assert ckv_scale_arr is None, "this backend passes one ckv_scale"
+            assert ckv_scale is not None and kpe_scale is not None, "fp8 kv needs ckv_scale and kpe_scale"
+            assert math.isfinite(ckv_scale) and ckv_scale > 0 and math.isfinite(kpe_scale) and kpe_scale > 0
+        else:
+            assert ckv_scale is None and ckv_scale_arr is None and kpe_scale is None, "fp8 scales with 16-bit pages"
+        ckv_mul, kpe_mul = (float(ckv_scale), float(kpe_scale)) if fp8 else (1.0, 1.0)
         rank, rope, ps = plan.head_dim_ckv, plan.head_dim_kpe, plan.page_size
         tokens = plan.qo_indptr[-1]
         for name, t in (("q_nope", q_nope), ("q_pe", q_pe)):  # run() raises on a dtype the plan did not take
@@ -406,8 +418,8 @@ class BatchMLAPagedAttentionWrapper:
         for b in range(len(plan.kv_len)):
             pages = plan.kv_indices[plan.kv_indptr[b] : plan.kv_indptr[b + 1]]
             n_kv = plan.kv_len[b]
-            ckv = ckv_cache[pages].reshape(-1, rank)[:n_kv].float()  # [L, R]
-            kpe = kpe_cache[pages].reshape(-1, rope)[:n_kv].float()  # [L, P]
+            ckv = ckv_cache[pages].reshape(-1, rank)[:n_kv].float() * ckv_mul  # [L, R], dequantized: stored * scale
+            kpe = kpe_cache[pages].reshape(-1, rope)[:n_kv].float() * kpe_mul  # [L, P]
             rows = slice(plan.qo_indptr[b], plan.qo_indptr[b + 1])
             qn, qp = q_nope[rows].float(), q_pe[rows].float()  # [n, H, R], [n, H, P]
             n = qn.shape[0]
@@ -509,14 +521,16 @@ class FakeCudaTorch:
 
 def install_fake_cuda(monkeypatch: Any, *, hopper: bool = True) -> types.SimpleNamespace:
     """A CUDA machine with flashinfer installed, as far as the backends can tell (undone by `monkeypatch`):
-    torch.cuda.is_available() is True, `import flashinfer` gives a FakeFlashInfer, and the flashinfer backend module
-    sees FakeCudaTorch as torch. Returns (lib, torch) to inspect the calls."""
+    torch.cuda.is_available() is True, torch.cuda.get_device_capability() says SM90 with hopper (else SM80), `import
+    flashinfer` gives a FakeFlashInfer, and the flashinfer backend modules see FakeCudaTorch as torch. Returns (lib,
+    torch) to inspect the calls."""
     import radixcache.worker.attention.flashinfer_backend as fb
     import radixcache.worker.attention.flashinfer_mla_backend as fmla
 
     lib = FakeFlashInfer(hopper=hopper)
     fake_torch = FakeCudaTorch()
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0) if hopper else (8, 0))
     monkeypatch.setitem(sys.modules, "flashinfer", lib)
     monkeypatch.setattr(fb, "torch", fake_torch)
     monkeypatch.setattr(fmla, "torch", fake_torch)

@@ -355,10 +355,11 @@ def test_a_changed_call_in_the_backend_is_caught(real, old: str, new: str) -> No
     ("old", "new"),
     [
         ("causal=True, sm_scale=", "is_causal=True, sm_scale="),  # a renamed plan() keyword
-        ("kv_data_type=self.dtype,", "kv_dtype=self.dtype,"),
+        ("kv_data_type=self.kv_dtype,", "kv_dtype=self.kv_dtype,"),
         ("causal=True, sm_scale=self.sm_scale, ", ""),  # required parameters left out
-        ("tokens[..., rank:], out=out)", "tokens[..., rank:], output=out)"),  # a run() keyword
-        ("tokens[..., rank:], out=out)", "tokens[..., rank:], None, None, False, None, None, None, False, None, 1)"),
+        ("q_pe, ckv, kpe, out=out)", "q_pe, ckv, kpe, output=out)"),  # a run() keyword
+        ("q_pe, ckv, kpe, out=out)", "q_pe, ckv, kpe, None, None, False, None, None, None, False, None, 1)"),
+        ("ckv_scale=layer.k_scale, kpe_scale=", "ckv_scale=layer.k_scale, rope_scale="),  # the fp8 run()'s scales
         ('use_cuda_graph=False, backend="auto"', 'use_cuda_graph=False, kernel_backend="auto"'),  # the constructor
     ],
 )

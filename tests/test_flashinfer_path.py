@@ -314,8 +314,8 @@ def test_a_deepseek_shaped_model_on_cuda_gets_flashinfers_mla_kernels(fake_cuda:
         ({"num_heads": None}, "num_heads to plan"),
         ({"kv_dtype": "int8"}, "no MLA kernel for int8/int4 latent pages"),
         ({"kv_dtype": "int4"}, "no MLA kernel for int8/int4 latent pages"),
-        ({"kv_dtype": "fp8_e4m3"}, "not checked against fp8_e4m3 latent pages"),
-        ({"kv_dtype": "fp16"}, "latent pages in the model's dtype, and the KV dtype is fp16"),
+        ({"kv_dtype": "fp8_e4m3", "dtype": torch.float16}, "fp8 MLA kernels take bfloat16 queries only"),
+        ({"kv_dtype": "fp16"}, "latent pages in the model's dtype or fp8_e4m3, and the KV dtype is fp16"),
     ],
 )  # fmt: skip
 def test_where_flashinfers_mla_kernels_do_not_apply_auto_picks_torch_and_flashinfer_says_why(
@@ -466,3 +466,50 @@ def test_a_deepseek_model_on_flashinfers_mla_kernels_gives_the_torch_backends_lo
         torch_pages = pools["torch"].kv_layer(layer).latent_tokens().float()
         torch.testing.assert_close(mla_pages, torch_pages, atol=0.05, rtol=0.05)
     assert len([c for c in fake_cuda.lib.calls if c[:2] == ("mla", "run")]) == 2 * 2  # every layer of each step
+
+
+def test_fp8_latent_pages_need_hopper(monkeypatch: pytest.MonkeyPatch) -> None:
+    """FlashInfer's fp8 MLA plan() needs an SM90 device: elsewhere auto picks torch and flashinfer says why."""
+    install_fake_cuda(monkeypatch, hopper=False)
+    options = {**MLA_GEOMETRY, "attention": DEEPSEEK, "kv_dtype": "fp8_e4m3"}
+    assert create_backend("auto", "cuda", **options).name == "torch"
+    with pytest.raises(
+        BackendUnavailableError, match="fp8 MLA kernels run on SM90 \\(Hopper\\) only, and the device is SM80"
+    ):
+        create_backend("flashinfer", "cuda", **options)
+    assert create_backend("auto", "cuda", **{**options, "kv_dtype": "bf16"}).name == "flashinfer_mla"  # 16-bit: any GPU
+
+
+@pytest.mark.parametrize("page_size", [16, 1])
+def test_fp8_latent_pages_run_on_flashinfers_fp8_mla_path_and_agree_with_torch(fake_cuda, page_size: int) -> None:  # noqa: ANN001
+    """fp8_e4m3 latent pages (a bf16 model on Hopper): plan(kv_data_type=float8_e4m3fn), run(ckv_scale=, kpe_scale=)
+    with the layer's one latent scale (0.5 here, so a dropped scale shows), the latents written byte-identical to
+    the torch backend's and the output its (dequantizing the same pages in float32) within bf16 rounding."""
+    rank, rope = DEEPSEEK.latent_dims  # type: ignore[misc]
+    half, layers, heads = (rank + rope) // 2, 2, 16
+    rng = random.Random(page_size)
+    scales = torch.tensor([[0.5, 2.0], [0.25, 4.0]])  # a latent arena keeps the K scale for the whole latent
+    pools = [
+        KVPool(KVShape(layers, 1, half), page_size=page_size, num_pages=400, dtype="fp8_e4m3", latent=True,
+               kv_scales=scales)
+        for _ in range(2)
+    ]  # fmt: skip
+    pools[0].kv.copy_(torch.randn(pools[0].kv.shape).to(torch.float8_e4m3fn))
+    pools[1].kv.copy_(pools[0].kv)
+    backend = create_backend("flashinfer", "cuda", **MLA_GEOMETRY, attention=DEEPSEEK, kv_dtype="fp8_e4m3")
+    reference = create_backend("torch", "cpu", attention=DEEPSEEK)
+    for kinds in ("pp", "dddd", "pdpd"):
+        layout = BatchLayout.build(_random_step(rng, kinds, page_size, 400), page_size)
+        backend.begin_step(layout)
+        reference.begin_step(layout)
+        for layer in range(layers):
+            q = torch.randn(layout.num_tokens, heads, rank + rope).bfloat16()
+            latent = torch.randn(layout.num_tokens, 1, rank + rope).bfloat16()
+            k, v = latent[..., :half], latent[..., half:]
+            got = backend.forward(layer, q, k, v, pools[0].kv_layer(layer), layout)
+            want = reference.forward(layer, q.float(), k.float(), v.float(), pools[1].kv_layer(layer), layout)
+            assert torch.equal(pools[0].kv.view(torch.uint8), pools[1].kv.view(torch.uint8))  # the same fp8 bytes
+            torch.testing.assert_close(got.float(), want[..., :rank], atol=2e-2, rtol=2e-2)
+    plans = [c[2] for c in fake_cuda.lib.calls if c[:2] == ("mla", "plan")]
+    assert plans and all(p.kv_data_type == torch.float8_e4m3fn and p.q_data_type == torch.bfloat16 for p in plans)
+    assert [k for k, _ in scales.tolist()] == [pools[0].kv_layer(i).k_scale for i in range(layers)]

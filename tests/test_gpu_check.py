@@ -173,17 +173,20 @@ def test_the_mla_matrix_is_flashinfers_split_at_both_page_sizes_and_dtypes(gpu_c
     assert all(c.attention.latent and c.attention.latent_dims == (512, 64) for c in matrix)
     assert all((c.kv_heads, c.head_dim, c.rank) == (1, 288, 512) for c in matrix)  # a latent page: 2 x 288
     assert {(c.dtype, c.page_size) for c in matrix} >= {(torch.bfloat16, 16), (torch.bfloat16, 1), (torch.float16, 16)}
+    assert [(c.dtype, c.kv_dtype) for c in matrix if c.kv_dtype] == [(torch.bfloat16, "fp8_e4m3")]  # fp8: bf16 q only
     assert {c.heads for c in matrix} == {16, 128} and matrix[0].heads == 16
     assert gpu_check.MLA.scale == pytest.approx(192**-0.5 * (0.1 * math.log(40) + 1) ** 2)  # V3's, yarn mscale
 
 
-@pytest.mark.parametrize("index", [0, 1])  # page sizes 16 and 1
+@pytest.mark.parametrize("index", [0, 1, 3])  # page sizes 16 and 1, fp8_e4m3 latent pages
 def test_mla_lifecycle_runs_through_the_flashinfer_mla_backend(gpu_check, monkeypatch, index: int) -> None:  # noqa: ANN001
     """The section 3 lifecycle on latent pages through the real flashinfer_mla backend over the fake MLA wrapper:
     one plan per step (prefill, decode and mixed alike), every layer run plus the NaN-buffer rerun, each sequence's
-    first 512 output dimensions within tolerance of the torch backend, the latents written to the same slots."""
+    first 512 output dimensions within tolerance of the torch backend, the latents written to the same slots (fp8:
+    the same bytes, read with the layer's scale 0.5)."""
     fake = install_fake_cuda(monkeypatch)
     config = gpu_check.mla_matrix()[index]
+    assert (config.kv_dtype == "fp8_e4m3") == (index == 3)
     result = gpu_check.run_case(
         config, "cpu", lambda c: create_backend("flashinfer", "cuda", **c.options()), context=64
     )
@@ -191,6 +194,8 @@ def test_mla_lifecycle_runs_through_the_flashinfer_mla_backend(gpu_check, monkey
     plans = [p for kind, call, p in fake.lib.calls if (kind, call) == ("mla", "plan")]
     assert len(plans) == len(gpu_check.lifecycle(64)) and all(p.causal for p in plans)
     assert all(p.sm_scale == gpu_check.MLA_SCALE and p.page_size == config.page_size for p in plans)
+    kv = torch.float8_e4m3fn if config.kv_dtype else config.dtype
+    assert all(p.kv_data_type == kv and p.q_data_type == config.dtype for p in plans)
     runs = [c for c in fake.lib.calls if c[:2] == ("mla", "run")]
     assert len(runs) == len(plans) * (gpu_check.LAYERS + 1)
 

@@ -215,11 +215,15 @@ def flashinfer_mla_unsupported_reason(
 
     Checks, cheapest first: a CUDA device torch sees, num_heads and a 16-bit model dtype (plan() takes them; any head
     count: the kernels pack query rows x heads into tiles of 64), the latent's split (kv_lora_rank, rope dim) being
-    FLASHINFER_MLA_DIMS, pages in the model's own dtype, and last that flashinfer imports with the wrapper.
+    FLASHINFER_MLA_DIMS, pages in the model's own dtype or fp8_e4m3 where FlashInfer's fp8 MLA path runs, and last
+    that flashinfer imports with the wrapper.
 
-    Latent pages at int8 / int4 have no FlashInfer kernel. fp8_e4m3 ones are refused too: FlashInfer's fp8 MLA path
-    (Hopper only, bf16 queries, one ckv_scale for c and one kpe_scale for k_pe) has not been checked against this
-    pool's fp8 latent pages on a GPU, so the torch backend reads them.
+    Latent pages at int8 / int4 have no FlashInfer kernel (per-token scales; the torch backend dequantizes them).
+    fp8_e4m3 latent pages: FlashInfer's MLA plan() takes kv_data_type float8_e4m3fn on an SM90 (Hopper) device with
+    bfloat16 queries and 512 / 64 only (flashinfer/mla/_core.py), and run() dequantizes with one per-tensor scale for
+    c (ckv_scale) and one for k_pe (kpe_scale): real = stored * scale. An fp8 latent pool keeps one per-layer scale
+    for the whole latent (radixcache/pool.py: its V scale is its K scale), so ckv_scale = kpe_scale = k_scale is the
+    same dequantization the torch backend's gather_latents does. Elsewhere (fp16 models, other GPUs) they are refused.
     """
     device = torch.device(device)
     reason = _cuda_reason(device)
@@ -241,15 +245,18 @@ def flashinfer_mla_unsupported_reason(
             f"{dims[0]} and {dims[1]}"
         )
     model_kv = {torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype]
-    if kv_dtype is not None and kv_dtype != model_kv:
-        why = "its MLA kernels read latent pages in the model's dtype"
+    if kv_dtype == "fp8_e4m3":
+        if dtype != torch.bfloat16:
+            return "its fp8 MLA kernels take bfloat16 queries only, and the model is float16 (KV dtype fp8_e4m3)"
+        major, minor = torch.cuda.get_device_capability(device)
+        if major != 9:
+            return (
+                f"its fp8 MLA kernels run on SM90 (Hopper) only, and the device is SM{major}{minor} (KV dtype fp8_e4m3)"
+            )
+    elif kv_dtype is not None and kv_dtype != model_kv:
+        why = "its MLA kernels read latent pages in the model's dtype or fp8_e4m3"
         if kv_dtype in ("int8", "int4"):
             why = "it has no MLA kernel for int8/int4 latent pages (the torch backend dequantizes them)"
-        elif kv_dtype == "fp8_e4m3":
-            why = (
-                "its fp8 MLA kernels (Hopper, bf16 queries, a ckv_scale and a kpe_scale) are not checked against "
-                "fp8_e4m3 latent pages here (the torch backend reads them)"
-            )
         return f"{why}, and the KV dtype is {kv_dtype}"
     return _import_reason("BatchMLAPagedAttentionWrapper")
 
@@ -351,7 +358,7 @@ def create_backend(name: str = "auto", device: str | torch.device = "cpu", **opt
     auto = flashinfer when it can run this model on `device` (a CUDA device, 16-bit dtype, KV pages in that dtype or
     fp8_e4m3, a head_dim its prefill kernels support, flashinfer importable); otherwise torch. For a latent (MLA)
     model, flashinfer means FlashInfer's MLA kernels (the flashinfer_mla backend: kv_lora_rank 512, rope dim 64,
-    16-bit pages; see resolve_backend_name). An explicit
+    pages in the model's 16-bit dtype, or fp8_e4m3 on Hopper for a bf16 model; see resolve_backend_name). An explicit
     "flashinfer" that cannot run raises BackendUnavailableError naming the reason. options: num_heads, num_kv_heads,
     head_dim, dtype, kv_dtype (the KV precision's name; the flashinfer backend needs them to plan; torch ignores
     them) and attention (AttentionOptions: the model's scale, soft cap and per-layer windows; default plain causal

@@ -20,8 +20,13 @@ q_data_type / kv_data_type the model dtype. forward writes the new latents into 
 backend does), then runs the planned kernel. The output is the [T, H, R] FlashInfer returns: the first R dimensions
 are the contract (AttentionOptions.latent).
 
+KV precision: latent pages in the model's 16-bit dtype, or fp8_e4m3 (`kv_dtype="fp8_e4m3"`, a bf16 model on an SM90
+GPU: FlashInfer's fp8 MLA path): plan() is given kv_data_type float8_e4m3fn, the new latents are written divided by
+the layer's scale (KVLayer.write, radixcache.kv_codec), and run() gets ckv_scale and kpe_scale, both the layer's one
+latent scale (an fp8 latent pool's V scale is its K scale), which FlashInfer multiplies the stored values by.
+
 Where it runs: flashinfer_mla_unsupported_reason (base.py): kv_lora_rank 512 with a rope dim of 64, float16 /
-bfloat16, pages in the model's dtype, a CUDA device, flashinfer importable. Any head count: the kernels pack query
+bfloat16, pages in the model's dtype (or fp8_e4m3 as above), a CUDA device, flashinfer importable. Any head count: the kernels pack query
 rows x heads into tiles of 64 (scheduler.cuh, MLAPlan); FlashInfer's own tests use 16.
 
 Pitfalls handled, as in flashinfer_backend.py:
@@ -83,6 +88,8 @@ class FlashInferMLABackend(AttentionBackend):
 
         assert self.attention.latent_dims is not None  # (the reason above says so otherwise)
         self.rank, self.rope = self.attention.latent_dims
+        self.fp8 = kv_dtype == "fp8_e4m3"
+        self.kv_dtype = torch.float8_e4m3fn if self.fp8 else dtype
         # the torch backend's default for a latent model told no scale: 1 / sqrt(R + P), q's width
         self.sm_scale = self.attention.scale or 1.0 / math.sqrt(self.rank + self.rope)
         # Zeroed as the other backend's workspaces are (fresh device memory holds anything).
@@ -102,7 +109,7 @@ class FlashInferMLABackend(AttentionBackend):
             self._planned.synchronize()
         self._wrapper.plan(
             qo_indptr, kv_indptr, layout.kv_indices, kv_len_arr, self.num_heads, self.rank, self.rope, ps,
-            causal=True, sm_scale=self.sm_scale, q_data_type=self.dtype, kv_data_type=self.dtype,
+            causal=True, sm_scale=self.sm_scale, q_data_type=self.dtype, kv_data_type=self.kv_dtype,
         )  # fmt: skip
         # On the stream plan() queued its copies on: the backend device's current stream (a bare record() would use
         # the current device's, another GPU's with --device cuda:1).
@@ -123,13 +130,16 @@ class FlashInferMLABackend(AttentionBackend):
         if self._layout is not layout:
             raise RuntimeError("flashinfer_mla backend: begin_step(layout) must be called before forward with it")
         layer = KVLayer.of(kv_layer)
-        if layer.values.dtype != self.dtype:
-            raise RuntimeError(f"flashinfer_mla backend planned {self.dtype} latent pages, got {layer.values.dtype}")
+        if layer.values.dtype != self.kv_dtype:
+            raise RuntimeError(f"flashinfer_mla backend planned {self.kv_dtype} latent pages, got {layer.values.dtype}")
         rank = self.rank
         if q.shape[-1] != rank + self.rope:
             raise ValueError(f"flashinfer_mla backend: q is [T, H, {q.shape[-1]}], the latent is {rank} + {self.rope}")
         self.write_kv(k, v, layer, layout)
-        tokens = layer.latent_tokens()  # [pages, page_size, R + P], a view of the layer's pages
+        tokens = layer.latent_tokens()  # [pages, page_size, R + P], a view of the layer's pages (fp8: as stored)
         q = q.contiguous()
         out = torch.empty(q.shape[0], q.shape[1], rank, dtype=q.dtype, device=q.device)
-        return self._wrapper.run(q[..., :rank], q[..., rank:], tokens[..., :rank], tokens[..., rank:], out=out)
+        q_nope, q_pe, ckv, kpe = q[..., :rank], q[..., rank:], tokens[..., :rank], tokens[..., rank:]
+        if self.fp8:  # one scale for the whole latent: c's and k_pe's are the same (the pool's V scale is its K's)
+            return self._wrapper.run(q_nope, q_pe, ckv, kpe, out=out, ckv_scale=layer.k_scale, kpe_scale=layer.k_scale)
+        return self._wrapper.run(q_nope, q_pe, ckv, kpe, out=out)
