@@ -1,11 +1,10 @@
 """A stand-in for flashinfer-python 0.6.x and a CUDA device, so the flashinfer backend's logic runs on the CPU.
 
-FakeFlashInfer is a module to put in sys.modules["flashinfer"]. Its paged prefill and decode wrappers take the constructor, plan() and
-run() parameters of 0.6.x under the same names, in the same order and with the same defaults (written from 0.6.1;
-tests/test_flashinfer_api.py checks them against the installed release the Makefile pins), so a misspelt keyword
-is a TypeError, as it would be there. They record
-every call, and check what the real kernels assume: int32 index arrays, NHD paged K/V of the planned geometry and
-dtype, q in the planned dtype. run() then computes what FlashInfer documents, in float32 torch: each sequence's
+FakeFlashInfer is a module to put in sys.modules["flashinfer"]. Its paged prefill and decode wrappers take the
+constructor, plan() and run() parameters of 0.6.x under the same names, in the same order and with the same defaults
+(written from 0.6.1; tests/test_flashinfer_api.py checks them against the installed release the Makefile pins), so a
+misspelt keyword is a TypeError, as it would be there. They record every call, and check what the real kernels
+assume: int32 index arrays, NHD paged K/V of the planned geometry and dtype, q in the planned dtype. run() then computes what FlashInfer documents, in float32 torch: each sequence's
 K/V gathered through kv_indptr / kv_indices / last_page_len, query head h reading KV head h // group, scores
 scaled by sm_scale and, with logits_soft_cap, capped to cap * tanh(x / cap), for a causal prefill the mask aligned
 bottom-right (query i of n sees KV positions up to kv_len - n + i; a decode query is the last position), and with

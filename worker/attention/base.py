@@ -178,8 +178,8 @@ class BackendUnavailableError(ValueError):
     """An explicitly requested backend cannot run this model on this device; the message says why."""
 
 
-# The latent split FlashInfer's MLA kernels are instantiated and tested for: kv_lora_rank 512, a rope dim of 64 (DeepSeek
-# V2 / V3, Kimi K2). The kernels are templates over both dims, but FlashInfer tests 512 / 64 only, and its fp8 path
+# The latent split FlashInfer's MLA kernels are instantiated and tested for: kv_lora_rank 512, a rope dim of 64
+# (DeepSeek V2 / V3, Kimi K2). The kernels are templates over both dims, but FlashInfer tests 512 / 64 only, and its fp8 path
 # asserts 512; another split would be a JIT build nobody has run.
 FLASHINFER_MLA_DIMS = (512, 64)
 

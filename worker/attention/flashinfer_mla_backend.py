@@ -16,8 +16,8 @@ Per step, begin_step plans the one wrapper for the batch (MLA models have no sli
 mixed batches alike): qo_indptr from the new tokens per sequence, kv_indptr / kv_indices the block tables, kv_len_arr
 the sequence lengths after the step, causal=True (queries aligned to the end of their sequence, as FlashInfer's
 causal mask is), sm_scale the model's attention scale (AttentionOptions.scale: MLA's, with yarn's mscale),
-q_data_type / kv_data_type the model dtype. forward writes the new latents into the pages (KVLayer.write, as the torch
-backend does), then runs the planned kernel. The output is the [T, H, R] FlashInfer returns: the first R dimensions
+q_data_type the model dtype, kv_data_type the pages' (below). forward writes the new latents into the pages
+(KVLayer.write, as the torch backend does), then runs the planned kernel. The output is the [T, H, R] FlashInfer returns: the first R dimensions
 are the contract (AttentionOptions.latent).
 
 KV precision: latent pages in the model's 16-bit dtype, or fp8_e4m3 (`kv_dtype="fp8_e4m3"`, a bf16 model on an SM90
@@ -26,8 +26,8 @@ the layer's scale (KVLayer.write, radixcache.kv_codec), and run() gets ckv_scale
 latent scale (an fp8 latent pool's V scale is its K scale), which FlashInfer multiplies the stored values by.
 
 Where it runs: flashinfer_mla_unsupported_reason (base.py): kv_lora_rank 512 with a rope dim of 64, float16 /
-bfloat16, pages in the model's dtype (or fp8_e4m3 as above), a CUDA device, flashinfer importable. Any head count: the kernels pack query
-rows x heads into tiles of 64 (scheduler.cuh, MLAPlan); FlashInfer's own tests use 16.
+bfloat16, pages in the model's dtype (or fp8_e4m3 as above), a CUDA device, flashinfer importable. Any head count:
+the kernels pack query rows x heads into tiles of 64 (scheduler.cuh, MLAPlan); FlashInfer's own tests use 16.
 
 Pitfalls handled, as in flashinfer_backend.py:
 - plan() takes causal, sm_scale and both dtypes with no defaults: all passed explicitly (causal by keyword).
@@ -37,7 +37,7 @@ Pitfalls handled, as in flashinfer_backend.py:
 - plan() reads qo_indptr, kv_indptr and kv_len_arr on the host: they are built there from the layout's host lists
   (a device tensor would cost a device->host copy per step); kv_indices stays on the device.
 - run() checks the dtypes against the plan (the launcher reinterprets storage by the planned types): the pages must
-  be in the model dtype, which forward checks with a clear error first.
+  be in the planned dtype, which forward checks with a clear error first.
 - no CUDA graphs: a plain wrapper (use_cuda_graph=False).
 """
 
@@ -141,5 +141,9 @@ class FlashInferMLABackend(AttentionBackend):
         out = torch.empty(q.shape[0], q.shape[1], rank, dtype=q.dtype, device=q.device)
         q_nope, q_pe, ckv, kpe = q[..., :rank], q[..., rank:], tokens[..., :rank], tokens[..., rank:]
         if self.fp8:  # one scale for the whole latent: c's and k_pe's are the same (the pool's V scale is its K's)
+            if layer.k_scale != layer.v_scale:
+                raise RuntimeError(
+                    "flashinfer_mla backend: fp8 latent pages keep one scale a layer (k_scale == v_scale)"
+                )
             return self._wrapper.run(q_nope, q_pe, ckv, kpe, out=out, ckv_scale=layer.k_scale, kpe_scale=layer.k_scale)
         return self._wrapper.run(q_nope, q_pe, ckv, kpe, out=out)
