@@ -513,3 +513,17 @@ def test_fp8_latent_pages_run_on_flashinfers_fp8_mla_path_and_agree_with_torch(f
     plans = [c[2] for c in fake_cuda.lib.calls if c[:2] == ("mla", "plan")]
     assert plans and all(p.kv_data_type == torch.float8_e4m3fn and p.q_data_type == torch.bfloat16 for p in plans)
     assert [k for k, _ in scales.tolist()] == [pools[0].kv_layer(i).k_scale for i in range(layers)]
+
+
+def test_fp8_latent_pages_need_a_flashinfer_whose_mla_run_takes_the_scales(fake_cuda, monkeypatch) -> None:  # noqa: ANN001
+    """An older flashinfer's MLA run() without ckv_scale / kpe_scale: fp8 latent pages go to torch, 16-bit ones stay."""
+
+    def old_run(self, q_nope, q_pe, ckv_cache, kpe_cache, out=None, lse=None, return_lse=False):  # noqa: ANN001, ANN202
+        raise AssertionError("never run")
+
+    monkeypatch.setattr(fake_cuda.lib.BatchMLAPagedAttentionWrapper, "run", old_run)
+    options = {**MLA_GEOMETRY, "attention": DEEPSEEK, "kv_dtype": "fp8_e4m3"}
+    assert create_backend("auto", "cuda", **options).name == "torch"
+    with pytest.raises(BackendUnavailableError, match="MLA run\\(\\) takes no ckv_scale / kpe_scale"):
+        create_backend("flashinfer", "cuda", **options)
+    assert create_backend("auto", "cuda", **{**options, "kv_dtype": "bf16"}).name == "flashinfer_mla"

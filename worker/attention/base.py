@@ -15,6 +15,7 @@ window come from the backend's AttentionOptions. Backends differ only in speed.
 from __future__ import annotations
 
 import importlib
+import inspect
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -258,7 +259,16 @@ def flashinfer_mla_unsupported_reason(
         if kv_dtype in ("int8", "int4"):
             why = "it has no MLA kernel for int8/int4 latent pages (the torch backend dequantizes them)"
         return f"{why}, and the KV dtype is {kv_dtype}"
-    return _import_reason("BatchMLAPagedAttentionWrapper")
+    reason = _import_reason("BatchMLAPagedAttentionWrapper")
+    if reason is None and kv_dtype == "fp8_e4m3":  # an older release's run() has no fp8 scales
+        wrapper = importlib.import_module("flashinfer").BatchMLAPagedAttentionWrapper
+        try:
+            params = inspect.signature(wrapper.run).parameters
+        except (TypeError, ValueError):  # no signature to read: let the start-up warm-up find out
+            return None
+        if not {"ckv_scale", "kpe_scale"} <= set(params):
+            return "the installed flashinfer's MLA run() takes no ckv_scale / kpe_scale (fp8 latent pages need them)"
+    return reason
 
 
 def flashinfer_unsupported_reason(
