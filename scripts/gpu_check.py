@@ -8,8 +8,9 @@ gpu_check.txt (the tables), gpu_check.log (logging, with tracebacks) and gpu_che
 Sections (each row says ok / FAIL and each section ends with a PASS or FAIL line; the last line is one JSON object
 of every section's verdict, to paste; exit status 1 if any check fails, 0 otherwise, including without CUDA):
 1. environment: torch, CUDA, the GPU, nvcc, flashinfer.
-2. backend selection and fallbacks: fp32, head_dim 96 and a CPU device must give the torch backend under `auto`
-   (and run a step), while an explicit `flashinfer` must refuse with its reason.
+2. backend selection and fallbacks: fp32, head_dim 96, a CPU device and a latent (MLA) model of a split FlashInfer's
+   MLA kernels lack (256 / 64) must give the torch backend under `auto` (and run a step), while an explicit
+   `flashinfer` must refuse with its reason.
 3. kernels, on the configurations users hit: the default model's geometry (4 heads, 2 KV heads, head_dim 64) and
    head_dim 128 with GQA groups 1, 4 and 8; bf16 and fp16; page sizes 1 and 16; and Gemma-shaped stacks (head_dim
    256, sliding layers of windows 1024 / 4096 beside a global one, Gemma 2's soft cap 50 and a scale that is not
@@ -30,10 +31,23 @@ of every section's verdict, to paste; exit status 1 if any check fails, 0 otherw
 6. tiers below the pool: the default model served with a host-memory tier (pinned on CUDA) over a disk tier; a
    prompt pushed out of a small pool comes back from them with the same greedy tokens; a page's copy out of the pool
    (read_page) and into it (write_page) timed. Runs on the CPU too (host memory unpinned there).
-Sections 3 and 5 stop starting new work after --budget seconds, so the whole run stays under ~8 minutes.
+7. MLA (DeepSeek V2 / V3 latent pages through FlashInfer's BatchMLAPagedAttentionWrapper, the flashinfer_mla
+   backend; run right after section 4's first checks, before the rest of section 3's matrix): the kernels on the
+   section 3 lifecycle over latent pages of kv_lora_rank 512 + rope 64 (16 heads in bf16 at page sizes 16 and 1,
+   fp16, fp8_e4m3 latent pages on FlashInfer's fp8 MLA path (ckv_scale = kpe_scale = the layer's latent scale, 0.5;
+   byte-identical pages), then 128 heads; DeepSeek V3's softmax scale with yarn's mscale), the first 512 output
+   dimensions compared with the torch backend in float32 per sequence, the latents written to the same slots, the
+   NaN-buffer rerun; and
+   a tiny DeepSeek-V3-shaped model (tests/model_fixtures.py's DeepSeek fixture with 512 / 64 and 16 heads, random
+   weights) served with flashinfer and with torch at page size 16 (a prefix hit ending mid-page; page size 1 is left
+   to the kernel cases, for time): the same greedy tokens, the candidate really being flashinfer_mla.
+Sections 3, 5 and 7's kernels stop starting new work after --budget seconds, so the whole run stays under ~8
+minutes. The final JSON's "sections" has one key per section title run; the MLA ones are "MLA: flashinfer_mla
+kernels vs torch (float32) on latent pages" and "MLA engine: DeepSeek-V3-shaped 512/64, flashinfer vs torch,
+greedy" (on the CPU: "MLA: kernels, dry run (torch as the candidate)").
 
-Without CUDA, section 2 runs on the CPU and section 3 runs as a dry run with the torch backend as the candidate on
-short contexts (it checks this script's own logic), then it says there is no CUDA and exits 0.
+Without CUDA, section 2 runs on the CPU and sections 3 and 7's kernels run as a dry run with the torch backend as
+the candidate on short contexts (it checks this script's own logic), then it says there is no CUDA and exits 0.
 """
 
 from __future__ import annotations
@@ -42,6 +56,7 @@ import argparse
 import itertools
 import json
 import logging
+import math
 import os
 import random
 import shutil
@@ -131,6 +146,12 @@ class Config:
     def group(self) -> int:
         return self.heads // self.kv_heads
 
+    @property
+    def rank(self) -> int | None:
+        """Latent (MLA) pages: kv_lora_rank, the output dimensions compared (AttentionOptions.latent); else None."""
+        dims = self.attention.latent_dims
+        return dims[0] if self.attention.latent and dims is not None else None
+
     def options(self) -> dict[str, Any]:
         return {"num_heads": self.heads, "num_kv_heads": self.kv_heads, "head_dim": self.head_dim, "dtype": self.dtype,
                 "attention": self.attention, "kv_dtype": self.kv_dtype}  # fmt: skip
@@ -177,6 +198,26 @@ def fp8_matrix() -> list[Config]:
 
 
 FP8_SCALES = (0.5, 2.0)  # k_scale, v_scale of every layer in the fp8 checks: not 1, so a dropped scale is seen
+
+# DeepSeek V3's attention: a latent of kv_lora_rank 512 + rope 64 (FlashInfer's MLA kernels' split), its softmax scale
+# (qk_nope 128 + rope 64) ** -0.5 times yarn's mscale ** 2 (factor 40, mscale_all_dim 1). A latent pool's shape is
+# one "head" of half the latent (radixcache/pool.py, latent pages), so head_dim is 288.
+MLA_SCALE = 192**-0.5 * (0.1 * math.log(40) + 1.0) ** 2
+MLA = AttentionOptions(scale=MLA_SCALE, latent=True, latent_dims=(512, 64))
+MLA_HALF = sum(MLA.latent_dims or ()) // 2
+
+
+def mla_matrix() -> list[Config]:
+    """Latent pages through FlashInfer's MLA wrapper: 16 heads (what FlashInfer's own MLA tests run; a DeepSeek V3
+    shard at TP 8) in bf16 at page sizes 16 and 1, fp16, fp8_e4m3 latent pages (FlashInfer's fp8 MLA path: Hopper,
+    bf16 queries; the layer's one latent scale 0.5 as ckv_scale and kpe_scale), then all 128 heads of V3 at TP 1."""
+    return [
+        Config("deepseek mla", 16, 1, MLA_HALF, torch.bfloat16, 16, MLA),
+        Config("deepseek mla", 16, 1, MLA_HALF, torch.bfloat16, 1, MLA),
+        Config("deepseek mla", 16, 1, MLA_HALF, torch.float16, 16, MLA),
+        Config("deepseek mla", 16, 1, MLA_HALF, torch.bfloat16, 16, MLA, kv_dtype="fp8_e4m3"),
+        Config("deepseek mla", 128, 1, MLA_HALF, torch.bfloat16, 16, MLA),
+    ]
 
 
 # --- one configuration through a serving lifecycle -----------------------------------------------------------------
@@ -244,6 +285,14 @@ def per_sequence_errors(got: torch.Tensor, want: torch.Tensor, layout: BatchLayo
 def nan_buffer_check(backend: AttentionBackend, q: torch.Tensor, kv_layer: KVLayer, got: torch.Tensor) -> bool:
     """Run layer 0's planned FlashInfer kernel again into a NaN-filled buffer: every element must be written, and
     equal to what forward returned. True for backends without wrappers (nothing to check)."""
+    mla = getattr(backend, "_wrapper", None)  # the flashinfer_mla backend's one wrapper: q and the pages split at R
+    if mla is not None:
+        rank = int(getattr(backend, "rank"))  # noqa: B009 (only the MLA backend has it)
+        q, tokens = q.contiguous(), kv_layer.latent_tokens()
+        out = torch.full((q.shape[0], q.shape[1], rank), float("nan"), dtype=q.dtype, device=q.device)
+        fp8 = {"ckv_scale": kv_layer.k_scale, "kpe_scale": kv_layer.k_scale} if getattr(backend, "fp8", False) else {}
+        mla.run(q[..., :rank], q[..., rank:], tokens[..., :rank], tokens[..., rank:], out=out, **fp8)
+        return bool(torch.isfinite(out).all()) and torch.equal(out, got)
     wrappers = getattr(backend, "_decode" if getattr(backend, "_use_decode", False) else "_prefill", None)
     if wrappers is None:
         return True
@@ -289,17 +338,28 @@ def run_case(
     ps = config.page_size
     num_pages = 2 * (context + 512) // ps + 64
     shape = KVShape(LAYERS, config.kv_heads, config.head_dim)
+    # latent pages: q is [T, H, 2 * head_dim] (R + P), k / v the new latents' halves, the first R outputs compared
+    rank, latent = config.rank, config.attention.latent
+    q_dim = 2 * config.head_dim if latent else config.head_dim
     if config.kv_dtype is None:
-        pool = KVPool(shape, page_size=ps, num_pages=num_pages, dtype=config.dtype, device=device)
+        pool = KVPool(shape, page_size=ps, num_pages=num_pages, dtype=config.dtype, device=device, latent=latent)
         pool.kv.normal_()  # stale values everywhere: only the right slots may be read
-        ref_pool = KVPool(shape, page_size=ps, num_pages=num_pages, dtype=torch.float32, device=device)
+        ref_pool = KVPool(shape, page_size=ps, num_pages=num_pages, dtype=torch.float32, device=device, latent=latent)
         ref_pool.kv.copy_(pool.kv.float())
     else:  # quantized pages: the reference reads the very same pages (the torch backend dequantizes in float32)
-        scales = torch.tensor([FP8_SCALES] * LAYERS)
+        scales = torch.tensor([FP8_SCALES] * LAYERS)  # (latent pages keep one scale a layer: the K one, 0.5)
         pool, ref_pool = (
-            KVPool(shape, page_size=ps, num_pages=num_pages, dtype=config.kv_dtype, device=device, kv_scales=scales)
+            KVPool(
+                shape,
+                page_size=ps,
+                num_pages=num_pages,
+                dtype=config.kv_dtype,
+                device=device,
+                kv_scales=scales,
+                latent=latent,
+            )
             for _ in range(2)
-        )
+        )  # fmt: skip
         pool.kv.copy_(torch.randn(pool.kv.shape, device=device).to(pool.kv.dtype))
         ref_pool.kv.copy_(pool.kv)
     free = list(range(num_pages))
@@ -340,10 +400,12 @@ def run_case(
         candidate.begin_step(layout)
         reference.begin_step(layout)
         for layer in range(LAYERS):
-            q = torch.randn(layout.num_tokens, config.heads, config.head_dim, device=device).to(config.dtype)
+            q = torch.randn(layout.num_tokens, config.heads, q_dim, device=device).to(config.dtype)
             k, v = torch.randn(2, layout.num_tokens, config.kv_heads, config.head_dim, device=device).to(config.dtype)
-            got = candidate.forward(layer, q, k, v, pool.kv_layer(layer), layout)
+            out = candidate.forward(layer, q, k, v, pool.kv_layer(layer), layout)
             want = reference.forward(layer, q.float(), k.float(), v.float(), ref_pool.kv_layer(layer), layout)
+            got = out if rank is None else out[..., :rank]
+            want = want if rank is None else want[..., :rank]
             if layer == 0 and step_no == 0:
                 if device.startswith("cuda"):
                     torch.cuda.synchronize()
@@ -361,7 +423,7 @@ def run_case(
                 same = same_bytes(written, ref_pool.layer(layer))
             if not same:
                 result.problems.append(f"{where}: K/V not written to the same slots")
-            if layer == 0 and not nan_buffer_check(candidate, q, pool.kv_layer(layer), got):
+            if layer == 0 and not nan_buffer_check(candidate, q, pool.kv_layer(layer), out):
                 result.problems.append(f"{where}: the kernel left elements unwritten (NaN buffer)")
         for name, new in spec.work:
             seqs[name].length += new
@@ -423,7 +485,10 @@ FALLBACKS = [
     ("float32 model", "cuda", {"num_heads": 4, "num_kv_heads": 2, "head_dim": 64, "dtype": torch.float32}),
     ("head_dim 96", "cuda", {"num_heads": 4, "num_kv_heads": 2, "head_dim": 96, "dtype": torch.bfloat16}),
     ("device cpu", "cpu", {"num_heads": 4, "num_kv_heads": 2, "head_dim": 64, "dtype": torch.bfloat16}),
-]
+    # a latent model whose split FlashInfer's MLA kernels are not built for (DeepSeek V2-Lite's 512 / 64 would run)
+    ("MLA 256/64", "cuda", {"num_heads": 16, "num_kv_heads": 1, "head_dim": 160, "dtype": torch.bfloat16,
+                            "attention": AttentionOptions(scale=0.1, latent=True, latent_dims=(256, 64))}),
+]  # fmt: skip
 
 
 def check_fallbacks(report: Report, cuda: bool, context: int = 256) -> None:
@@ -439,8 +504,9 @@ def check_fallbacks(report: Report, cuda: bool, context: int = 256) -> None:
         ok = auto == "torch" and refusal is not None
         if device == "cpu" or cuda:
             config = Config(
-                label, options["num_heads"], options["num_kv_heads"], options["head_dim"], options["dtype"], 16
-            )
+                label, options["num_heads"], options["num_kv_heads"], options["head_dim"], options["dtype"], 16,
+                options.get("attention", AttentionOptions()),
+            )  # fmt: skip
             res = run_case(
                 config, device, lambda c, d=device: create_backend("auto", d, **c.options()), context=context
             )
@@ -523,6 +589,80 @@ def check_engine(
         f"greedy tokens identical for {sum(same)}/{len(same)} requests{detail}  {'ok' if all(same) else 'FAIL'}"
     )
     report.record("engine", all(same), identical=sum(same), requests=len(same), detail=detail, kv_dtype=kv_dtype)
+
+
+# A tiny DeepSeek-V3-shaped model with FlashInfer's MLA split: tests/model_fixtures.py's DeepSeek fixture (what
+# tests/test_mla.py checks against transformers), as config.json fields, with kv_lora_rank 512 / rope 64 and 16 heads;
+# 2 dense layers (routing is not what this checks), q_lora_rank 64, yarn RoPE (its mscale in the softmax scale).
+MLA_MODEL = dict(
+    kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=32, v_head_dim=32, q_lora_rank=64, hidden_size=256,
+    num_attention_heads=16, num_key_value_heads=16, num_hidden_layers=2, first_k_dense_replace=2,
+    max_position_embeddings=2048,
+)  # fmt: skip
+
+
+def mla_model(device: str, dtype: torch.dtype = torch.bfloat16) -> Any:
+    """The MLA_MODEL DeepSeek V3 with seeded random weights (std 0.3: logits far from uniform, so a last-bit
+    difference between backends cannot flip a greedy token), no tokenizer (prompts are token ids)."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    try:
+        from model_fixtures import deepseek_config_json
+    finally:
+        sys.path.remove(str(ROOT / "tests"))
+    from radixcache.worker.model import ModelConfig, random_model
+
+    config = ModelConfig.from_hf_config(deepseek_config_json("DeepseekV3ForCausalLM", **MLA_MODEL))
+    return random_model(config, seed=0, device=device, dtype=dtype, std=0.3)
+
+
+def check_mla_engine(
+    report: Report,
+    device: str,
+    candidate: str = "flashinfer",
+    max_tokens: int = 16,
+    page_sizes: tuple[int, ...] = (16, 1),
+) -> None:
+    """A DeepSeek-V3-shaped model (MLA_MODEL: latent 512 + 64, 16 heads) served by `candidate` and by torch, bf16
+    latent pages at page sizes 16 and 1: the same greedy tokens for every request. The prompts share a 29-token
+    prefix (a hit ending mid-page at page 16), the first served alone. On CUDA `candidate` must really be FlashInfer's
+    MLA backend (not a fallback)."""
+    from radixcache.worker.engine.engine import Engine, EngineConfig
+
+    rng = random.Random(7)
+    shared = [rng.randrange(3, 320) for _ in range(29)]
+    prompts = [shared + [rng.randrange(3, 320) for _ in range(n)] for n in (11, 3, 20, 1)]
+    for page_size in page_sizes:
+        tokens: dict[str, list[list[int]]] = {}
+        names: dict[str, str] = {}
+        for name in (candidate, "torch"):
+            loaded = mla_model(device)
+            engine = Engine(loaded, EngineConfig(page_size=page_size, kv_pages=4096 // page_size, backend=name))
+            started = time.monotonic()
+            engine.start()
+            warm = time.monotonic() - started
+            try:
+                tokens[name] = greedy_tokens(engine, prompts[:1], max_tokens) + greedy_tokens(
+                    engine, prompts[1:], max_tokens
+                )
+                hit = engine.stats().cached_tokens
+            finally:
+                engine.shutdown(drain=False)
+            names[name] = engine.backend.name
+            report.line(f"mla engine {name:<10} page {page_size:>2}: backend {engine.backend.name}, kv {engine.kv_dtype}, "
+                        f"warm-up {warm:.1f} s, {hit} prompt tokens from the cache")  # fmt: skip
+        same = [a == b for a, b in zip(tokens[candidate], tokens["torch"], strict=True)]
+        real = candidate == "torch" or names[candidate] == "flashinfer_mla"
+        detail = "" if real else f"; {candidate} ran as {names[candidate]}, not flashinfer_mla"
+        if not all(same):
+            i = same.index(False)
+            a, b = tokens[candidate][i], tokens["torch"][i]
+            at = next((j for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+            detail += f"; first difference: request {i} token {at}: {candidate} {a[at : at + 4]} torch {b[at : at + 4]}"
+        ok = all(same) and real
+        report.line(f"mla greedy tokens identical for {sum(same)}/{len(same)} requests (page {page_size}){detail}  "
+                    f"{'ok' if ok else 'FAIL'}")  # fmt: skip
+        report.record("mla engine", ok, page_size=page_size, identical=sum(same), requests=len(same),
+                      backend=names[candidate], detail=detail)  # fmt: skip
 
 
 def check_tiers(report: Report, device: str) -> None:
@@ -786,6 +926,19 @@ def main(argv: list[str] | None = None) -> int:
                     deadline=deadline,
                 ),
             )
+            section(
+                report,
+                "MLA: kernels, dry run (torch as the candidate)",
+                lambda: check_kernels(
+                    report,
+                    mla_matrix()[:2],  # both page sizes
+                    "cpu",
+                    lambda c: create_backend("torch", "cpu", attention=c.attention),
+                    context=args.context or 256,
+                    deadline=deadline,
+                    compile_note=False,
+                ),
+            )
             section(report, "tiers below the pool (CPU)", lambda: check_tiers(report, "cpu"))
             report.line("")
             report.line("no CUDA device: flashinfer checks, the engine check and timings skipped")
@@ -809,6 +962,13 @@ def main(argv: list[str] | None = None) -> int:
         section(
             report, "rows: a token as a decode alone, batched, a draft (flashinfer)", lambda: check_rows(report, "cuda")
         )
+        # MLA before the rest of the matrix: FlashInfer's MLA wrapper has run on no GPU here yet (BENCHMARKS.md)
+        section(report, "MLA: flashinfer_mla kernels vs torch (float32) on latent pages",
+                lambda: check_kernels(report, mla_matrix(), "cuda", flashinfer_backend, context=args.context or 8192,
+                                      deadline=deadline, compile_note=False))  # fmt: skip
+        # page size 16 only here (page 1 is in the kernel cases above), for the time budget
+        section(report, "MLA engine: DeepSeek-V3-shaped 512/64, flashinfer vs torch, greedy",
+                lambda: check_mla_engine(report, "cuda", page_sizes=(16,)))  # fmt: skip
         section(report, "kernels vs torch (float32), the rest of the matrix",
                 lambda: check_kernels(report, configs[1:], "cuda", flashinfer_backend, context=args.context or 8192,
                                       deadline=deadline, compile_note=False))  # fmt: skip

@@ -59,6 +59,58 @@ GEMMA = dict(
 )
 
 
+# Every tiny config's fields before its architecture's own (hf_config).
+COMMON = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    rms_norm_eps=1e-5,
+    bos_token_id=0,
+    eos_token_id=1,
+    initializer_range=0.25,
+)
+
+
+def deepseek_fields(arch: str) -> dict[str, object]:
+    """What a tiny DeepSeek V2 / V3 config sets over COMMON, as config.json fields (no transformers needed: also what
+    scripts/gpu_check.py builds its MLA model from, with FlashInfer's 512 / 64 latent).
+
+    MLA: 4 heads, latent 32 + roped 8 (a latent page holds 40 values), q_lora_rank 24 (V2 overrides it to None for
+    V2-Lite's one q_proj); 3 layers, the first dense (first_k_dense_replace), 8 routed experts in 4 groups, 2 chosen,
+    a shared expert. V2 limits groups greedily; V3 scores with sigmoid and a correction bias and scales RoPE with
+    yarn (mscale_all_dim changes the softmax scale)."""
+    fields: dict[str, object] = dict(
+        num_hidden_layers=3, num_key_value_heads=4, kv_lora_rank=32, q_lora_rank=24, qk_nope_head_dim=16,
+        qk_rope_head_dim=8, v_head_dim=12, first_k_dense_replace=1, n_routed_experts=8, num_experts_per_tok=2,
+        n_group=4, topk_group=2, n_shared_experts=1, moe_intermediate_size=32, routed_scaling_factor=1.5,
+    )  # fmt: skip
+    if arch == "DeepseekV2ForCausalLM":
+        fields.update(topk_method="group_limited_greedy", rope_parameters={"rope_type": "default", "rope_theta": 1e4})
+    elif arch == "DeepseekV3ForCausalLM":
+        fields.update(
+            norm_topk_prob=True,
+            rope_parameters={
+                "rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0, "original_max_position_embeddings": 128,
+                "mscale": 1.0, "mscale_all_dim": 0.8, "beta_fast": 32, "beta_slow": 1,
+            },
+        )  # fmt: skip
+    else:
+        raise ValueError(arch)
+    return fields
+
+
+def deepseek_config_json(arch: str, **overrides: object) -> dict[str, object]:
+    """A tiny DeepSeek config as config.json holds it (COMMON, deepseek_fields, then `overrides`), built without
+    transformers: ModelConfig.from_hf_config reads it as it reads hf_config(arch, **overrides).to_dict()
+    (tests/test_gpu_check.py checks that)."""
+    model_type = {"DeepseekV2ForCausalLM": "deepseek_v2", "DeepseekV3ForCausalLM": "deepseek_v3"}[arch]
+    return {**COMMON, **deepseek_fields(arch), **overrides, "architectures": [arch], "model_type": model_type}
+
+
 def hf_config(arch: str, **overrides: object):  # noqa: ANN201 (transformers config class)
     """A tiny transformers config of `arch` (hidden 64, 2 layers, 4 heads over 2 KV heads), each exercising what its
     architecture adds: Mistral slides every layer over WINDOW tokens; Gemma 2/3 interleave a sliding and a global
@@ -66,19 +118,7 @@ def hf_config(arch: str, **overrides: object):  # noqa: ANN201 (transformers con
     global RoPE linearly); Phi-3 has longrope with a partial rotary; Qwen3-MoE has 3 layers, the middle one dense."""
     import transformers
 
-    common = dict(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        rms_norm_eps=1e-5,
-        bos_token_id=0,
-        eos_token_id=1,
-        initializer_range=0.25,
-    )
+    common = dict(COMMON)
     if arch == "LlamaForCausalLM":
         common.update(
             tie_word_embeddings=True,
@@ -110,29 +150,8 @@ def hf_config(arch: str, **overrides: object):  # noqa: ANN201 (transformers con
         )  # fmt: skip
         cls = transformers.Qwen3MoeConfig
     elif arch in ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"):
-        # MLA: 4 heads, latent 32 + roped 8 (a latent page holds 40 values), q_lora_rank 24 (V2 overrides it to
-        # None for V2-Lite's one q_proj); 3 layers, the first dense (first_k_dense_replace), 8 routed experts in 4
-        # groups, 2 chosen, a shared expert. V2 limits groups greedily; V3 scores with sigmoid and a correction bias
-        # and scales RoPE with yarn (mscale_all_dim changes the softmax scale).
-        common.update(
-            num_hidden_layers=3, num_key_value_heads=4, kv_lora_rank=32, q_lora_rank=24, qk_nope_head_dim=16,
-            qk_rope_head_dim=8, v_head_dim=12, first_k_dense_replace=1, n_routed_experts=8, num_experts_per_tok=2,
-            n_group=4, topk_group=2, n_shared_experts=1, moe_intermediate_size=32, routed_scaling_factor=1.5,
-        )  # fmt: skip
-        if arch == "DeepseekV2ForCausalLM":
-            common.update(
-                topk_method="group_limited_greedy", rope_parameters={"rope_type": "default", "rope_theta": 1e4}
-            )
-            cls = transformers.DeepseekV2Config
-        else:
-            common.update(
-                norm_topk_prob=True,
-                rope_parameters={
-                    "rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0, "original_max_position_embeddings": 128,
-                    "mscale": 1.0, "mscale_all_dim": 0.8, "beta_fast": 32, "beta_slow": 1,
-                },
-            )  # fmt: skip
-            cls = transformers.DeepseekV3Config
+        common.update(deepseek_fields(arch))
+        cls = transformers.DeepseekV2Config if arch == "DeepseekV2ForCausalLM" else transformers.DeepseekV3Config
     elif arch == "Gemma2ForCausalLM":
         common.update(GEMMA, attn_logit_softcapping=4.0, final_logit_softcapping=8.0)
         cls = transformers.Gemma2Config

@@ -28,9 +28,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 BACKEND = ROOT / "worker" / "attention" / "flashinfer_backend.py"
-CALLERS = [BACKEND, ROOT / "scripts" / "gpu_check.py"]
+MLA_BACKEND = ROOT / "worker" / "attention" / "flashinfer_mla_backend.py"
+CALLERS = [BACKEND, MLA_BACKEND, ROOT / "scripts" / "gpu_check.py"]
 FAKE = ROOT / "tests" / "fake_flashinfer.py"
-WRAPPERS = ("BatchPrefillWithPagedKVCacheWrapper", "BatchDecodeWithPagedKVCacheWrapper")
+PAGED = ("BatchPrefillWithPagedKVCacheWrapper", "BatchDecodeWithPagedKVCacheWrapper")
+MLA = "BatchMLAPagedAttentionWrapper"  # flashinfer/mla/_core.py, exported as flashinfer.BatchMLAPagedAttentionWrapper
+WRAPPERS = (*PAGED, MLA)
 METHODS = ("__init__", "plan", "run")
 
 
@@ -59,8 +62,11 @@ def parse(path: Path) -> ast.Module:
     return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
 
 
-def find_class(package: Path, module: Path, name: str, depth: int = 0) -> tuple[ast.ClassDef, Path]:
-    """The class `name` as `module` exports it: defined there, or followed through its `from .x import name`."""
+def find_class(
+    package: Path, module: Path, name: str, depth: int = 0, *, required: bool = True
+) -> tuple[ast.ClassDef, Path] | None:
+    """The class `name` as `module` exports it: defined there, or followed through its `from .x import name` (or a
+    `from .x import *`, as flashinfer/mla/__init__.py re-exports _core's names)."""
     tree = parse(module)
     for node in tree.body:
         if isinstance(node, ast.ClassDef) and node.name == name:
@@ -68,13 +74,18 @@ def find_class(package: Path, module: Path, name: str, depth: int = 0) -> tuple[
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.level >= 1 and depth < 4:
             for alias in node.names:
-                if (alias.asname or alias.name) == name:
+                if (alias.asname or alias.name) in (name, "*"):
                     base = module.parent
                     for _ in range(node.level - 1):
                         base = base.parent
                     target = base.joinpath(*(node.module or "").split("."))
                     file = target / "__init__.py" if target.is_dir() else target.with_suffix(".py")
-                    return find_class(package, file, alias.name, depth + 1)
+                    star = alias.name == "*"
+                    found = find_class(package, file, name if star else alias.name, depth + 1, required=not star)
+                    if found is not None:
+                        return found
+    if not required:
+        return None
     pytest.fail(f"{name} is not in {module.relative_to(package.parent)}: the installed flashinfer has no such wrapper")
 
 
@@ -128,7 +139,9 @@ def real_signatures() -> dict[tuple[str, str], Signature]:
     package = package_dir()
     out = {}
     for name in WRAPPERS:
-        cls, file = find_class(package, package / "__init__.py", name)
+        found = find_class(package, package / "__init__.py", name)
+        assert found is not None
+        cls, file = found
         for m in METHODS:
             func = method_of(cls, m)
             assert func is not None, f"flashinfer's {name} has no {m}()"
@@ -219,10 +232,11 @@ def mapping_keys(expr: ast.expr, local: dict) -> list[str]:
     raise Unreadable(f"**{ast.unparse(expr)}: not a dict with literal keys in the same function")
 
 
-def calls_in(source: str, name: str) -> list[Call]:
-    """Every wrapper constructor, plan() and run() call in a file, with what it passes."""
+def calls_in(source: str, name: str, known: dict[str, set[str]] | None = None) -> list[Call]:
+    """Every wrapper constructor, plan() and run() call in a file, with what it passes. `known`: wrapper attributes
+    the backends define (scripts/gpu_check.py reaches a backend's wrappers through getattr(backend, "_prefill"))."""
     tree = ast.parse(source)
-    attrs = wrapper_attributes(tree)
+    attrs = {**(known or {}), **wrapper_attributes(tree)}
     out = []
     for func in [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)]:
         local = bindings(func)
@@ -266,17 +280,53 @@ def problems(call: Call, real: dict[tuple[str, str], Signature]) -> list[str]:
     return out
 
 
+def backend_attributes() -> dict[str, set[str]]:
+    """The backends' wrapper attributes (self._prefill, self._wrapper, ...) -> the classes held there."""
+    out: dict[str, set[str]] = {}
+    for path in (BACKEND, MLA_BACKEND):
+        for attr, classes in wrapper_attributes(parse(path)).items():
+            out.setdefault(attr, set()).update(classes)
+    return out
+
+
 def our_calls() -> list[Call]:
+    known = backend_attributes()
     return [
-        c for path in CALLERS for c in calls_in(path.read_text(encoding="utf-8"), path.relative_to(ROOT).as_posix())
+        c
+        for path in CALLERS
+        for c in calls_in(path.read_text(encoding="utf-8"), path.relative_to(ROOT).as_posix(), known)
     ]
 
 
-def test_the_calls_are_collected_from_our_code() -> None:
-    """The collector finds every kind of call the backend makes (so the next test cannot pass on nothing)."""
-    backend = calls_in(BACKEND.read_text(encoding="utf-8"), "backend")
+def test_gpu_checks_own_kernel_reruns_are_collected_too() -> None:
+    """scripts/gpu_check.py reruns the planned kernels into a NaN buffer through the backends' wrapper attributes:
+    those run() calls are checked as well (the paged wrappers' and the MLA wrapper's)."""
+    script = ROOT / "scripts" / "gpu_check.py"
+    calls = calls_in(script.read_text(encoding="utf-8"), "gpu_check", backend_attributes())
+    kinds = {(cls, c.method) for c in calls for cls in c.classes}
+    assert {(w, "run") for w in WRAPPERS} <= kinds, sorted(kinds)
+
+
+@pytest.mark.parametrize(("path", "wrappers"), [(BACKEND, PAGED), (MLA_BACKEND, (MLA,))])
+def test_the_calls_are_collected_from_our_code(path: Path, wrappers: tuple[str, ...]) -> None:
+    """The collector finds every kind of call each backend makes (so the next test cannot pass on nothing)."""
+    backend = calls_in(path.read_text(encoding="utf-8"), "backend")
     kinds = {(cls, c.method) for c in backend for cls in c.classes}
-    assert kinds == {(w, m) for w in WRAPPERS for m in METHODS}, sorted(kinds)
+    assert kinds == {(w, m) for w in wrappers for m in METHODS}, sorted(kinds)
+
+
+def test_the_mla_wrapper_is_read_from_its_real_source(real) -> None:  # noqa: ANN001
+    """flashinfer.BatchMLAPagedAttentionWrapper is found through flashinfer/mla's star import, with the plan() and
+    run() the MLA backend relies on: plan() with no defaults for causal / sm_scale / the dtypes, run() taking the
+    two caches as separate tensors and an `out`."""
+    plan, run = real[MLA, "plan"], real[MLA, "run"]
+    assert "mla" in plan.where
+    assert plan.positional[:12] == [
+        "qo_indptr", "kv_indptr", "kv_indices", "kv_len_arr", "num_heads", "head_dim_ckv", "head_dim_kpe",
+        "page_size", "causal", "sm_scale", "q_data_type", "kv_data_type",
+    ]  # fmt: skip
+    assert {"causal", "sm_scale", "q_data_type", "kv_data_type"} <= plan.required
+    assert run.positional[:5] == ["q_nope", "q_pe", "ckv_cache", "kpe_cache", "out"]
 
 
 def test_our_calls_fit_the_installed_flashinfer(real) -> None:  # noqa: ANN001
@@ -299,6 +349,25 @@ def test_a_changed_call_in_the_backend_is_caught(real, old: str, new: str) -> No
     assert old in source, f"the backend no longer has {old!r}: update this test's mutation"
     found = [p for call in calls_in(source.replace(old, new), "backend") for p in problems(call, real)]
     assert found, f"renaming {old!r} to {new!r} went unnoticed"
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("causal=True, sm_scale=", "is_causal=True, sm_scale="),  # a renamed plan() keyword
+        ("kv_data_type=self.kv_dtype,", "kv_dtype=self.kv_dtype,"),
+        ("causal=True, sm_scale=self.sm_scale, ", ""),  # required parameters left out
+        ("q_pe, ckv, kpe, out=out)", "q_pe, ckv, kpe, output=out)"),  # a run() keyword
+        ("q_pe, ckv, kpe, out=out)", "q_pe, ckv, kpe, None, None, False, None, None, None, False, None, 1)"),
+        ("ckv_scale=layer.k_scale, kpe_scale=", "ckv_scale=layer.k_scale, rope_scale="),  # the fp8 run()'s scales
+        ('use_cuda_graph=False, backend="auto"', 'use_cuda_graph=False, kernel_backend="auto"'),  # the constructor
+    ],
+)
+def test_a_changed_call_in_the_mla_backend_is_caught(real, old: str, new: str) -> None:  # noqa: ANN001
+    source = MLA_BACKEND.read_text(encoding="utf-8")
+    assert old in source, f"the MLA backend no longer has {old!r}: update this test's mutation"
+    found = [p for call in calls_in(source.replace(old, new), "mla backend") for p in problems(call, real)]
+    assert found, f"changing {old!r} to {new!r} went unnoticed"
 
 
 # --- the fake ----------------------------------------------------------------------------------------------------
@@ -358,3 +427,30 @@ def test_the_installed_release_is_the_pinned_one_and_the_cuda_extra_admits_it() 
     assert requirement.specifier.contains(installed, prereleases=True), (
         f"pyproject's cuda extra ({requirement}) does not admit the release checked here ({installed})"
     )
+
+
+# --- which backend a latent (MLA) model gets, on this CPU machine ---------------------------------------------------
+def test_a_latent_model_on_the_cpu_gets_torch_and_an_explicit_flashinfer_says_why() -> None:
+    import torch
+
+    from radixcache.worker.attention.base import (
+        AttentionOptions,
+        BackendUnavailableError,
+        flashinfer_mla_unsupported_reason,
+        resolve_backend_name,
+    )
+
+    latent = AttentionOptions(scale=0.1, latent=True, latent_dims=(512, 64))
+    options = {"num_heads": 16, "num_kv_heads": 1, "head_dim": 288, "dtype": torch.bfloat16, "attention": latent}
+    assert resolve_backend_name("auto", "cpu", **options) == "torch"
+    assert resolve_backend_name("torch", "cpu", **options) == "torch"
+    for name in ("flashinfer", "flashinfer_mla"):
+        with pytest.raises(BackendUnavailableError, match="latent \\(MLA\\) pages: it needs a CUDA device"):
+            resolve_backend_name(name, "cpu", **options)
+    reason = flashinfer_mla_unsupported_reason("cpu", num_heads=16, dtype=torch.bfloat16, attention=latent)
+    assert reason == "it needs a CUDA device, and the model is on cpu"
+    # the MLA backend is for latent pages only
+    with pytest.raises(BackendUnavailableError, match="latent \\(MLA\\) pages only"):
+        resolve_backend_name("flashinfer_mla", "cpu", num_heads=4, num_kv_heads=2, head_dim=64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="latent_dims are for latent pages"):
+        AttentionOptions(latent_dims=(512, 64))

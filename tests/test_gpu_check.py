@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pytest
 import torch
 from fake_flashinfer import install_fake_cuda
 
-from radixcache.worker.attention import BatchLayout
+from radixcache.worker.attention import BatchLayout, create_backend
 from radixcache.worker.attention.flashinfer_backend import FlashInferAttentionBackend
 from radixcache.worker.attention.torch_backend import TorchAttentionBackend
 
@@ -42,14 +43,23 @@ def test_without_cuda_runs_the_cpu_parts_writes_files_and_exits_0(gpu_check, tmp
     assert list(summary["sections"]) == [
         "backend selection and fallbacks",
         "kernels, dry run (torch as the candidate)",
+        "MLA: kernels, dry run (torch as the candidate)",
         "tiers below the pool (CPU)",
     ]
     assert "PASS: tiers below the pool (CPU)" in text
     assert "device cpu     auto -> torch      explicit flashinfer: it needs a CUDA device" in text
+    assert (
+        "MLA 256/64     auto -> torch      explicit flashinfer: FlashInfer's MLA kernels for latent (MLA) pages: "
+        in text
+    )
     records = json.loads((tmp_path / "gpu_check.json").read_text())
-    assert [r["section"] for r in records] == ["fallbacks"] * 3 + ["kernels"] * 2 + ["tiers"]  # fp8's dry run too
-    assert all(r["ok"] for r in records) and records[-2]["steps"] == len(gpu_check.lifecycle(48))
-    assert [r["config"]["kv_dtype"] for r in records[-3:-1]] == [None, "fp8_e4m3"]
+    # fp8's dry run too, then the MLA dry run at both page sizes
+    assert [r["section"] for r in records] == ["fallbacks"] * 4 + ["kernels"] * 4 + ["tiers"]
+    assert all(r["ok"] for r in records) and records[-4]["steps"] == len(gpu_check.lifecycle(48))
+    assert [r["config"]["kv_dtype"] for r in records[-5:-3]] == [None, "fp8_e4m3"]
+    mla = records[-3:-1]
+    assert [r["config"]["page_size"] for r in mla] == [16, 1] and all(r["config"]["attention"]["latent"] for r in mla)
+    assert all(r["steps"] == len(gpu_check.lifecycle(48)) for r in mla)
     assert records[-1]["host_hit_tokens"] > 0 and records[-1]["disk_hit_tokens"] > 0 and records[-1]["identical"]
     assert (tmp_path / "gpu_check.log").exists()
 
@@ -155,3 +165,73 @@ def test_the_rows_check_passes_on_the_torch_backend_and_counts_rows(gpu_check, t
     assert report.failures == 0
     assert [r["identical"] for r in report.records] == [4, 4]
     assert "torch: 4/4 rows in a batch of decodes are the same bits as a decode alone  ok" in report.lines
+
+
+# --- section 7: MLA (latent pages) ----------------------------------------------------------------------------------
+def test_the_mla_matrix_is_flashinfers_split_at_both_page_sizes_and_dtypes(gpu_check) -> None:  # noqa: ANN001
+    matrix = gpu_check.mla_matrix()
+    assert all(c.attention.latent and c.attention.latent_dims == (512, 64) for c in matrix)
+    assert all((c.kv_heads, c.head_dim, c.rank) == (1, 288, 512) for c in matrix)  # a latent page: 2 x 288
+    assert {(c.dtype, c.page_size) for c in matrix} >= {(torch.bfloat16, 16), (torch.bfloat16, 1), (torch.float16, 16)}
+    assert [(c.dtype, c.kv_dtype) for c in matrix if c.kv_dtype] == [(torch.bfloat16, "fp8_e4m3")]  # fp8: bf16 q only
+    assert {c.heads for c in matrix} == {16, 128} and matrix[0].heads == 16
+    assert gpu_check.MLA.scale == pytest.approx(192**-0.5 * (0.1 * math.log(40) + 1) ** 2)  # V3's, yarn mscale
+
+
+@pytest.mark.parametrize("index", [0, 1, 3])  # page sizes 16 and 1, fp8_e4m3 latent pages
+def test_mla_lifecycle_runs_through_the_flashinfer_mla_backend(gpu_check, monkeypatch, index: int) -> None:  # noqa: ANN001
+    """The section 3 lifecycle on latent pages through the real flashinfer_mla backend over the fake MLA wrapper:
+    one plan per step (prefill, decode and mixed alike), every layer run plus the NaN-buffer rerun, each sequence's
+    first 512 output dimensions within tolerance of the torch backend, the latents written to the same slots (fp8:
+    the same bytes, read with the layer's scale 0.5)."""
+    fake = install_fake_cuda(monkeypatch)
+    config = gpu_check.mla_matrix()[index]
+    assert (config.kv_dtype == "fp8_e4m3") == (index == 3)
+    result = gpu_check.run_case(
+        config, "cpu", lambda c: create_backend("flashinfer", "cuda", **c.options()), context=64
+    )
+    assert result.ok, result.problems
+    plans = [p for kind, call, p in fake.lib.calls if (kind, call) == ("mla", "plan")]
+    assert len(plans) == len(gpu_check.lifecycle(64)) and all(p.causal for p in plans)
+    assert all(p.sm_scale == gpu_check.MLA_SCALE and p.page_size == config.page_size for p in plans)
+    kv = torch.float8_e4m3fn if config.kv_dtype else config.dtype
+    assert all(p.kv_data_type == kv and p.q_data_type == config.dtype for p in plans)
+    runs = [c for c in fake.lib.calls if c[:2] == ("mla", "run")]
+    assert len(runs) == len(plans) * (gpu_check.LAYERS + 1)
+
+
+def test_a_wrong_mla_candidate_is_caught(gpu_check) -> None:  # noqa: ANN001
+    """A latent candidate with its softmax scale 3% off fails on the compared first 512 output dimensions."""
+    wrong = gpu_check.AttentionOptions(scale=1.03 * gpu_check.MLA_SCALE, latent=True, latent_dims=(512, 64))
+    config = gpu_check.mla_matrix()[0]
+    result = gpu_check.run_case(config, "cpu", lambda c: TorchAttentionBackend("cpu", attention=wrong), context=64)
+    assert not result.ok and "rel err" in result.problems[0]
+
+
+def test_the_mla_engine_check_serves_a_deepseek_model_both_ways(gpu_check, tmp_path) -> None:  # noqa: ANN001
+    """Section 7's engine check with torch standing in for flashinfer: same greedy tokens, a mid-page hit served."""
+    report = gpu_check.Report(tmp_path)
+    try:
+        gpu_check.check_mla_engine(report, "cpu", candidate="torch", max_tokens=3, page_sizes=(16,))
+    finally:
+        report.close()
+    record = report.records[-1]
+    assert report.failures == 0 and record["identical"] == record["requests"] == 4 and record["page_size"] == 16
+    lines = (tmp_path / "gpu_check.txt").read_text().splitlines()
+    assert lines[0].startswith("mla engine torch      page 16: backend torch, kv bf16, warm-up")
+    assert int(lines[0].split(", ")[-1].split()[0]) == 3 * 29  # each later prompt hits the 29 shared tokens
+
+
+def test_the_mla_model_is_the_deepseek_fixture_with_flashinfers_split(gpu_check) -> None:  # noqa: ANN001
+    """The model section 7 serves is tests/model_fixtures.py's DeepSeek V3 fixture (what test_mla.py checks against
+    transformers) with 512 / 64: its config.json, built without transformers, reads as transformers' own does."""
+    from model_fixtures import deepseek_config_json, hf_config
+
+    from radixcache.worker.model import ModelConfig
+    from radixcache.worker.model.llama import attention_options
+
+    ours = ModelConfig.from_hf_config(deepseek_config_json("DeepseekV3ForCausalLM", **gpu_check.MLA_MODEL))
+    theirs = ModelConfig.from_hf_config(hf_config("DeepseekV3ForCausalLM", **gpu_check.MLA_MODEL).to_dict())
+    assert ours == theirs
+    assert attention_options(ours).latent_dims == (512, 64) and ours.num_heads == 16
+    assert ours.mlp_kinds == ("dense", "dense")

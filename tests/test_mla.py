@@ -9,7 +9,7 @@ changes the softmax scale).
 - float32 logits within 1e-4 of transformers' for a cold prefill, a hit ending mid-page continued in chunks;
 - a token's logits are the same bits alone, batched and in a verify chunk (float32 and bfloat16);
 - a latent page holds kv_lora_rank + qk_rope_head_dim values per token and layer, and nothing per head;
-- quantized latent pages and FlashInfer are refused at start-up.
+- int4 latent pages are refused at start-up, and FlashInfer's MLA kernels (512 / 64 only) for these fixtures.
 (tests/test_model_parity.py runs its hit / chunk / mixed-batch / preemption cases on the V2 and V3 fixtures too.)"""
 
 from __future__ import annotations
@@ -228,11 +228,14 @@ def test_a_latent_page_holds_one_latent_per_token_and_layer(served):
 
 
 def test_int4_latent_pages_and_flashinfer_are_refused_at_start_up(served):
-    """int4 and FlashInfer cannot hold / read latent pages; int8 and fp8_e4m3 can (tests/test_mla_quant.py)."""
+    """int4 cannot hold latent pages; int8 and fp8_e4m3 can (tests/test_mla_quant.py). FlashInfer's MLA kernels
+    (the flashinfer_mla backend) read 512 + 64 latents only, not these fixtures' 32 + 8: auto gives torch and an
+    explicit flashinfer says why (tests/test_flashinfer_path.py checks every reason with CUDA faked)."""
     loaded = served[0]
     with pytest.raises(ValueError, match="kv_dtype \\(--kv-dtype\\) int4"):
         Engine(loaded, EngineConfig(page_size=4, kv_pages=32, kv_dtype="int4"))
     latent = attention_options(loaded.config)
+    assert latent.latent_dims == (loaded.config.kv_lora_rank, loaded.config.qk_rope_head_dim) == (32, 8)
     assert resolve_backend_name("auto", "cuda", attention=latent) == "torch"
     with pytest.raises(BackendUnavailableError, match="latent"):
         resolve_backend_name("flashinfer", "cuda", attention=latent)

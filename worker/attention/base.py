@@ -15,6 +15,7 @@ window come from the backend's AttentionOptions. Backends differ only in speed.
 from __future__ import annotations
 
 import importlib
+import inspect
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -39,14 +40,19 @@ class AttentionOptions:
               KVLayer.latent): forward's k and v are the two halves of each new token's latent [T, 1, D / 2],
               which the layer stores token-contiguous, and every position's key and value is its whole latent [D]
               (read back by token row, KVLayer.gather_latents; latent_tokens() is [pages, page_size, D]); q is
-              [T, H, D] and the output [T, H, D] (worker/model/mla.py uses its leading kv_lora_rank dimensions).
-              Only the torch backend runs it.
+              [T, H, D]. The output is [T, H, R] or [T, H, D]: only its first R = kv_lora_rank dimensions
+              (softmax(s) @ c) are what a latent backend must return, and all worker/model/mla.py reads (the torch
+              backend returns all D, FlashInfer's MLA kernels R). The torch backend runs it everywhere, the
+              flashinfer_mla backend on CUDA where flashinfer_mla_unsupported_reason allows.
+    latent_dims: with latent, (R, P) = (kv_lora_rank, qk_rope_head_dim), D = R + P: where the latent splits into c
+              and k_pe (FlashInfer's MLA kernels take them apart); None: not told (then only torch runs it).
     """
 
     scale: float | None = None
     soft_cap: float | None = None
     windows: tuple[int | None, ...] = ()
     latent: bool = False
+    latent_dims: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         for name in ("scale", "soft_cap"):
@@ -57,6 +63,15 @@ class AttentionOptions:
         if any(w is not None and w < 1 for w in windows):
             raise ValueError(f"attention windows must be >= 1 token, got {windows}")
         object.__setattr__(self, "windows", windows if any(w is not None for w in windows) else ())
+        if self.latent_dims is not None:
+            if not self.latent:
+                raise ValueError("attention latent_dims are for latent pages (latent=True)")
+            rank, rope = self.latent_dims
+            if rank < 1 or rope < 0:
+                raise ValueError(
+                    f"attention latent_dims must be (kv_lora_rank >= 1, rope dim >= 0), got {self.latent_dims}"
+                )
+            object.__setattr__(self, "latent_dims", (int(rank), int(rope)))
 
     def window(self, layer: int) -> int | None:
         """Layer `layer`'s window (None: global)."""
@@ -85,6 +100,8 @@ class AttentionBackend(ABC):
       query of the step can see): those may hold anything (NaN included), so a cache may give them back.
     - With window paging (layout.window_kv_indices set: the pool keeps the sliding layers apart, radixcache.pool),
       a sliding layer's kv_layer is addressed by window slots: it writes and reads through `layout.windowed()`.
+    - With latent pages (AttentionOptions.latent), q is [T, H, R + P], k / v the latent's halves, and forward returns
+      [T, H, R] or more: its first R dimensions are the contract (see AttentionOptions).
     """
 
     name: str = "abstract"
@@ -132,6 +149,8 @@ class AttentionBackend(ABC):
 _REGISTRY: dict[str, str] = {
     "torch": "radixcache.worker.attention.torch_backend:TorchAttentionBackend",
     "flashinfer": "radixcache.worker.attention.flashinfer_backend:FlashInferAttentionBackend",
+    # FlashInfer's MLA kernels over latent pages: what 'flashinfer' and 'auto' resolve to for an MLA model
+    "flashinfer_mla": "radixcache.worker.attention.flashinfer_mla_backend:FlashInferMLABackend",
 }
 
 
@@ -160,6 +179,98 @@ class BackendUnavailableError(ValueError):
     """An explicitly requested backend cannot run this model on this device; the message says why."""
 
 
+# The latent split FlashInfer's MLA kernels are instantiated and tested for: kv_lora_rank 512, a rope dim of 64
+# (DeepSeek V2 / V3, Kimi K2). The kernels are templates over both dims, but FlashInfer tests 512 / 64 only, and its fp8 path
+# asserts 512; another split would be a JIT build nobody has run.
+FLASHINFER_MLA_DIMS = (512, 64)
+
+
+def _cuda_reason(device: torch.device) -> str | None:
+    if device.type != "cuda":
+        return f"it needs a CUDA device, and the model is on {device}"
+    if not torch.cuda.is_available():
+        return "torch sees no CUDA device"
+    return None
+
+
+def _import_reason(attribute: str | None = None) -> str | None:
+    try:
+        module = importlib.import_module("flashinfer")
+    except Exception as exc:  # an ImportError, or a broken install raising anything at import
+        return f"flashinfer does not import ({type(exc).__name__}: {exc}); `pip install flashinfer-python`"
+    if attribute is not None and not hasattr(module, attribute):
+        return f"the installed flashinfer has no {attribute}"
+    return None
+
+
+def flashinfer_mla_unsupported_reason(
+    device: str | torch.device,
+    *,
+    num_heads: int | None = None,
+    dtype: torch.dtype | None = None,
+    kv_dtype: str | None = None,
+    attention: AttentionOptions | None = None,
+) -> str | None:
+    """Why the flashinfer_mla backend (FlashInfer's BatchMLAPagedAttentionWrapper) cannot run a latent (MLA) model
+    of this shape and dtype on `device` with latent pages of `kv_dtype` (None: the model's dtype); None when it can.
+
+    Checks, cheapest first: a CUDA device torch sees, num_heads and a 16-bit model dtype (plan() takes them; any head
+    count: the kernels pack query rows x heads into tiles of 64), the latent's split (kv_lora_rank, rope dim) being
+    FLASHINFER_MLA_DIMS, pages in the model's own dtype or fp8_e4m3 where FlashInfer's fp8 MLA path runs, and last
+    that flashinfer imports with the wrapper.
+
+    Latent pages at int8 / int4 have no FlashInfer kernel (per-token scales; the torch backend dequantizes them).
+    fp8_e4m3 latent pages: FlashInfer's MLA plan() takes kv_data_type float8_e4m3fn on an SM90 (Hopper) device with
+    bfloat16 queries and 512 / 64 only (flashinfer/mla/_core.py), and run() dequantizes with one per-tensor scale for
+    c (ckv_scale) and one for k_pe (kpe_scale): real = stored * scale. An fp8 latent pool keeps one per-layer scale
+    for the whole latent (radixcache/pool.py: its V scale is its K scale), so ckv_scale = kpe_scale = k_scale is the
+    same dequantization the torch backend's gather_latents does. Elsewhere (fp16 models, other GPUs) they are refused.
+    """
+    device = torch.device(device)
+    reason = _cuda_reason(device)
+    if reason is not None:
+        return reason
+    if num_heads is None:
+        return "it needs num_heads to plan, and it is unset"
+    if dtype is None:
+        return "it needs the model dtype to plan, and it is unset"
+    if dtype not in FLASHINFER_DTYPES:
+        return f"its MLA kernels run float16/bfloat16, and the model is {str(dtype).removeprefix('torch.')}"
+    dims = attention.latent_dims if attention is not None else None
+    if dims is None:
+        return "it needs the latent's split (kv_lora_rank, rope dim) to plan, and it is unset"
+    if dims != FLASHINFER_MLA_DIMS:
+        rank, rope = FLASHINFER_MLA_DIMS
+        return (
+            f"its MLA kernels are built for kv_lora_rank {rank} with a rope dim of {rope}, and the model's are "
+            f"{dims[0]} and {dims[1]}"
+        )
+    model_kv = {torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype]
+    if kv_dtype == "fp8_e4m3":
+        if dtype != torch.bfloat16:
+            return "its fp8 MLA kernels take bfloat16 queries only, and the model is float16 (KV dtype fp8_e4m3)"
+        major, minor = torch.cuda.get_device_capability(device)
+        if major != 9:
+            return (
+                f"its fp8 MLA kernels run on SM90 (Hopper) only, and the device is SM{major}{minor} (KV dtype fp8_e4m3)"
+            )
+    elif kv_dtype is not None and kv_dtype != model_kv:
+        why = "its MLA kernels read latent pages in the model's dtype or fp8_e4m3"
+        if kv_dtype in ("int8", "int4"):
+            why = "it has no MLA kernel for int8/int4 latent pages (the torch backend dequantizes them)"
+        return f"{why}, and the KV dtype is {kv_dtype}"
+    reason = _import_reason("BatchMLAPagedAttentionWrapper")
+    if reason is None and kv_dtype == "fp8_e4m3":  # an older release's run() has no fp8 scales
+        wrapper = importlib.import_module("flashinfer").BatchMLAPagedAttentionWrapper
+        try:
+            params = inspect.signature(wrapper.run).parameters
+        except (TypeError, ValueError):  # no signature to read: let the start-up warm-up find out
+            return None
+        if not {"ckv_scale", "kpe_scale"} <= set(params):
+            return "the installed flashinfer's MLA run() takes no ckv_scale / kpe_scale (fp8 latent pages need them)"
+    return reason
+
+
 def flashinfer_unsupported_reason(
     device: str | torch.device,
     *,
@@ -178,10 +289,9 @@ def flashinfer_unsupported_reason(
     device never touches it).
     """
     device = torch.device(device)
-    if device.type != "cuda":
-        return f"it needs a CUDA device, and the model is on {device}"
-    if not torch.cuda.is_available():
-        return "torch sees no CUDA device"
+    reason = _cuda_reason(device)
+    if reason is not None:
+        return reason
     if None in (num_heads, num_kv_heads, head_dim):
         return "it needs num_heads, num_kv_heads and head_dim to plan, and some are unset"
     if dtype is None:
@@ -198,36 +308,50 @@ def flashinfer_unsupported_reason(
         return f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}"
     if head_dim not in FLASHINFER_HEAD_DIMS:
         return f"head_dim {head_dim} has no FlashInfer prefill kernel (it supports {FLASHINFER_HEAD_DIMS})"
-    try:
-        importlib.import_module("flashinfer")
-    except Exception as exc:  # an ImportError, or a broken install raising anything at import
-        return f"flashinfer does not import ({type(exc).__name__}: {exc}); `pip install flashinfer-python`"
-    return None
+    return _import_reason()
 
 
 def resolve_backend_name(name: str, device: str | torch.device = "cpu", **options: object) -> str:
     """'auto' -> 'flashinfer' when it can run this model on `device` (see flashinfer_unsupported_reason), else
     'torch'. Other names are checked against the registry; an explicit 'flashinfer' that cannot run raises
-    BackendUnavailableError saying why."""
+    BackendUnavailableError saying why.
+
+    A latent (MLA) model (options' attention has latent set): 'flashinfer' and 'auto' mean FlashInfer's MLA kernels,
+    'flashinfer_mla', where flashinfer_mla_unsupported_reason allows; else auto gives 'torch' and an explicit
+    'flashinfer' (or 'flashinfer_mla') raises BackendUnavailableError naming the reason. No other backend reads
+    latent pages."""
     geometry = {key: options.get(key) for key in ("num_heads", "num_kv_heads", "head_dim", "dtype", "kv_dtype")}
     attention = options.get("attention")
-    if isinstance(attention, AttentionOptions) and attention.latent and name != "torch":
-        # FlashInfer's BatchMLAPagedAttentionWrapper.run wants ckv_cache [pages, page_size, kv_lora_rank] and
-        # kpe_cache [pages, page_size, rope dim], each row unit-strided. Latent pages are token-contiguous
-        # (radixcache/pool.py), so KVLayer.latent_tokens()[..., :R] and [..., R:] are such views, but no backend
-        # here runs FlashInfer's MLA kernels yet: until one does, the torch backend reads latent pages.
+    latent = isinstance(attention, AttentionOptions) and attention.latent
+    if latent and name != "torch":
+        if name not in ("auto", "flashinfer", "flashinfer_mla"):
+            if name not in _REGISTRY:
+                raise ValueError(f"unknown attention backend {name!r}; choose 'auto' or one of {available_backends()}")
+            raise BackendUnavailableError(
+                f"attention backend {name!r} cannot run here: it does not read latent (MLA) pages. Use backend "
+                "'torch' or 'flashinfer' (or 'auto', which picks one of them for MLA models)"
+            )
+        reason = flashinfer_mla_unsupported_reason(
+            device, num_heads=geometry["num_heads"], dtype=geometry["dtype"], kv_dtype=geometry["kv_dtype"],
+            attention=attention,  # type: ignore[arg-type]
+        )  # fmt: skip
+        if reason is None:
+            return "flashinfer_mla"
         if name == "auto":
             return "torch"
-        if name in _REGISTRY:
-            raise BackendUnavailableError(
-                f"attention backend {name!r} cannot run here: it does not read latent (MLA) pages (their K/V halves are no "
-                "ckv/kpe view for FlashInfer's MLA kernels). Use backend "
-                "'torch' (or 'auto', which picks it for MLA models)"
-            )
+        raise BackendUnavailableError(
+            f"attention backend {name!r} cannot run here: FlashInfer's MLA kernels for latent (MLA) pages: {reason}. "
+            "Use backend 'torch' (or 'auto', which picks flashinfer only where it can run)"
+        )
     if name == "auto":
         return "flashinfer" if flashinfer_unsupported_reason(device, **geometry) is None else "torch"  # type: ignore[arg-type]
     if name not in _REGISTRY:
         raise ValueError(f"unknown attention backend {name!r}; choose 'auto' or one of {available_backends()}")
+    if name == "flashinfer_mla":
+        raise BackendUnavailableError(
+            "attention backend 'flashinfer_mla' cannot run here: it reads latent (MLA) pages only, and this model has "
+            "none. Use backend 'flashinfer', 'torch' or 'auto'"
+        )
     if name == "flashinfer":
         reason = flashinfer_unsupported_reason(device, **geometry)  # type: ignore[arg-type]
         if reason is not None:
@@ -242,7 +366,9 @@ def create_backend(name: str = "auto", device: str | torch.device = "cpu", **opt
     """Create a backend by name ("auto" | "torch" | "flashinfer").
 
     auto = flashinfer when it can run this model on `device` (a CUDA device, 16-bit dtype, KV pages in that dtype or
-    fp8_e4m3, a head_dim its prefill kernels support, flashinfer importable); otherwise torch. An explicit
+    fp8_e4m3, a head_dim its prefill kernels support, flashinfer importable); otherwise torch. For a latent (MLA)
+    model, flashinfer means FlashInfer's MLA kernels (the flashinfer_mla backend: kv_lora_rank 512, rope dim 64,
+    pages in the model's 16-bit dtype, or fp8_e4m3 on Hopper for a bf16 model; see resolve_backend_name). An explicit
     "flashinfer" that cannot run raises BackendUnavailableError naming the reason. options: num_heads, num_kv_heads,
     head_dim, dtype, kv_dtype (the KV precision's name; the flashinfer backend needs them to plan; torch ignores
     them) and attention (AttentionOptions: the model's scale, soft cap and per-layer windows; default plain causal

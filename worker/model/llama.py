@@ -57,6 +57,7 @@ def attention_options(config: ModelConfig) -> AttentionOptions:
         soft_cap=config.attn_logit_softcap,
         windows=config.layer_windows,
         latent=config.is_mla,
+        latent_dims=(config.kv_lora_rank, config.qk_rope_head_dim) if config.is_mla else None,
     )
 
 
