@@ -29,6 +29,10 @@ class ObjectStore(Protocol):
         """The object's bytes, or None when there is no such object."""
         ...
 
+    def get_many(self, keys: list[str], timeout: float) -> list[bytes | None]:
+        """Each object's bytes (None: no such object), in one call: a run of pages costs one round trip."""
+        ...
+
     def put(self, key: str, data: bytes, timeout: float) -> None:
         """Store `data` under `key` (an existing object may keep its old value: callers check `exists` first)."""
         ...

@@ -174,23 +174,38 @@ class RemoteTier:
 
     def get(self, key: PageKey) -> Any | None:
         """The page's payload, checked (see the module docstring), or None (a miss, or the store unavailable)."""
-        name = key.name
-        with self._lock:
-            pending = self._pending.get(name)
-        if pending is not None:
-            if pending[0] != key:
+        return self.get_many([key])[0]
+
+    def get_many(self, keys: list[PageKey]) -> list[Any | None]:
+        """`get` of each key; those not queued here are fetched from the store in one call (the loader asks for a
+        run of pages at a time: one round trip, not one per page)."""
+        out: list[Any | None] = [None] * len(keys)
+        fetch: list[int] = []
+        for i, key in enumerate(keys):
+            with self._lock:
+                pending = self._pending.get(key.name)
+            if pending is None:
+                fetch.append(i)
+            elif pending[0] != key:
                 self._miss()
-                return None
-            return self._hit(key, pending[1], learn=False)
-        if not self.available:
-            return None
-        object_key = self.object_key(key.namespace, key.page_hash)
+            else:
+                out[i] = self._hit(key, pending[1], learn=False)
+        if not fetch or not self.available:
+            return out
+        object_keys = [self.object_key(keys[i].namespace, keys[i].page_hash) for i in fetch]
         try:
-            raw = self.store.get(object_key, self.timeout_s)
+            raws = self.store.get_many(object_keys, self.timeout_s)
         except StoreUnavailable as e:
             self._down(e)
-            return None
+            return out
         self._up()
+        for i, object_key, raw in zip(fetch, object_keys, raws, strict=True):
+            out[i] = self._checked(keys[i], object_key, raw)
+        return out
+
+    def _checked(self, key: PageKey, object_key: str, raw: bytes | None) -> Any | None:
+        """What the store answered for `key`, checked: its payload, or None (a miss; a corrupt object removed)."""
+        name = key.name
         if raw is None:
             self._forget(name)
             self._miss()

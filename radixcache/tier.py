@@ -19,10 +19,12 @@ The cache's side: `CacheTier` is what radixcache.cache calls on its link to the 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+# Pages one get_many call asks a batching tier for (a run of 32 pages of a 125M model is ~38 MB in fp32).
+BATCH_PAGES = 32
 MEDIUM_DEVICE = "GPU"  # vLLM's name for the pool the model reads, whatever the device
 MEDIUM_HOST = "CPU"
 MEDIUM_DISK = "DISK"
@@ -113,8 +115,9 @@ class PageTier(Protocol):
 
 
 class TierChain:
-    """Tiers in order, fastest first (host memory, then disk): `put` goes to the first (which pushes what it
-    cannot keep down to the next), `get` and `contains` look in each in turn, the rest goes to all."""
+    """Tiers in order, fastest first (host memory, then disk, then the fleet's store): `put` goes to the first
+    (which pushes what it cannot keep down to the next), `get` and `contains` look in each in turn, `get_run` reads a
+    prompt's pages (a tier that also has `get_many(keys)`, the store, in runs of BATCH_PAGES), the rest goes to all."""
 
     def __init__(self, tiers: list[PageTier] | None = None) -> None:
         self.tiers: list[PageTier] = list(tiers or [])
@@ -136,6 +139,44 @@ class TierChain:
                 if payload is not None:
                     return LoadedPage(payload, tier.medium)
         return None
+
+    def get_run(self, keys: list[PageKey], keep_going: Callable[[], bool] = lambda: True) -> Iterator[LoadedPage]:
+        """The pages of `keys` in order, each from the first tier that has it (checked), up to the first page no
+        tier gives or until keep_going() turns False. A tier with `get_many` (the fleet's store) is asked for a run of
+        up to BATCH_PAGES pages in one call: the consecutive pages no tier above it has."""
+        i = 0
+        while i < len(keys) and keep_going():
+            pages, more = self._pages_at(keys, i)
+            yield from pages
+            if not more:
+                return
+            i += len(pages)
+
+    def _pages_at(self, keys: list[PageKey], i: int) -> tuple[list[LoadedPage], bool]:
+        """Pages from keys[i] on, from the first tier that gives keys[i]: that one, or a batching tier's run; and
+        whether the walk may go on after them (not past a page missing in the middle of a run)."""
+        for depth, tier in enumerate(self.tiers):
+            if not tier.find(keys[i]):
+                continue
+            get_many = getattr(tier, "get_many", None)
+            if get_many is None:
+                payload = tier.get(keys[i])
+                if payload is not None:
+                    return [LoadedPage(payload, tier.medium)], True
+                continue
+            run = [keys[i]]
+            for later in keys[i + 1 : i + BATCH_PAGES]:
+                if any(above.find(later) for above in self.tiers[:depth]):
+                    break  # a tier above holds it: that one serves it
+                run.append(later)
+            pages = []
+            for payload in get_many(run):
+                if payload is None:
+                    break
+                pages.append(LoadedPage(payload, tier.medium))
+            if pages:
+                return pages, len(pages) == len(run)
+        return [], False
 
     def flush(self, namespace: str | None = None) -> int:
         return sum(tier.flush(namespace) for tier in self.tiers)

@@ -89,6 +89,10 @@ class LoadJob:
     finished: bool = False  # finish_loads has handled it
     loaded: dict[str, int] = field(default_factory=dict)  # medium -> pages written into the pool
 
+    def wanted(self) -> bool:
+        """Someone still waits for what it reads, and it may still come back (no flush overtook it)."""
+        return not (self.cancelled or self.stale)
+
 
 @dataclass(slots=True)
 class PendingPin:
@@ -408,12 +412,7 @@ class TierLink:
             if job is _STOP:
                 return
             try:
-                for key in job.keys:
-                    if job.cancelled or job.stale:
-                        break
-                    got = self.tiers.get(key)
-                    if got is None:
-                        break
+                for got in self.tiers.get_run(job.keys, job.wanted):
                     job.payloads.append(got)
             except Exception:
                 log.exception("reading pages from the tiers failed")

@@ -39,6 +39,7 @@ class FakeStore:
         self.objects: dict[str, bytes] = {}
         self.down = False
         self.puts = 0
+        self.batches: list[int] = []  # the size of each get_many call
         self.lock = threading.Lock()
 
     def _check(self) -> None:
@@ -51,6 +52,11 @@ class FakeStore:
     def get(self, key: str, timeout: float) -> bytes | None:
         self._check()
         return self.objects.get(key)
+
+    def get_many(self, keys: list[str], timeout: float) -> list[bytes | None]:
+        self._check()
+        self.batches.append(len(keys))
+        return [self.objects.get(key) for key in keys]
 
     def put(self, key: str, data: bytes, timeout: float) -> None:
         self._check()
@@ -468,3 +474,49 @@ def test_the_master_killed_mid_run_fails_no_request_and_the_worker_rejoins(model
     a.cache.check(idle=True)
     a.shutdown()
     b.shutdown()
+
+
+class HeldAbove:
+    """A tier above the store (as the host tier is) holding some pages: find and get only."""
+
+    medium = "CPU"
+
+    def __init__(self, held: dict) -> None:
+        self.held = held
+
+    def find(self, key: PageKey) -> bool:
+        return key.name in self.held
+
+    def get(self, key: PageKey):
+        return self.held.get(key.name)
+
+
+def test_a_run_of_store_pages_loads_in_one_call_and_stops_at_the_first_missing_page() -> None:
+    from radixcache.tier import MEDIUM_STORE, TierChain
+
+    store = FakeStore()
+    tier = tier_on(store)
+    keys = page_keys(list(range(100, 124)))  # 6 pages
+    for key in keys:
+        tier.put(key, b"page-" + key.tokens)
+    written(tier)
+    reader = tier_on(store)  # knows nothing: every page comes over the network
+    chain = TierChain([reader])
+    got = list(chain.get_run(keys))
+    assert [p.payload for p in got] == [b"page-" + k.tokens for k in keys] and store.batches == [6]
+    assert {p.medium for p in got} == {MEDIUM_STORE}
+    store.objects.pop(reader.object_key(keys[3].namespace, keys[3].page_hash))
+    store.batches.clear()
+    assert [p.payload for p in chain.get_run(keys)] == [b"page-" + k.tokens for k in keys[:3]]
+    assert store.batches == [6]  # one call; the walk stopped at the page that was gone
+    # a page a tier above holds is served there, and splits the store's runs around it
+    store.batches.clear()
+    above = HeldAbove({keys[1].name: b"from above"})
+    chain = TierChain([above, reader])
+    got = list(chain.get_run(keys[:3]))
+    assert [p.payload for p in got] == [b"page-" + keys[0].tokens, b"from above", b"page-" + keys[2].tokens]
+    assert [p.medium for p in got] == [MEDIUM_STORE, "CPU", MEDIUM_STORE] and store.batches == [1, 1]
+    store.batches.clear()
+    assert list(TierChain([reader]).get_run(keys, lambda: False)) == [] and store.batches == []  # nobody waits
+    for t in (tier, reader):
+        t.close(1)
