@@ -548,12 +548,51 @@ def greedy_tokens(engine: Any, prompts: list[list[int]], max_tokens: int) -> lis
     return [outputs[rid] for rid in ids]
 
 
+@dataclass
+class Served:
+    """What one engine gave for a list of prompts (serve_prompts)."""
+
+    tokens: list[list[int]]
+    backend: str
+    kv_dtype: str
+    warm_s: float
+    cached_tokens: int
+
+
+def serve_prompts(loaded: Any, config: Any, prompts: list[list[int]], max_tokens: int) -> Served:
+    """`prompts` served greedily by a fresh engine on `loaded` with `config`: the first alone, then the rest (they
+    hit its cached prefix, ending mid-page), the engine shut down after."""
+    from radixcache.worker.engine.engine import Engine
+
+    engine = Engine(loaded, config)
+    started = time.monotonic()
+    engine.start()
+    warm = time.monotonic() - started
+    try:
+        tokens = greedy_tokens(engine, prompts[:1], max_tokens) + greedy_tokens(engine, prompts[1:], max_tokens)
+        hit = engine.stats().cached_tokens
+    finally:
+        engine.shutdown(drain=False)
+    return Served(tokens, engine.backend.name, engine.kv_dtype, warm, hit)
+
+
+def first_difference(got: list[list[int]], want: list[list[int]], name: str) -> str:
+    """'' when every request's tokens agree; else where the first differing request first differs from torch's."""
+    same = [a == b for a, b in zip(got, want, strict=True)]
+    if all(same):
+        return ""
+    i = same.index(False)
+    a, b = got[i], want[i]
+    at = next((j for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+    return f"; first difference: request {i} token {at}: {name} {a[at : at + 4]} torch {b[at : at + 4]}"
+
+
 def check_engine(
     report: Report, device: str, candidate: str = "flashinfer", max_tokens: int = 32, kv_dtype: str = "auto"
 ) -> None:
     """The shipped default model served by `candidate` and by torch, pages at `kv_dtype`: the same greedy tokens
     for every request."""
-    from radixcache.worker.engine.engine import Engine, EngineConfig
+    from radixcache.worker.engine.engine import EngineConfig
     from radixcache.worker.model.loader import load_checkpoint
 
     path = ROOT / "worker" / "default_model"
@@ -563,28 +602,14 @@ def check_engine(
     for name in (candidate, "torch"):
         loaded = load_checkpoint(path, device=device)
         prompts = [loaded.tokenizer.encode(system + q) for q in questions]
-        engine = Engine(loaded, EngineConfig(page_size=16, kv_pages=1024, backend=name, kv_dtype=kv_dtype))
-        started = time.monotonic()
-        engine.start()
-        warm = time.monotonic() - started
-        try:
-            # The first prompt alone, then the rest: they hit its cached system prompt, ending mid-page.
-            tokens[name] = greedy_tokens(engine, prompts[:1], max_tokens) + greedy_tokens(
-                engine, prompts[1:], max_tokens
-            )
-            hit = engine.stats().cached_tokens
-        finally:
-            engine.shutdown(drain=False)
+        config = EngineConfig(page_size=16, kv_pages=1024, backend=name, kv_dtype=kv_dtype)
+        served = serve_prompts(loaded, config, prompts, max_tokens)
+        tokens[name] = served.tokens
         dtype = dtype_name(next(loaded.model.parameters()).dtype)
-        report.line(f"engine {name:<10} backend {engine.backend.name}, {dtype}, kv {engine.kv_dtype}, warm-up "
-                    f"{warm:.1f} s, {hit} prompt tokens from the cache")  # fmt: skip
+        report.line(f"engine {name:<10} backend {served.backend}, {dtype}, kv {served.kv_dtype}, warm-up "
+                    f"{served.warm_s:.1f} s, {served.cached_tokens} prompt tokens from the cache")  # fmt: skip
     same = [a == b for a, b in zip(tokens[candidate], tokens["torch"], strict=True)]
-    detail = ""
-    if not all(same):
-        i = same.index(False)
-        a, b = tokens[candidate][i], tokens["torch"][i]
-        at = next((j for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
-        detail = f"; first difference: request {i} token {at}: {candidate} {a[at : at + 4]} torch {b[at : at + 4]}"
+    detail = first_difference(tokens[candidate], tokens["torch"], candidate)
     report.line(
         f"greedy tokens identical for {sum(same)}/{len(same)} requests{detail}  {'ok' if all(same) else 'FAIL'}"
     )
@@ -626,7 +651,7 @@ def check_mla_engine(
     latent pages at page sizes 16 and 1: the same greedy tokens for every request. The prompts share a 29-token
     prefix (a hit ending mid-page at page 16), the first served alone. On CUDA `candidate` must really be FlashInfer's
     MLA backend (not a fallback)."""
-    from radixcache.worker.engine.engine import Engine, EngineConfig
+    from radixcache.worker.engine.engine import EngineConfig
 
     rng = random.Random(7)
     shared = [rng.randrange(3, 320) for _ in range(29)]
@@ -635,29 +660,15 @@ def check_mla_engine(
         tokens: dict[str, list[list[int]]] = {}
         names: dict[str, str] = {}
         for name in (candidate, "torch"):
-            loaded = mla_model(device)
-            engine = Engine(loaded, EngineConfig(page_size=page_size, kv_pages=4096 // page_size, backend=name))
-            started = time.monotonic()
-            engine.start()
-            warm = time.monotonic() - started
-            try:
-                tokens[name] = greedy_tokens(engine, prompts[:1], max_tokens) + greedy_tokens(
-                    engine, prompts[1:], max_tokens
-                )
-                hit = engine.stats().cached_tokens
-            finally:
-                engine.shutdown(drain=False)
-            names[name] = engine.backend.name
-            report.line(f"mla engine {name:<10} page {page_size:>2}: backend {engine.backend.name}, kv {engine.kv_dtype}, "
-                        f"warm-up {warm:.1f} s, {hit} prompt tokens from the cache")  # fmt: skip
+            config = EngineConfig(page_size=page_size, kv_pages=4096 // page_size, backend=name)
+            served = serve_prompts(mla_model(device), config, prompts, max_tokens)
+            tokens[name], names[name] = served.tokens, served.backend
+            report.line(f"mla engine {name:<10} page {page_size:>2}: backend {served.backend}, kv {served.kv_dtype}, "
+                        f"warm-up {served.warm_s:.1f} s, {served.cached_tokens} prompt tokens from the cache")  # fmt: skip
         same = [a == b for a, b in zip(tokens[candidate], tokens["torch"], strict=True)]
         real = candidate == "torch" or names[candidate] == "flashinfer_mla"
         detail = "" if real else f"; {candidate} ran as {names[candidate]}, not flashinfer_mla"
-        if not all(same):
-            i = same.index(False)
-            a, b = tokens[candidate][i], tokens["torch"][i]
-            at = next((j for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
-            detail += f"; first difference: request {i} token {at}: {candidate} {a[at : at + 4]} torch {b[at : at + 4]}"
+        detail += first_difference(tokens[candidate], tokens["torch"], candidate)
         ok = all(same) and real
         report.line(f"mla greedy tokens identical for {sum(same)}/{len(same)} requests (page {page_size}){detail}  "
                     f"{'ok' if ok else 'FAIL'}")  # fmt: skip
