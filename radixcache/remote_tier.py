@@ -177,30 +177,38 @@ class RemoteTier:
         return self.get_many([key])[0]
 
     def get_many(self, keys: list[PageKey]) -> list[Any | None]:
-        """`get` of each key; those not queued here are fetched from the store in one call (the loader asks for a
-        run of pages at a time: one round trip, not one per page)."""
+        """`get` of each key up to the first it cannot give, None from there on (a prompt's pages are only of use
+        up to its first missing one: those after it are neither checked nor counted). Those not queued here are
+        fetched from the store in one call (the loader asks for a run of pages: one round trip, not one per page)."""
         out: list[Any | None] = [None] * len(keys)
-        fetch: list[int] = []
+        queued: dict[int, Any] = {}  # index -> the payload still queued here for writing
+        end = len(keys)  # the run ends before a page queued under its name for another prefix
         for i, key in enumerate(keys):
             with self._lock:
                 pending = self._pending.get(key.name)
-            if pending is None:
-                fetch.append(i)
-            elif pending[0] != key:
-                self._miss()
-            else:
-                out[i] = self._hit(key, pending[1], learn=False)
-        if not fetch or not self.available:
-            return out
-        object_keys = [self.object_key(keys[i].namespace, keys[i].page_hash) for i in fetch]
-        try:
-            raws = self.store.get_many(object_keys, self.timeout_s)
-        except StoreUnavailable as e:
-            self._down(e)
-            return out
-        self._up()
-        for i, object_key, raw in zip(fetch, object_keys, raws, strict=True):
-            out[i] = self._checked(keys[i], object_key, raw)
+            if pending is not None and pending[0] != key:
+                end = i
+                break
+            if pending is not None:
+                queued[i] = pending[1]
+        fetch = [i for i in range(end) if i not in queued]
+        raws: dict[int, bytes | None] = {}
+        if fetch and self.available:
+            object_keys = [self.object_key(keys[i].namespace, keys[i].page_hash) for i in fetch]
+            try:
+                raws = dict(zip(fetch, self.store.get_many(object_keys, self.timeout_s), strict=True))
+                self._up()
+            except StoreUnavailable as e:
+                self._down(e)
+        for i, key in enumerate(keys[:end]):  # in order, up to the first page it cannot give
+            if i in queued:
+                out[i] = self._hit(key, queued[i], learn=False)
+            elif i in raws:
+                out[i] = self._checked(key, self.object_key(key.namespace, key.page_hash), raws[i])
+            if out[i] is None:
+                return out
+        if end < len(keys):
+            self._miss()
         return out
 
     def _checked(self, key: PageKey, object_key: str, raw: bytes | None) -> Any | None:

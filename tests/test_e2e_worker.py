@@ -128,7 +128,8 @@ def test_cancel_mid_decode_frees_everything(worker, alice):
 
 def test_deadline_exceeded(worker, alice):
     with pytest.raises(grpc.RpcError) as e:
-        list(alice.generate(token_ids=ids(200, 4), max_tokens=1000, ignore_eos=True, timeout=0.5))
+        # 1,300 tokens (what the pool holds) in 50 ms: beyond any CPU (1,000 in 0.5 s was not, on a fast one)
+        list(alice.generate(token_ids=ids(200, 4), max_tokens=1300, ignore_eos=True, timeout=0.05))
     assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     wait_idle(worker)
 

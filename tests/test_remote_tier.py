@@ -434,8 +434,8 @@ def test_a_corrupted_object_in_the_store_is_a_miss_and_removed(model, cluster) -
     stats = b.stats().cache
     assert stats.store_corrupt_pages == 1 and again.cached_tokens == 0  # the first page is gone: nothing follows
     assert again.token_ids == first.token_ids
+    settle(b)  # its write-through lands
     assert vandal.get(target, 5) is not None  # b computed the page again and wrote it back, whole
-    settle(b)
     vandal.close()
     b.shutdown()
 
@@ -507,8 +507,11 @@ def test_a_run_of_store_pages_loads_in_one_call_and_stops_at_the_first_missing_p
     assert {p.medium for p in got} == {MEDIUM_STORE}
     store.objects.pop(reader.object_key(keys[3].namespace, keys[3].page_hash))
     store.batches.clear()
+    hits, misses = reader.stats().read_hits, reader.stats().read_misses
     assert [p.payload for p in chain.get_run(keys)] == [b"page-" + k.tokens for k in keys[:3]]
     assert store.batches == [6]  # one call; the walk stopped at the page that was gone
+    # what came after the missing page was neither checked nor counted: 3 hits and 1 miss, not 5 hits
+    assert (reader.stats().read_hits - hits, reader.stats().read_misses - misses) == (3, 1)
     # a page a tier above holds is served there, and splits the store's runs around it
     store.batches.clear()
     above = HeldAbove({keys[1].name: b"from above"})
