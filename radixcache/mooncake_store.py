@@ -124,6 +124,19 @@ class MooncakeObjectStore:
             raise StoreUnavailable(f"is_exist({key!r}) failed (code {rc})")
         return rc == 1
 
+    def exists_many(self, keys: list[str], timeout: float) -> list[bool]:
+        client = self._connected()
+        answers = self._call(lambda: client.batch_is_exist(keys), timeout)
+        if len(answers) != len(keys) or any(a < 0 for a in answers):
+            raise StoreUnavailable(f"batch_is_exist of {len(keys)} keys failed ({answers[:4]}...)")
+        return [a == 1 for a in answers]
+
+    def put_many(self, keys: list[str], datas: list[bytes], timeout: float) -> None:
+        client = self._connected()
+        rc = self._call(lambda: client.put_batch(keys, datas, self._replicate), timeout)
+        if rc != 0:
+            raise StoreUnavailable(f"put_batch of {len(keys)} objects failed (code {rc})")
+
     def remove(self, key: str, timeout: float) -> None:
         client = self._connected()
         rc = self._call(lambda: client.remove(key, True), timeout)  # force: a reader's lease does not keep it

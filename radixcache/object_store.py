@@ -39,6 +39,14 @@ class ObjectStore(Protocol):
 
     def exists(self, key: str, timeout: float) -> bool: ...
 
+    def exists_many(self, keys: list[str], timeout: float) -> list[bool]:
+        """`exists` of each key, in one call."""
+        ...
+
+    def put_many(self, keys: list[str], datas: list[bytes], timeout: float) -> None:
+        """`put` of each (key, data), in one call (StoreUnavailable: none may be assumed written)."""
+        ...
+
     def remove(self, key: str, timeout: float) -> None:
         """Remove the object if it is there (a missing one is no error)."""
         ...

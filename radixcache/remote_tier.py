@@ -11,7 +11,8 @@ nothing unchecked is served. The store itself is inside the operator's trust bou
 keeps tenants apart, not the store's access control.
 
 Threads: `put` only queues (bounded; full: dropped, counted); one writer thread joins the store, then writes each
-page once per fleet (`exists` first: a page another worker wrote is not written again). `get` runs on the caller's
+page once per fleet (`exists` first: a page another worker wrote is not written again), what is queued together
+in one exists_many and one put_many (up to WRITE_BATCH_PAGES). `get_many` reads a run of pages in one call. `get` runs on the caller's
 thread (the tier loader, never the engine's). `contains` is memory only: queued, or known to be in the store
 (written or read by this worker; a bounded LRU of names, the pages this tier reports in events and snapshots).
 `find` (an admission's lookup, on the engine thread) makes no call at all: while the store is reachable it answers
@@ -41,6 +42,7 @@ log = logging.getLogger("radixcache.remote_tier")
 
 KEY_ROOT = "radixcache"
 PROBE_KEY = "radixcache/probe"
+WRITE_BATCH_PAGES = 32  # queued pages the writer sends in one exists_many + put_many
 _STOP = object()
 _WAKE = object()
 
@@ -383,7 +385,20 @@ class RemoteTier:
             if down is not None and self._connected and self.clock() >= down:
                 self._probe()  # the back-off is over: ask once; only an answer brings the tier back
             if isinstance(item, tuple):
-                self._write(*item)
+                batch, stop = [item], False
+                while len(batch) < WRITE_BATCH_PAGES:  # what else is queued now goes in the same calls
+                    try:
+                        more = self._queue.get_nowait()
+                    except queue.Empty:
+                        break
+                    if more is _STOP:
+                        stop = True
+                        break
+                    if isinstance(more, tuple):
+                        batch.append(more)
+                self._write(batch)
+                if stop:
+                    return
 
     def _probe(self) -> None:
         try:
@@ -403,45 +418,65 @@ class RemoteTier:
                 return  # kept: tried again with the next item
             self._flushes.popleft()
 
-    def _write(self, key: PageKey, gens: tuple[int, int]) -> None:
-        name = key.name
-        with self._lock:
-            pending = self._pending.get(name)
-        if pending is None or pending[0] is not key or gens != self._gens(key.namespace):
-            return  # flushed (or superseded) while queued
-        done = skipped = False
-        object_key = self.object_key(key.namespace, key.page_hash)
+    def _write(self, items: list[tuple[PageKey, tuple[int, int]]]) -> None:
+        """Write queued pages once per fleet: one `exists_many` for the lot, one `put_many` for those the store lacks
+        (a page another worker wrote is skipped). Pages flushed or superseded while queued are left out; a page
+        flushed while it was written is removed again."""
+        live: list[tuple[PageKey, tuple[int, int], Any]] = []
+        for key, gens in items:
+            with self._lock:
+                pending = self._pending.get(key.name)
+            if pending is not None and pending[0] is key and gens == self._gens(key.namespace):
+                live.append((key, gens, pending[1]))
+        if not live:
+            return
+        object_keys = [self.object_key(key.namespace, key.page_hash) for key, _, _ in live]
+        done = [False] * len(live)
+        skipped = [False] * len(live)
         try:
             if not self.available:
                 raise StoreUnavailable("unavailable")
-            if self.store.exists(object_key, self.timeout_s):
-                skipped = True  # once per fleet: another worker wrote it
-            else:
-                data = b"".join(encode_file(key, self.codec.encode(pending[1])))
-                self.store.put(object_key, data, self.timeout_s)
-                skipped = False
-            done = True
+            there = self.store.exists_many(object_keys, self.timeout_s)
+            new_keys, datas = [], []
+            for j, ((key, _, payload), held) in enumerate(zip(live, there, strict=True)):
+                if held:
+                    done[j] = skipped[j] = True  # once per fleet: another worker wrote it
+                    continue
+                try:
+                    datas.append(b"".join(encode_file(key, self.codec.encode(payload))))
+                except Exception:  # never let one page take the writer (or its batch) down
+                    log.exception("encoding page %016x for the store failed", key.page_hash)
+                    with self._lock:
+                        self._stats.write_errors += 1
+                    continue
+                new_keys.append(j)
+            if new_keys:
+                self.store.put_many([object_keys[j] for j in new_keys], datas, self.timeout_s)
+            for j in new_keys:
+                done[j] = True
             self._up()
         except StoreUnavailable as e:
             if self.available:
                 self._down(e)
-        except Exception:  # never let one page take the writer down
-            log.exception("writing page %016x to the store failed", key.page_hash)
-            with self._lock:
-                self._stats.write_errors += 1
+        undo = []
         with self._lock:
-            self._pending.pop(name, None)
-            overtaken = gens != self._gens(key.namespace)
-            if not done:
-                self._stats.dropped_pages += 1
-            elif not overtaken:
-                if skipped:
-                    self._stats.skipped_pages += 1
+            for j, (key, gens, _) in enumerate(live):
+                self._pending.pop(key.name, None)
+                overtaken = gens != self._gens(key.namespace)
+                if not done[j]:
+                    self._stats.dropped_pages += 1
+                elif overtaken:
+                    if not skipped[j]:
+                        undo.append(object_keys[j])  # flushed while we wrote: undo
                 else:
-                    self._stats.written_pages += 1
-                self._learn(key)
-        if done and overtaken and not skipped:  # flushed while we wrote: undo
+                    if skipped[j]:
+                        self._stats.skipped_pages += 1
+                    else:
+                        self._stats.written_pages += 1
+                    self._learn(key)
+        for object_key in undo:
             try:
                 self.store.remove(object_key, self.timeout_s)
             except StoreUnavailable as e:
                 self._down(e)
+                break

@@ -40,6 +40,10 @@ class FakeStore:
         self.down = False
         self.puts = 0
         self.batches: list[int] = []  # the size of each get_many call
+        self.put_batches: list[int] = []  # the size of each put_many call
+        self.gate = threading.Event()  # cleared: the writer waits in exists_many (a slow store)
+        self.gate.set()
+        self.asked = threading.Event()  # set by each exists_many call
         self.lock = threading.Lock()
 
     def _check(self) -> None:
@@ -67,6 +71,17 @@ class FakeStore:
     def exists(self, key: str, timeout: float) -> bool:
         self._check()
         return key in self.objects
+
+    def exists_many(self, keys: list[str], timeout: float) -> list[bool]:
+        self.asked.set()
+        self.gate.wait(10)
+        return [self.exists(key, timeout) for key in keys]
+
+    def put_many(self, keys: list[str], datas: list[bytes], timeout: float) -> None:
+        self._check()
+        self.put_batches.append(len(keys))
+        for key, data in zip(keys, datas, strict=True):
+            self.put(key, data, timeout)
 
     def remove(self, key: str, timeout: float) -> None:
         self._check()
@@ -522,4 +537,28 @@ def test_a_run_of_store_pages_loads_in_one_call_and_stops_at_the_first_missing_p
     store.batches.clear()
     assert list(TierChain([reader]).get_run(keys, lambda: False)) == [] and store.batches == []  # nobody waits
     for t in (tier, reader):
+        t.close(1)
+
+
+def test_pages_queued_together_are_written_in_one_call_each_once_per_fleet() -> None:
+    store = FakeStore()
+    tier = tier_on(store)
+    keys = page_keys(list(range(200, 224)))  # 6 pages
+    store.gate.clear()  # the writer takes the first page and waits on the store
+    store.asked.clear()
+    tier.put(keys[0], b"p0")
+    wait_for(store.asked.is_set)
+    for key in keys[1:]:
+        tier.put(key, b"p" + key.tokens)
+    assert all(tier.get(key) is not None for key in keys)  # queued pages are readable at once
+    store.gate.set()
+    written(tier)
+    assert store.put_batches == [1, 5] and tier.stats().written_pages == 6
+    other = tier_on(store)  # the fleet has them all: nothing is written again, in one exists_many
+    for key in keys:
+        other.put(key, b"again")
+    written(other)
+    assert store.put_batches == [1, 5] and other.stats().skipped_pages == 6
+    for t in (tier, other):
+        t.check()
         t.close(1)
