@@ -28,6 +28,7 @@ from radixcache.cluster.store_flags import StorePlan, add_store_flags, replica_f
 
 if TYPE_CHECKING:
     from radixcache.cluster.app import ClusterOptions
+    from radixcache.cluster.store_processes import LocalStore
 
 
 def parser() -> argparse.ArgumentParser:
@@ -137,21 +138,44 @@ def main(argv: list[str]) -> int:
             return 1
         print(f"store: master {plan.start.url}, metadata {plan.start.metadata}", flush=True)
     try:
-        return run(args, options)
+        return run(args, options, plan.start)
     finally:
         if plan.start is not None:
             plan.start.stop()
 
 
-def run(args: argparse.Namespace, options: ClusterOptions) -> int:
-    """Serves until SIGTERM/SIGINT."""
+def run(args: argparse.Namespace, options: ClusterOptions, store: LocalStore | None = None) -> int:
+    """Serves until SIGTERM/SIGINT. With `store` (started here), every other Ray node gets a store service too."""
     import ray
+
+    from radixcache.cluster.store_nodes import node_services, start_node_services, stop_node_services
+
+    ray.init(address=args.ray_address, namespace=options.hub_namespace, include_dashboard=False)
+    services: list = []
+    if store is not None:
+        try:
+            planned = node_services(ray.nodes(), ray.util.get_node_ip_address(), store)
+            services = start_node_services(store, planned)
+        except (ValueError, RuntimeError) as e:
+            print(f"radixcache cluster: --kv-remote-start: {e}", file=sys.stderr)
+            ray.shutdown()
+            return 2
+        if services:
+            print(f"store: a store service on each of {len(services)} more node(s)", flush=True)
+    try:
+        return _serve(args, options)
+    finally:
+        stop_node_services(services)
+        ray.shutdown()
+
+
+def _serve(args: argparse.Namespace, options: ClusterOptions) -> int:
+    """Serve's proxies and the app, until SIGTERM/SIGINT."""
     from ray import serve
     from ray.serve.config import HTTPOptions
 
     from radixcache.cluster.app import build_app, grpc_options
 
-    ray.init(address=args.ray_address, namespace=options.hub_namespace, include_dashboard=False)
     serve.start(  # a proxy on every node with a replica: streams spread instead of all crossing the head
         proxy_location="EveryNode",
         grpc_options=grpc_options(args.port),
@@ -165,5 +189,4 @@ def run(args: argparse.Namespace, options: ClusterOptions) -> int:
         signal.signal(sig, lambda *_: stop.set())
     stop.wait()
     serve.shutdown()
-    ray.shutdown()
     return 0

@@ -28,8 +28,8 @@ def add_store_flags(p: argparse.ArgumentParser) -> None:
                    help="with --kv-remote: the replicas' address for the store's transfers (default: each "
                         "replica's address on the route to the master)")  # fmt: skip
     s.add_argument("--kv-remote-start", action="store_true",
-                   help="start a mooncake_master and one store service on this node for the replicas, stopped "
-                        "with the cluster")  # fmt: skip
+                   help="start a mooncake_master and a store service on this node, and a store service on every "
+                        "other Ray node, for the replicas; stopped with the cluster")  # fmt: skip
     s.add_argument("--kv-remote-segment-bytes", type=parse_size, metavar="SIZE",
                    help=f"with --kv-remote-start: the store service's memory, the whole store (default {DEFAULT_SEGMENT})")  # fmt: skip
     s.add_argument("--kv-remote-bind", metavar="ADDR",

@@ -118,3 +118,72 @@ def test_kv_remote_start_runs_a_store_a_worker_can_use_and_stops_it():
         procs = list(store.procs)
     assert all(p.poll() is not None for p in procs) and not store.procs
     assert not listening(store.rpc) and not listening(store.http)
+
+
+# ---- a store service on every other node of the Ray cluster ----------------------------------------------------
+def ray_nodes(*rows: tuple[str, str, bool]) -> list[dict]:
+    """ray.nodes()'s table, as much of it as node_services reads."""
+    return [{"NodeID": node, "NodeManagerAddress": address, "Alive": alive} for node, address, alive in rows]
+
+
+def test_every_other_alive_node_gets_a_store_service_serving_on_its_own_address():
+    from types import SimpleNamespace
+
+    from radixcache.cluster.store_nodes import node_services
+
+    store = SimpleNamespace(bind="10.0.0.1", rpc=50051, metadata="http://10.0.0.1:8080/metadata", segment_bytes=1 << 30)
+    nodes = ray_nodes(
+        ("head", "10.0.0.1", True), ("b", "10.0.0.2", True), ("dead", "10.0.0.3", False), ("c", "10.0.0.4", True)
+    )
+    services = node_services(nodes, "10.0.0.1", store)  # the head runs the store's own service
+    assert [(s.node_id, s.host) for s in services] == [("b", "10.0.0.2"), ("c", "10.0.0.4")]
+    for s in services:
+        assert s.env["MOONCAKE_MASTER"] == "10.0.0.1:50051"
+        assert s.env["MOONCAKE_TE_META_DATA_SERVER"] == store.metadata
+        assert s.env["MOONCAKE_LOCAL_HOSTNAME"] == s.env["MC_TCP_BIND_ADDRESS"] == s.host
+        assert s.env["MOONCAKE_GLOBAL_SEGMENT_SIZE"] == str(1 << 30)
+    assert node_services(ray_nodes(("head", "10.0.0.1", True)), "10.0.0.1", store) == []  # one node: nothing more
+
+
+@pytest.mark.parametrize("bind", ["127.0.0.1", "0.0.0.0"])
+def test_a_store_other_nodes_cannot_reach_is_refused_naming_the_flag(bind):
+    from types import SimpleNamespace
+
+    from radixcache.cluster.store_nodes import node_services
+
+    store = SimpleNamespace(bind=bind, rpc=1, metadata=f"http://{bind}:2/metadata", segment_bytes=1)
+    with pytest.raises(ValueError, match="--kv-remote-bind"):
+        node_services(ray_nodes(("head", "10.0.0.1", True), ("b", "10.0.0.2", True)), "10.0.0.1", store)
+    assert node_services(ray_nodes(("head", "10.0.0.1", True)), "10.0.0.1", store) == []  # one node: fine
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(180)
+def test_a_node_service_run_by_a_ray_actor_adds_its_memory_to_the_store_and_goes_with_it():
+    """What start_node_services does on another node, on this one: the actor's service joins the same master (the
+    store's memory doubles) and is gone once stopped."""
+    if (why := mooncake_missing()) is not None:
+        pytest.skip(why)
+    import time
+
+    import ray
+
+    from radixcache.cluster.store_nodes import NodeService, start_node_services, stop_node_services
+    from radixcache.cluster.store_processes import LocalStore, store_service_env
+
+    segment = 32 << 20
+    with LocalStore(segment) as store:
+        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+        try:
+            here = ray.get_runtime_context().get_node_id()
+            env = store_service_env(f"{store.bind}:{store.rpc}", store.metadata, "127.0.0.1", segment)
+            handles = start_node_services(store, [NodeService(here, "127.0.0.1", env)])
+            assert store.capacity_bytes() == 2 * segment
+            assert ray.get(handles[0].running.remote())
+            stop_node_services(handles)
+            deadline = time.monotonic() + 30
+            while store.capacity_bytes() > segment:  # its segment leaves the store with it
+                assert time.monotonic() < deadline, store.capacity_bytes()
+                time.sleep(0.2)
+        finally:
+            ray.shutdown()

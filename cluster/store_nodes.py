@@ -1,0 +1,116 @@
+"""A store service on every other node of the Ray cluster (`radixcache cluster --kv-remote-start`).
+
+The node running `radixcache cluster` runs the master and its own store service (cluster/store_processes.LocalStore).
+Every other alive Ray node gets one more store service, run by a Ray actor pinned to that node (hard node
+affinity, no CPU reserved): it contributes the same segment to the same master, serves its memory on the node's
+own address, and is stopped with the cluster. So the store's memory is spread over the nodes the replicas run on,
+and a node that dies takes only its share of the store with it (those pages are misses, recomputed). Nodes that
+join the Ray cluster later get none (start the cluster again, or run a service there by hand: README).
+
+`node_services` is pure (the plan from Ray's node table); `start_node_services` / `stop_node_services` need Ray.
+A master bound to loopback cannot serve other nodes: with more than one node, --kv-remote-bind must name an
+address on the cluster network (refused before anything starts otherwise).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from radixcache.cluster.store_processes import LOOPBACK, LocalStore, free_port, store_service_argv, store_service_env
+
+SERVICE_START_S = 60.0  # a service's memory counted by the master within this, or the start fails
+
+
+@dataclass(frozen=True)
+class NodeService:
+    """One store service to run on Ray node `node_id`, serving its memory on `host` (that node's address)."""
+
+    node_id: str
+    host: str
+    env: dict[str, str]
+
+
+def node_services(nodes: list[dict[str, Any]], here: str, store: LocalStore) -> list[NodeService]:
+    """A NodeService for each alive node of `nodes` (ray.nodes()'s table) but the one at address `here`, which runs
+    `store`'s own service. ValueError naming --kv-remote-bind when other nodes exist and the store is on loopback."""
+    others = [n for n in nodes if n.get("Alive") and n["NodeManagerAddress"] != here]
+    if others and store.bind in (LOOPBACK, "0.0.0.0", "::"):
+        raise ValueError(
+            f"--kv-remote-bind: the Ray cluster has {len(others)} more node(s), and the store's address "
+            f"{store.bind} is not one they can reach; name this node's address on the cluster network"
+        )
+    master = f"{store.bind}:{store.rpc}"
+    return [
+        NodeService(n["NodeID"], n["NodeManagerAddress"], store_service_env(master, store.metadata,
+                    n["NodeManagerAddress"], store.segment_bytes))
+        for n in others
+    ]  # fmt: skip
+
+
+class StoreServiceActor:
+    """Runs one store service on the node it is placed on (made a Ray actor by start_node_services)."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        port = free_port(env["MOONCAKE_LOCAL_HOSTNAME"])
+        quiet = {"GLOG_minloglevel": os.environ.get("GLOG_minloglevel", "2")}
+        self.proc = subprocess.Popen(
+            store_service_argv(sys.executable, port),
+            env={**os.environ, **quiet, **env},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+
+def start_node_services(store: LocalStore, services: list[NodeService], timeout: float = SERVICE_START_S) -> list:
+    """Start `services` (Ray actors, one per node) and return their handles once the master counts every one's
+    memory; RuntimeError (those started, stopped) if that takes over `timeout` or a service exits."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    actor = ray.remote(num_cpus=0)(StoreServiceActor)
+    handles = [
+        actor.options(scheduling_strategy=NodeAffinitySchedulingStrategy(s.node_id, soft=False)).remote(s.env)
+        for s in services
+    ]
+    want = store.capacity_bytes() + len(services) * store.segment_bytes
+    deadline = time.monotonic() + timeout
+    try:
+        while store.capacity_bytes() < want:
+            if not all(ray.get([h.running.remote() for h in handles], timeout=timeout)):
+                raise RuntimeError("a store service on another node exited")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the other nodes' store services were not counted after {timeout:.0f} s")
+            time.sleep(0.2)
+    except BaseException:
+        stop_node_services(handles)
+        raise
+    return handles
+
+
+def stop_node_services(handles: list) -> None:
+    """Stop the services and their actors; what cannot be reached any more is gone already."""
+    import ray
+
+    for handle in handles:
+        try:
+            ray.get(handle.stop.remote(), timeout=30)
+        except Exception:  # noqa: BLE001 (a node or actor already gone: its service went with it)
+            pass
+        ray.kill(handle)
