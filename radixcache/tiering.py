@@ -14,10 +14,12 @@ Everything here runs on the cache's thread (the engine's) except the loader thre
   system call on the cache's thread: the tiers' `contains` is memory only.
 - Load: `start_load` looks past the whole pages a prompt hits in memory for the pages that follow in the tiers. If
   there are any, it locks what memory holds (a lease, so nothing it continues is evicted meanwhile) and hands the
-  keys to the loader thread, which reads and checks them (`tier.get`) in order up to the first miss. `finish_loads`
-  (each step) allocates fresh pages for what arrived, writes them (`pool.write_page`) and publishes them in the tree,
-  then lets the lease go: the request's own lookup then hits them like any cached page. A request whose load is in
-  flight waits; the batch does not.
+  keys to the loader thread, which reads and checks them (`TierChain.get_run`: the store's in runs of 32 pages a
+  call) in order up to the first miss. `finish_loads` (each step) allocates fresh pages for what arrived, writes them
+  (`pool.write_page`) and publishes them in the tree, then lets the lease go: the request's own lookup then hits them
+  like any cached page. A load the pool cannot take whole yet waits (LOAD_ROOM_WAIT_S at most) while running
+  requests or other loads hold the pages it needs; otherwise what does not fit is computed. A request whose load is
+  in flight waits; the batch does not.
 - Demotion (--kv-demote, radixcache.demotion): the tiers hold exact pages only, at the pool's own precision (what a
   recompute gives), so a load writes a page into the pool as it is and another worker sharing the folder never
   reads a lossy page. When the cache demotes a node (`relocated` into the demoted ids), its full-precision pages are
@@ -69,6 +71,9 @@ PINS_FILE = "pins.json"
 STEP_WRITE_BUDGET_S = 0.0005
 WRITE_BUDGET_PER_TOKEN_S = 0.00001
 IDLE_WRITE_BUDGET_S = 0.02  # per pump while the engine has nothing to step
+# A load that arrived while running requests hold the pages it needs waits this long for them to give pages back
+# before what does not fit is dropped (and computed instead).
+LOAD_ROOM_WAIT_S = 2.0
 _STOP = object()
 
 
@@ -88,6 +93,7 @@ class LoadJob:
     stale: bool = False  # its namespace was flushed meanwhile: what it read must not come back
     finished: bool = False  # finish_loads has handled it
     loaded: dict[str, int] = field(default_factory=dict)  # medium -> pages written into the pool
+    arrived: float = 0.0  # when the loader was through (TierLink's clock)
 
     def wanted(self) -> bool:
         """Someone still waits for what it reads, and it may still come back (no flush overtook it)."""
@@ -368,42 +374,73 @@ class TierLink:
             jobs[0].done.wait(max(0.0, min(0.01, deadline - time.monotonic())))
         return bool(self._done)
 
-    def finish_loads(self) -> int:
-        """Write the loads that arrived into the pool and the tree (cache's thread). Returns pages loaded."""
-        cache, total = self._cache, 0
-        while self._done:
-            job = self._done.popleft()
-            with contextlib.suppress(ValueError):
-                self._jobs.remove(job)
-            if job.cancelled:
-                job.finished = True
-                continue
-            payloads, job.payloads = job.payloads, []
-            lease = job.lease
-            try:
-                if payloads and not job.stale and cache is not None and lease is not None:
-                    del payloads[cache.available_pages() :]  # what fits now; the rest is computed
-                    try:
-                        pages = cache.allocate(lease, len(payloads))
-                    except CacheFullError:
-                        payloads = []
-                    else:
-                        for page, loaded in zip(pages, payloads, strict=True):
-                            self.pool.write_page(page, loaded.payload)
-                            job.loaded[loaded.medium] = job.loaded.get(loaded.medium, 0) + 1
-                        cache.publish(lease, job.tokens[: (job.start + len(payloads)) * self.page_size])
-                        total += len(payloads)
-            except Exception:
-                log.exception("loading %d pages from the tiers failed; they will be computed", len(payloads))
-                job.loaded.clear()
-            finally:
-                if lease is not None and cache is not None:
-                    cache.release(lease)
-                job.finished = True
-            for medium, n in job.loaded.items():
-                self.counts.loaded_pages[medium] = self.counts.loaded_pages.get(medium, 0) + n
+    def finish_loads(self, room_coming: bool = False) -> int:
+        """Write the loads that arrived into the pool and the tree (cache's thread). Returns pages loaded. A load
+        that does not fit the pool's free and evictable pages brings what fits, the rest is computed; but while
+        pages it needs will come back (`room_coming`: requests are running; or other loads hold leases, which they
+        let go when they finish) it waits for them, whole, up to LOAD_ROOM_WAIT_S after it arrived. The loads
+        that finish free what they held: those waiting are tried again in the same call."""
+        pending: list[LoadJob] = []
+        while self._done:  # the loader thread appends on the right meanwhile: take what is there now
+            pending.append(self._done.popleft())
+        total, waiting = 0, pending
+        while pending:
+            waiting = [job for job in pending if self._waits_for_room(job, room_coming)]
+            finished = [job for job in pending if job not in waiting]
+            for job in finished:
+                total += self._finish(job)
+            if not finished:
+                break
+            pending = waiting
+        self._done.extendleft(reversed(waiting))
         if self._pins:
             self._restore_ready_pins()
+        return total
+
+    def _waits_for_room(self, job: LoadJob, room_coming: bool) -> bool:
+        cache = self._cache
+        if job.cancelled or job.stale or cache is None or len(job.payloads) <= cache.available_pages():
+            return False
+        if self.clock() - job.arrived >= LOAD_ROOM_WAIT_S:
+            return False
+        others_hold = any(
+            other is not job and not other.finished and other.lease is not None and not other.lease.released
+            for other in self._jobs
+        )
+        return room_coming or others_hold
+
+    def _finish(self, job: LoadJob) -> int:
+        """Write one arrived load into the pool and the tree (what fits now), release its lease; pages loaded."""
+        cache, total = self._cache, 0
+        with contextlib.suppress(ValueError):
+            self._jobs.remove(job)
+        if job.cancelled:
+            job.finished = True
+            return 0
+        payloads, job.payloads = job.payloads, []
+        lease = job.lease
+        try:
+            if payloads and not job.stale and cache is not None and lease is not None:
+                del payloads[cache.available_pages() :]  # what fits now; the rest is computed
+                try:
+                    pages = cache.allocate(lease, len(payloads))
+                except CacheFullError:
+                    payloads = []
+                else:
+                    for page, loaded in zip(pages, payloads, strict=True):
+                        self.pool.write_page(page, loaded.payload)
+                        job.loaded[loaded.medium] = job.loaded.get(loaded.medium, 0) + 1
+                    cache.publish(lease, job.tokens[: (job.start + len(payloads)) * self.page_size])
+                    total = len(payloads)
+        except Exception:
+            log.exception("loading %d pages from the tiers failed; they will be computed", len(payloads))
+            job.loaded.clear()
+        finally:
+            if lease is not None and cache is not None:
+                cache.release(lease)
+            job.finished = True
+        for medium, n in job.loaded.items():
+            self.counts.loaded_pages[medium] = self.counts.loaded_pages.get(medium, 0) + n
         return total
 
     def _load_loop(self) -> None:
@@ -417,17 +454,19 @@ class TierLink:
             except Exception:
                 log.exception("reading pages from the tiers failed")
             finally:
+                job.arrived = self.clock()
                 self._done.append(job)
                 job.done.set()
                 if self.notify is not None:
                     self.notify()
 
     # ---- events ---------------------------------------------------------------------------------------------
-    def pump(self, budget_s: float = STEP_WRITE_BUDGET_S) -> None:
-        """Finish arrived loads, copy out pages to write through for up to `budget_s` seconds (at least one page
-        when > 0), and turn the tiers' changes into cache events (cache's thread, each step)."""
+    def pump(self, budget_s: float = STEP_WRITE_BUDGET_S, room_coming: bool = False) -> None:
+        """Finish arrived loads (finish_loads, `room_coming` as there), copy out pages to write through for up to
+        `budget_s` seconds (at least one page when > 0), and turn the tiers' changes into cache events (cache's
+        thread, each step)."""
         if self._done:
-            self.finish_loads()
+            self.finish_loads(room_coming)
         if self._to_write and budget_s > 0:
             self._write_through(budget_s)
         changes = self.tiers.take_changes()

@@ -5,6 +5,7 @@ restart are each tested once."""
 from __future__ import annotations
 
 import random
+import time
 from pathlib import Path
 
 import pytest
@@ -374,3 +375,55 @@ def test_a_request_waits_while_loads_under_way_pin_the_pages_it_needs(model, tmp
     assert last["extended"].cached_tokens > held  # it was served from its load
     engine.cache.check(idle=True)
     engine.shutdown()
+
+
+@pytest.mark.parametrize("threaded", [False, True], ids=["stepped", "engine-thread"])
+def test_a_load_that_arrives_while_others_hold_the_pool_waits_for_room_instead_of_coming_back_cut(
+    model, tmp_path: Path, threaded: bool
+) -> None:
+    """A prompt's pages come back from disk while a long request holds most of the pool: the load waits (whole) for
+    that request to give its pages back, and the prompt is then served every page from the cache, not the few that
+    fitted when the load arrived. Stepped by the test, and by the engine's own thread (whose loop also takes in
+    arrived loads between steps)."""
+    import threading
+
+    engine = engine_on(model, tmp_path)
+    prompt = prompts(1, 40, seed=31)[0]
+    expected = run(engine, prompt, "first").token_ids
+    settle(engine)
+    evict_everything(engine)
+    assert engine.cache.match_length(prompt, "") == 0
+    outs: dict[str, list[RequestOutput]] = {"long": [], "again": []}
+    long_prompt = prompts(1, 32 * PAGE, seed=32)[0]  # 32 of the pool's 40 pages, and 6 more as it generates
+    done = threading.Event()
+
+    def again_out(out: RequestOutput) -> None:
+        outs["again"].append(out)
+        if out.finish_reason is not None:
+            done.set()
+
+    long = Request("long", long_prompt, SamplingParams(max_tokens=24, ignore_eos=True))
+    if threaded:
+        engine.start()
+        engine.submit(long, outs["long"].append)
+        for _ in range(500):  # until the long request is generating
+            if outs["long"]:
+                break
+            time.sleep(0.01)
+        engine.submit(Request("again", prompt, GREEDY), again_out)
+        assert done.wait(60)
+    else:
+        engine.submit(long, outs["long"].append)
+        for _ in range(3):
+            engine.step()  # the long request runs
+        engine.submit(Request("again", prompt, GREEDY), again_out)
+        engine.run_until_idle()
+    again = outs["again"][-1]
+    assert [t for o in outs["again"] for t in o.token_ids] == expected
+    assert again.cached_tokens == len(prompt) - 1, again.cached_tokens  # all of it (cut at the arrival: 8 tokens)
+    if threaded:
+        engine.shutdown()  # drains: the long request finishes first
+    assert outs["long"][-1].finish_reason is not None and outs["long"][-1].error is None
+    if not threaded:
+        engine.cache.check(idle=True)
+        engine.shutdown()

@@ -433,7 +433,8 @@ class Engine:
                 while True:
                     self._drain_inbox(block=not self.scheduler.can_step())
                     if self.tiers is not None:  # the tiers' news (writes landed, loads arrived) while idle too
-                        self.tiers.pump(0.0 if self.scheduler.can_step() else IDLE_WRITE_BUDGET_S)
+                        budget = 0.0 if self.scheduler.can_step() else IDLE_WRITE_BUDGET_S
+                        self.tiers.pump(budget, room_coming=bool(self.scheduler.running))
                     if self._stop_at is not None and (
                         not self.scheduler.has_work() or time.monotonic() >= self._stop_at
                     ):

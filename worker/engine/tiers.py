@@ -134,9 +134,10 @@ class EngineTiers:
         """Some tier is open below memory (the disk may still be opening): worth looking a prompt up there."""
         return self.link.active
 
-    def pump(self, budget_s: float = STEP_WRITE_BUDGET_S) -> None:
-        """Put the loads that arrived into the tree, write through for up to `budget_s`, report the tiers' events."""
-        self.link.pump(budget_s)
+    def pump(self, budget_s: float = STEP_WRITE_BUDGET_S, room_coming: bool = False) -> None:
+        """Put the loads that arrived into the tree (those that do not fit yet wait while `room_coming`: requests
+        are running), write through for up to `budget_s`, report the tiers' events."""
+        self.link.pump(budget_s, room_coming)
 
     def has_arrivals(self) -> bool:
         """A load has arrived that `pump` has not put into the tree yet."""

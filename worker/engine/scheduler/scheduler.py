@@ -137,7 +137,8 @@ class Scheduler:
         """Chunks to compute this step, and sequences that must fail (they cannot fit even alone)."""
         chunks: dict[Sequence, Chunk] = {}
         failed: list[Failure] = []
-        self.loads.pump(self.last_step_tokens)  # loads that arrived go into the tree before anyone is admitted
+        # loads that arrived go into the tree before anyone is admitted (whole: while requests run, they wait for room)
+        self.loads.pump(self.last_step_tokens, room_coming=bool(self.running))
         self._continue_running(chunks, failed)
         budget = self.max_step_tokens - sum(c.num_new for c in chunks.values())
         if self.propose is not None:

@@ -28,11 +28,12 @@ class TierLoads:
         self.tiers = tiers
         self.page_size = page_size
 
-    def pump(self, last_step_tokens: int) -> None:
-        """Before anyone is admitted: loads that arrived go into the tree, and the write-through gets its budget
-        (a base, and more for each token the last step computed)."""
+    def pump(self, last_step_tokens: int, room_coming: bool = False) -> None:
+        """Before anyone is admitted: loads that arrived go into the tree (one that does not fit yet waits, whole,
+        while `room_coming`: running requests will give pages back), and the write-through gets its budget (a
+        base, and more for each token the last step computed)."""
         if self.tiers is not None:
-            self.tiers.pump(STEP_WRITE_BUDGET_S + WRITE_BUDGET_PER_TOKEN_S * last_step_tokens)
+            self.tiers.pump(STEP_WRITE_BUDGET_S + WRITE_BUDGET_PER_TOKEN_S * last_step_tokens, room_coming)
 
     def has_arrivals(self) -> bool:
         return self.tiers is not None and self.tiers.has_arrivals()
