@@ -14,14 +14,20 @@ address on the cluster network (refused before anything starts otherwise).
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from radixcache.cluster.store_processes import LOOPBACK, LocalStore, free_port, store_service_argv, store_service_env
+from radixcache.cluster.store_processes import (
+    LOOPBACK,
+    LocalStore,
+    free_port,
+    spawn_quiet,
+    stop_process,
+    store_service_argv,
+    store_service_env,
+)
 
 SERVICE_START_S = 60.0  # a service's memory counted by the master within this, or the start fails
 
@@ -57,25 +63,13 @@ class StoreServiceActor:
 
     def __init__(self, env: dict[str, str]) -> None:
         port = free_port(env["MOONCAKE_LOCAL_HOSTNAME"])
-        quiet = {"GLOG_minloglevel": os.environ.get("GLOG_minloglevel", "2")}
-        self.proc = subprocess.Popen(
-            store_service_argv(sys.executable, port),
-            env={**os.environ, **quiet, **env},
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        self.proc = spawn_quiet(store_service_argv(sys.executable, port), env)
 
     def running(self) -> bool:
         return self.proc.poll() is None
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        stop_process(self.proc)
 
 
 def start_node_services(store: LocalStore, services: list[NodeService], timeout: float = SERVICE_START_S) -> list:

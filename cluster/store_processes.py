@@ -142,9 +142,7 @@ class LocalStore:
         return tuple(store_serve_args(self.url, self.metadata, LOOPBACK if self.bind == LOOPBACK else None))
 
     def _spawn(self, argv: list[str], env: dict[str, str]) -> subprocess.Popen:
-        out = self.log if self.log is not None else subprocess.DEVNULL
-        quiet = {"GLOG_minloglevel": os.environ.get("GLOG_minloglevel", "2")}
-        return subprocess.Popen(argv, env={**os.environ, **quiet, **env}, stdout=out, stderr=subprocess.STDOUT)
+        return spawn_quiet(argv, env, self.log)
 
     def start(self, timeout: float = 60.0) -> LocalStore:
         """Starts both and returns once the master counts the service's memory (before that every put fails);
@@ -195,13 +193,7 @@ class LocalStore:
     def stop(self) -> None:
         """Stops the service, then the master (SIGTERM, SIGKILL after STOP_WAIT_S); idempotent."""
         for proc in self.procs:
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(STOP_WAIT_S)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(5)
+            stop_process(proc)
         self.master = self.service = None
 
     def __enter__(self) -> LocalStore:
@@ -209,6 +201,25 @@ class LocalStore:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def spawn_quiet(argv: list[str], env: dict[str, str], log: IO[bytes] | None = None) -> subprocess.Popen:
+    """A Mooncake process with `env` over ours, its glog quiet unless GLOG_minloglevel says otherwise, writing to
+    `log` (None: discarded)."""
+    out = log if log is not None else subprocess.DEVNULL
+    quiet = {"GLOG_minloglevel": os.environ.get("GLOG_minloglevel", "2")}
+    return subprocess.Popen(argv, env={**os.environ, **quiet, **env}, stdout=out, stderr=subprocess.STDOUT)
+
+
+def stop_process(proc: subprocess.Popen) -> None:
+    """SIGTERM, SIGKILL after STOP_WAIT_S; nothing if it has exited."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(STOP_WAIT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
 
 
 def _kill(proc: subprocess.Popen | None) -> None:

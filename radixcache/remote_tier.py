@@ -12,8 +12,8 @@ keeps tenants apart, not the store's access control.
 
 Threads: `put` only queues (bounded; full: dropped, counted); one writer thread joins the store, then writes each
 page once per fleet (`exists` first: a page another worker wrote is not written again), what is queued together
-in one exists_many and one put_many (up to WRITE_BATCH_PAGES). `get_many` reads a run of pages in one call. `get` runs on the caller's
-thread (the tier loader, never the engine's). `contains` is memory only: queued, or known to be in the store
+in one exists_many and one put_many (up to WRITE_BATCH_PAGES). `get` / `get_many` (a run of pages in one call) run
+on the caller's thread (the tier loader, never the engine's). `contains` is memory only: queued, or known to be in the store
 (written or read by this worker; a bounded LRU of names, the pages this tier reports in events and snapshots).
 `find` (an admission's lookup, on the engine thread) makes no call at all: while the store is reachable it answers
 "maybe" and the loader's `get` finds out, so the request waits for the round trip and the batch never does.
@@ -193,12 +193,11 @@ class RemoteTier:
                 break
             if pending is not None:
                 queued[i] = pending[1]
-        fetch = [i for i in range(end) if i not in queued]
+        fetch = {i: self.object_key(keys[i].namespace, keys[i].page_hash) for i in range(end) if i not in queued}
         raws: dict[int, bytes | None] = {}
         if fetch and self.available:
-            object_keys = [self.object_key(keys[i].namespace, keys[i].page_hash) for i in fetch]
             try:
-                raws = dict(zip(fetch, self.store.get_many(object_keys, self.timeout_s), strict=True))
+                raws = dict(zip(fetch, self.store.get_many(list(fetch.values()), self.timeout_s), strict=True))
                 self._up()
             except StoreUnavailable as e:
                 self._down(e)
@@ -206,7 +205,7 @@ class RemoteTier:
             if i in queued:
                 out[i] = self._hit(key, queued[i], learn=False)
             elif i in raws:
-                out[i] = self._checked(key, self.object_key(key.namespace, key.page_hash), raws[i])
+                out[i] = self._checked(key, fetch[i], raws[i])
             if out[i] is None:
                 return out
         if end < len(keys):
