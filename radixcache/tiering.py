@@ -403,11 +403,15 @@ class TierLink:
             return False
         if self.clock() - job.arrived >= LOAD_ROOM_WAIT_S:
             return False
-        others_hold = any(
-            other is not job and not other.finished and other.lease is not None and not other.lease.released
+        return room_coming or self.loads_holding(besides=job)
+
+    def loads_holding(self, besides: LoadJob | None = None) -> bool:
+        """A load other than `besides` is under way (or waiting for room) and its lease locks the prefix it extends:
+        pages it lets go when it finishes, within its tiers' deadlines."""
+        return any(
+            other is not besides and not other.finished and other.lease is not None and not other.lease.released
             for other in self._jobs
         )
-        return room_coming or others_hold
 
     def _finish(self, job: LoadJob) -> int:
         """Write one arrived load into the pool and the tree (what fits now), release its lease; pages loaded."""

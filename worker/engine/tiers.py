@@ -139,6 +139,10 @@ class EngineTiers:
         are running), write through for up to `budget_s`, report the tiers' events."""
         self.link.pump(budget_s, room_coming)
 
+    def loads_holding(self, besides: LoadJob | None = None) -> bool:
+        """A load other than `besides` locks pages it will let go when it finishes (TierLink.loads_holding)."""
+        return self.link.loads_holding(besides)
+
     def has_arrivals(self) -> bool:
         """A load has arrived that `pump` has not put into the tree yet."""
         return self.link.has_completions()

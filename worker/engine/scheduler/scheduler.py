@@ -202,7 +202,7 @@ class Scheduler:
                 continue
             lease = self.pages.lease_prompt(seq, cached, promised, len(self.running))
             if lease is None:
-                if not self.running and not self.loads.locking_for_others(seq, self.waiting):
+                if not self.running and not self.loads.locking_for_others(seq):
                     need = self.pages.prompt_need(seq, cached)
                     failed.append(Failure(seq, f"the KV cache cannot hold this request: it needs {need} more pages"))
                     continue

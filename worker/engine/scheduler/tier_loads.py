@@ -80,10 +80,10 @@ class TierLoads:
             seq.tier_tokens[medium] = seq.tier_tokens.get(medium, 0) + pages * self.page_size
         return True
 
-    def locking_for_others(self, seq: Sequence, waiting: list[Sequence]) -> bool:
-        """A load is under way for another waiting request: its lease locks the prefix it extends until it is
-        through (it finishes within its tiers' deadlines), so pages seq cannot get now may be free then."""
-        return any(s is not seq and s.load_job is not None and not s.load_job.finished for s in waiting)
+    def locking_for_others(self, seq: Sequence) -> bool:
+        """A load other than seq's own locks the prefix it extends until it is through, so pages seq cannot get
+        now may be free then (the tier link decides, as it does for a load waiting for room)."""
+        return self.tiers is not None and self.tiers.loads_holding(besides=seq.load_job)
 
     def drop(self, seq: Sequence) -> None:
         """seq ended: it waits for its load no more."""
