@@ -426,6 +426,26 @@ def test_load_counts_the_prefill_still_queued_and_the_pages_held(model):
     engine.run_until_idle()
     done = engine.load()
     assert (done.running, done.waiting, done.queued_prefill_tokens, done.pages_busy) == (0, 0, 0, 0)
+    # A waiting request counts what it will compute: not the prefix a running prefill is making for it, nor the
+    # cached one (bench/cluster_bench.py: counted whole, they sent conversations away from the replica holding them).
+    engine.submit(Request("c", list(range(100, 140)), GREEDY), sink)
+    engine.step()  # 16 of c's 40 computed
+    engine.submit(Request("d", list(range(100, 140)) + [7] * 8, GREEDY), sink)
+    engine.step()  # 32 of c's; d waits for the rest of its prefix
+    behind = engine.load()
+    assert (behind.running, behind.waiting, behind.queued_prefill_tokens) == (1, 1, (39 - 32) + (47 - 40))
+    engine.run_until_idle()
+    one = make_engine(model, page_size=4, kv_pages=64, max_step_tokens=16, max_running=1)
+    one.submit(Request("a", list(range(1, 41)), GREEDY), sink)
+    one.run_until_idle()
+    one.submit(Request("f", list(range(60, 100)), GREEDY), sink)
+    one.step()  # f runs (16 of 40), alone
+    one.submit(Request("e", list(range(1, 41)) + [9] * 6, GREEDY), sink)
+    one.step()  # e waits for a place: a's 40 tokens are cached for it
+    queued = one.load()
+    assert (queued.running, queued.waiting, queued.queued_prefill_tokens) == (1, 1, (39 - 32) + (45 - 40))
+    one.run_until_idle()
+    assert_clean(one)
     engine.start()
     try:
         assert engine.alive

@@ -82,7 +82,7 @@ class EngineLoad:
 
     running: int
     waiting: int
-    queued_prefill_tokens: int  # tokens live requests still have to prefill (a waiting one's cache hits included)
+    queued_prefill_tokens: int  # tokens live requests still have to prefill (Scheduler.prefill_backlog)
     pages_busy: int  # KV pages neither free nor evictable: held by running requests, or pinned
     pages_total: int
     steps: int  # engine steps so far (a health check sees it advance while there is work)

@@ -500,11 +500,10 @@ class Engine:
 
     def _load(self) -> EngineLoad:
         sched = self.scheduler
-        live = (*sched.running, *sched.waiting)
         return EngineLoad(
             running=len(sched.running),
             waiting=len(sched.waiting),
-            queued_prefill_tokens=sum(max(0, len(s.tokens) - 1 - s.num_computed) for s in live),
+            queued_prefill_tokens=sched.prefill_backlog(),
             pages_busy=self.pool.num_pages - self.cache.available_pages(),
             pages_total=self.pool.num_pages,
             steps=self._steps,

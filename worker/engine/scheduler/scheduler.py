@@ -132,6 +132,25 @@ class Scheduler:
         """Pages the largest live request may need alone. Pins must leave them unpinned (scheduler/pins.py)."""
         return promised_pages((*self.running, *self.waiting), self.page_size)
 
+    def prefill_backlog(self) -> int:
+        """Prompt tokens the live requests still have to compute (a prompt's last token is its first decode's): a
+        running one's rest; a waiting one's prompt less what the cache holds of it now or, if more, what a running
+        prefill of its namespace is computing of it (it waits for those pages: `_computing_our_prefix`). A waiting
+        request whose prefix is cached, or on its way, queues its question, not its prefix: a router weighing this
+        figure no longer sends a conversation away from the replica that holds it. Pages a tier below would load
+        count as computed (an upper bound)."""
+        prefilling = [s for s in self.running if s.prefilling]
+        total = sum(max(0, len(s.tokens) - 1 - s.num_computed) for s in self.running)
+        for s in self.waiting:
+            prompt = len(s.tokens) - 1
+            held = max(s.num_computed, self.cache.match_length(s.tokens[:-1], s.request.namespace,
+                                                               salt=s.request.cache_salt))  # fmt: skip
+            if s.request.cache_salt is None:  # a salted one waits for no one (_computing_our_prefix)
+                coming = (s.common_prefix(o) for o in prefilling if o.request.namespace == s.request.namespace)
+                held = max(held, *coming, 0)
+            total += max(0, prompt - held)
+        return total
+
     # --- one step -------------------------------------------------------------------------------------------
     def schedule(self) -> StepPlan:
         """Chunks to compute this step, and sequences that must fail (they cannot fit even alone)."""
