@@ -6,7 +6,8 @@ tuples (see cluster.hub.Event) and is sent to the EventHub with a fire-and-forge
 the loop. After lost records the CacheEventHub resets its publishers with a snapshot, which reaches the EventHub as
 "reset" + "stored".
 
-`HubLink` keeps the replica registered: every REPORT_PERIOD_S it reports the engine's load, and the answer says
+`HubLink` keeps the replica registered: every BUSY_REPORT_PERIOD_S while the engine has requests (every
+REPORT_PERIOD_S while it has none) it reports the engine's load, and the answer says
 whether this incarnation of the hub knows the replica. When it does not (the hub restarted empty), or the hub cannot
 be reached (dead: the next lookup creates another), the link registers again and asks the CacheEventHub for a fresh
 snapshot, so the new hub gets the replica's whole cache within about one period of coming back. When the answer is
@@ -22,7 +23,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from radixcache.cluster.hub import REPORT_DRAIN, REPORT_OK
-from radixcache.cluster.load import REPORT_PERIOD_S
+from radixcache.cluster.load import BUSY_REPORT_PERIOD_S, REPORT_PERIOD_S
 from radixcache.events import CacheEvent, NamespaceCleared, PagesRemoved, PagesStored
 from radixcache.tier import MEDIUM_DEVICE
 
@@ -63,11 +64,13 @@ class HubLink:
         *,
         on_drain: Callable[[], None] = lambda: None,
         period_s: float = REPORT_PERIOD_S,
+        busy_period_s: float = BUSY_REPORT_PERIOD_S,
         timeout_s: float = 5.0,
     ) -> None:
         self.replica_id = replica_id
         self._connect, self._load, self._resync, self._on_drain = connect, load, resync, on_drain
-        self.period_s, self.timeout_s = period_s, timeout_s
+        self.period_s, self.busy_period_s, self.timeout_s = period_s, busy_period_s, timeout_s
+        self.busy = False  # whether the last report had requests running or waiting
         self.hub: Any = None
         self.epoch: str | None = None
         self.registrations = 0
@@ -97,7 +100,7 @@ class HubLink:
 
     async def _keep(self) -> None:
         while True:
-            await asyncio.sleep(self.period_s)
+            await asyncio.sleep(self.busy_period_s if self.busy else self.period_s)
             if await self.check() == REPORT_DRAIN:
                 return
 
@@ -108,6 +111,7 @@ class HubLink:
             load = await self._load()
             if dataclasses.is_dataclass(load):  # plain data on the wire: the hub never imports the engine (torch)
                 load = dataclasses.asdict(load)
+            self.busy = bool(load.get("running") or load.get("waiting"))
             answer = await asyncio.wait_for(
                 _awaitable(self.hub.report.remote(self.replica_id, self.epoch, load)), self.timeout_s
             )

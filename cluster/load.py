@@ -1,8 +1,9 @@
 """What a router knows of each replica's load: the replica's own reports, plus what this router sent it since.
 
 Replicas report `EngineLoad` (worker.engine: requests running and waiting, prefill tokens queued, KV pages busy)
-every REPORT_PERIOD_S to the EventHub, and routers get the newest with every poll, so a report is up to about two
-periods old when it is used. Between reports the router adds what it sent itself: each request it routed counts as
+to the EventHub every BUSY_REPORT_PERIOD_S while they have requests (every REPORT_PERIOD_S when idle), and routers
+get the newest with every poll (at least that often), so a busy replica's report is up to about two busy periods
+old when it is used. Between reports the router adds what it sent itself: each request it routed counts as
 running there until its stream ends, and its uncached prompt tokens count as queued until a report that must
 include them has arrived (one received more than `report_lag_s` after the request was sent), its stream ended, or
 `max_age_s` passed with no report at all (the hub down). With several ingress replicas each router sees the others' requests only
@@ -27,7 +28,15 @@ from dataclasses import dataclass, field
 
 from radixcache.worker.engine.api import EngineLoad
 
-REPORT_PERIOD_S = 0.5  # how often a replica reports its load (its liveness to the hub, too)
+REPORT_PERIOD_S = 0.5  # how often an idle replica reports its load (its liveness to the hub, too)
+# ...and one with requests running or waiting. A 1,024-token prefill takes tens of milliseconds on a GPU (and on
+# bench/cluster_bench.py's tiny CPU replicas), so a report half a second old still counted prefills long finished,
+# and the router sent a conversation away from the replica holding it: the flush_restart trace missed 1-3 of its
+# 28 reusable requests in 7 of 12 runs at 0.5 s, none in 6 at 0.1 s (BENCHMARKS.md, "Cluster routing").
+BUSY_REPORT_PERIOD_S = 0.1
+# A report received this long after a request was sent counts it (the request's way from the router's decision to
+# the engine's queue, and the report's way back, take milliseconds; with room for a busy event loop).
+REPORT_LAG_S = 0.05
 
 
 @dataclass
@@ -51,7 +60,7 @@ class _ReplicaLoad:
 
 class LoadView:
     def __init__(
-        self, *, report_lag_s: float = 0.2, max_age_s: float = 5.0, clock: Callable[[], float] = time.monotonic
+        self, *, report_lag_s: float = REPORT_LAG_S, max_age_s: float = 5.0, clock: Callable[[], float] = time.monotonic
     ) -> None:
         self.report_lag_s = report_lag_s
         self.max_age_s = max_age_s

@@ -20,7 +20,7 @@ from typing import Any
 from radixcache.cluster.hints import CAPACITY, RoutedHints
 from radixcache.cluster.hub import Poll
 from radixcache.cluster.index import PrefixIndex
-from radixcache.cluster.load import REPORT_PERIOD_S, LoadView
+from radixcache.cluster.load import BUSY_REPORT_PERIOD_S, LoadView
 from radixcache.cluster.reuse import ReuseTracker
 from radixcache.worker.engine.api import EngineLoad
 
@@ -103,7 +103,7 @@ class FleetView:
             try:
                 if self.hub is None:
                     self.hub = await asyncio.to_thread(connect)
-                poll = await self.hub.poll.remote(cursor, self.epoch, REPORT_PERIOD_S)
+                poll = await self.hub.poll.remote(cursor, self.epoch, BUSY_REPORT_PERIOD_S)  # a busy replica's reports
             except Exception as e:  # noqa: BLE001 - the hub died or restarts: look it up again, resync from it
                 log.warning("cache-event feed interrupted (%s); resubscribing", e)
                 self.hub = None

@@ -493,6 +493,34 @@ def test_replicas_and_routers_recover_from_a_hub_restart():
     asyncio.run(scenario())
 
 
+def test_a_busy_replica_reports_its_load_more_often_than_an_idle_one():
+    """A report half a second old still counted prefills finished long before (they take tens of milliseconds on a
+    GPU), and the router sent conversations away from the replica holding them (bench/cluster_bench.py's
+    flush_restart): while the engine has requests, the link reports at the busy period."""
+
+    async def reports(engine_load: EngineLoad) -> int:
+        hub = FakeActor(EventHub())
+        link = HubLink("r1", connect=lambda: hub, load=lambda: asyncio.sleep(0, engine_load),
+                       resync=lambda: asyncio.sleep(0), period_s=0.2, busy_period_s=0.01)  # fmt: skip
+        await link.register()
+        sent = []
+        report = hub.target.report
+
+        async def counted(*args):
+            sent.append(args)
+            return await report(*args)
+
+        hub.target.report = counted
+        link.start()
+        await asyncio.sleep(0.3)
+        await link.close()
+        return len(sent)
+
+    busy, waiting, idle = (asyncio.run(reports(x)) for x in (load(running=1), load(waiting=2), load(queued=0)))
+    assert busy >= 8 and waiting >= 8, (busy, waiting)  # ~every 10 ms once the first report said busy
+    assert idle <= 2, idle  # every 200 ms
+
+
 def test_a_cache_key_sends_a_tenants_requests_to_one_replica_while_load_is_balanced():
     t = RoutingThresholds(balance_abs=4, balance_rel=2.0)
     replicas = [f"r{i}" for i in range(4)]
