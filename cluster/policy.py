@@ -22,9 +22,10 @@ token there:
                                                    the least asked-for cache (cluster.reuse)
          - weights.hint     x hinted               when no replica's events (or prompts in flight) show any of
                                                    the prompt's pages: the tokens of its leading pages the
-                                                   router's hints say it sent there last (cluster.hints), as if
-                                                   cached there: after a flush or an engine reset a conversation
-                                                   goes back where it was, and the fleet keeps its partition
+                                                   router's hints say it sent there last (cluster.hints), worth
+                                                   more than cached there (LoadWeights.hint): after a flush or an
+                                                   engine reset a conversation goes back where it was, and the
+                                                   fleet keeps its partition
 
 and the cheapest wins. Ties: `cheapest` lists those within TIE_TOKENS of it, and, when no candidate has a cache
 advantage over another (every one hits the same tokens, none at all included) and load is balanced, those within
@@ -94,9 +95,13 @@ class LoadWeights:
     # came 19.3x sooner than its cold prefill (disk_rehit_ttft_speedup), so 1 / 19.3 ~ 0.05. Host memory loads
     # faster still; the disk's figure is used for both (an upper bound).
     tier: float = 0.05
-    # Per token of the leading pages the hints say were sent to a replica, when no events show them anywhere: as
-    # much as a cached token (bench/cluster_bench.py's flush_restart trace; a real queue elsewhere still wins).
-    hint: float = 1.0
+    # Per token of the leading pages the hints say were sent to a replica, when no events show them anywhere. The
+    # prefix is computed either way; going back keeps the fleet's partition: sent elsewhere, it lands in a pool
+    # sized for that replica's own prefixes, one of which it pushes out (a recompute later). So a hinted token
+    # counts twice a cached one: after a flush, the first of a burst queues a prefill at its home, and the next one
+    # homed there must still follow (at 1.0 it went where nothing was queued, and that pool thrashed:
+    # tests/test_cluster_hints.py); a queue of two prefills there still sends it elsewhere.
+    hint: float = 2.0
     # Per token of a matched page only the fleet's store holds (any replica loads it over the network).
     # bench/store_bench.py (BENCHMARKS.md, "The fleet's store"): a 1,024-token prefix re-hit from the store came
     # 10.6x sooner than its cold prefill (cross_replica_rehit_speedup; 12.3x in a second run), so 1 / 10.6 ~ 0.094:

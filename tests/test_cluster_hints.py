@@ -148,6 +148,25 @@ def test_after_a_flush_each_conversation_goes_back_to_the_replica_it_was_on():
     assert fleet.send([fleet.ask(g) for g in range(4)]) == [home[g] for g in range(4)]  # and hit there again
 
 
+def test_after_a_flush_a_burst_follows_the_hints_past_the_prefill_its_first_request_queued():
+    """flush_restart, as the router logged it (2026-12-04): the first two prompts after the flush were both x's
+    groups. The first queued a 1,056-token prefill on x; the second, weighed as if its prefix were cached at x,
+    still cost more there than computing it on the idle y (a 1,056-token queue against a 1,023-token hint), so it
+    went to y, and y, its pool sized for two groups, got three: 1-3 of the next rounds' requests missed in three of
+    six runs. The partition comes back whole; a queue two prefills long still sends a prompt elsewhere."""
+    fleet = Fleet(["x", "y"])
+    home = dict(enumerate(fleet.send([fleet.ask(g) for g in range(4)])))
+    on_x = [g for g in range(4) if home[g] == "x"]
+    on_y = [g for g in range(4) if home[g] == "y"]
+    fleet.flush()
+    stale = {"x": EngineLoad(2, 0, 0, 134, 176, 0), "y": EngineLoad(1, 0, 0, 67, 176, 0)}  # the reports the log had
+    fleet.feed([], stale)
+    burst = on_x + on_y
+    assert fleet.send([fleet.ask(g) for g in burst]) == [home[g] for g in burst]
+    queued = Candidate("x", 0, 0, hinted_pages=64, queued_tokens=2 * (PREFIX + QUESTION))
+    assert [c.replica for c in cheapest([queued, Candidate("y", 0, 0)], PREFIX + QUESTION, PAGE)] == ["y"]
+
+
 def test_without_the_hints_a_flush_scatters_the_groups():
     """The same fleet with the hints weighed at nothing: what the router did before they existed."""
     fleet = Fleet(["x", "y"], LoadWeights(hint=0.0))
