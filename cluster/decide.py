@@ -122,9 +122,9 @@ class Decider:
         index, loads = self.view.index, self.view.loads
         total = loads.pages_total(key)
         free = None if total is None else max(0, total - index.held_pages(key)) * self.page_size
-        victims: list[int] = []
+        victims: list[tuple[tuple[str, int], int]] = []
         if free is not None and free < prompt:  # the prompt might not fit without evicting: what would go
-            victims = self.view.reuse.victim_uses(key, -(-(prompt - free) // self.page_size), index.holds)
+            victims = self.view.reuse.victims(key, -(-(prompt - free) // self.page_size), index.holds)
         device, below, from_store = index.match_tiers(key, namespace, hashes)
         return Candidate(
             key,
@@ -135,6 +135,7 @@ class Decider:
             queued_tokens=loads.queued_tokens(key),
             kv_busy=loads.kv_busy(key),
             free_tokens=free,
-            victim_uses=tuple(victims),
+            victim_uses=tuple(uses for _, uses in victims),
+            victim_media=tuple(index.copy_below(key, *page) for page, _ in victims),
             hinted_pages=hinted,
         )

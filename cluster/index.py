@@ -166,6 +166,17 @@ class PrefixIndex:
                 break
         return device, below, from_store
 
+    def copy_below(self, replica: Replica, namespace: str, page_hash: int) -> str | None:
+        """Where below the device a copy of the page is kept for `replica`: the medium of one of its own tiers, else
+        the fleet's store (whichever replica reported it), else None: what losing the page from its pool costs."""
+        namespace = owner_namespace(namespace)
+        view = self._replicas.get(replica)
+        if view is not None:
+            for medium, held in view.below.items():
+                if medium != STORE and page_hash in held.get(namespace, ()):
+                    return medium
+        return STORE if any(page_hash in held for held in self._in_store(namespace)) else None
+
     def _in_store(self, namespace: str) -> list[set[int]]:
         """`namespace`'s pages in the fleet's store, as each replica's events report them (any replica loads them)."""
         out = []

@@ -18,8 +18,10 @@ token there:
          + weights.evict    x evicted x uses       cached tokens its new pages would push out of a full pool (its
                                                    pages less what it caches and was sent, when known), each
                                                    counted as often as routed prompts used its page (at least
-                                                   once): where pools are full everywhere, a new prefix displaces
-                                                   the least asked-for cache (cluster.reuse)
+                                                   once), and at weights.tier / weights.store where a tier below
+                                                   or the fleet's store keeps a copy: where pools are full
+                                                   everywhere, a new prefix displaces the least asked-for cache,
+                                                   the cheapest to get back (cluster.reuse)
          - weights.hint     x hinted               when no replica's events (or prompts in flight) show any of
                                                    the prompt's pages: the tokens of its leading pages the
                                                    router's hints say it sent there last (cluster.hints), worth
@@ -56,6 +58,8 @@ import random
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from hashlib import blake2b
+
+from radixcache.tier import MEDIUM_STORE
 
 DEFAULT_BALANCE_ABS = 8
 DEFAULT_BALANCE_REL = 1.5
@@ -123,6 +127,8 @@ class Candidate:
     kv_busy: float = 0.0  # share of its KV pool held by running requests or pins, in [0, 1]
     free_tokens: int | None = None  # room in its pool before anything cached is evicted (None: not known yet)
     victim_uses: tuple[int, ...] = ()  # request counts of the pages it would evict next, in eviction order
+    # where below the device each of those keeps a copy (a tier's medium, "STORE"; None: nowhere), in that order
+    victim_media: tuple[str | None, ...] = ()
     tier_pages: int = 0  # the prompt's pages right after matched_pages that a tier below the device holds
     store_pages: int = 0  # of tier_pages, those only the fleet's store holds (none of this replica's own tiers)
     hinted_pages: int = 0  # leading pages of the prompt the router last sent here (cluster.hints)
@@ -151,16 +157,22 @@ def cost(
     store_tokens = min(store_tokens, loaded_tokens)
     load = uncached + w.tier * (loaded_tokens - store_tokens) + w.store * store_tokens + w.kv * new * c.kv_busy
     load += w.queued * c.queued_tokens + w.requests * c.requests
-    return load + w.evict * eviction_tokens(c, new, page_size) - w.hint * hinted_tokens
+    return load + w.evict * eviction_tokens(c, new, page_size, w) - w.hint * hinted_tokens
 
 
-def eviction_tokens(c: Candidate, uncached: int, page_size: int) -> int:
-    """Cached tokens `uncached` new tokens would push out of `c`'s pool, each weighted by its page's uses."""
+def eviction_tokens(c: Candidate, uncached: int, page_size: int, w: LoadWeights | None = None) -> float:
+    """Cached tokens `uncached` new tokens would push out of `c`'s pool, each weighted by its page's uses, and by
+    what getting it back costs: a recompute, or where a tier below keeps a copy (c.victim_media) a load from it,
+    at the weight its hits are scored with (a pool that spills into the fleet's store loses little by it)."""
     if c.free_tokens is None or uncached <= c.free_tokens:
         return 0
+    w = w or LoadWeights()
     pages = -(-(uncached - c.free_tokens) // page_size)
     named = c.victim_uses[:pages]
-    return page_size * (sum(max(1, n) for n in named) + pages - len(named))
+    media = c.victim_media[: len(named)]
+    worth = [1.0 if m is None else w.store if m == MEDIUM_STORE else w.tier for m in media]
+    worth += [1.0] * (len(named) - len(worth))
+    return page_size * (sum(max(1, n) * x for n, x in zip(named, worth, strict=True)) + pages - len(named))
 
 
 def cheapest(

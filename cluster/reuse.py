@@ -4,8 +4,9 @@ A replica whose pool is full evicts its least recently used pages to make room. 
 routes and, through the cache events, every page a replica stores or drops, so it keeps the same order per replica
 (the pages of a routed prompt move to the back, stored pages join it, removed ones leave) and counts how many routed
 prompts each page was part of (all counts halve every AGE_EVERY prompts, so popularity can move on).
-`victim_uses(replica, pages, holds)` gives those counts for the `pages` pages the replica would evict next: sending
-a new prompt there costs the future requests of those pages. With pools full everywhere, a new prefix then goes
+`victims(replica, pages, holds)` gives the `pages` pages the replica would evict next, with those counts: sending
+a new prompt there costs the future requests of those pages (at a reload's cost where a tier below keeps a copy:
+cluster.policy). With pools full everywhere, a new prefix then goes
 where the cache it displaces is asked for least, instead of wherever; in a Zipf-popular workload that keeps the hot
 prefixes resident (bench/cluster_bench.py, the eviction trace).
 
@@ -70,11 +71,13 @@ class ReuseTracker:
     def uses(self, namespace: str, page_hash: int) -> int:
         return self._uses.get((namespace, page_hash), 0)
 
-    def victim_uses(self, replica: Hashable, pages: int, holds: Callable[[Hashable, str, int], bool]) -> list[int]:
-        """The request counts of the (at most) `pages` pages `replica` would evict next, least recently used first;
-        pages `holds(replica, namespace, hash)` denies are dropped from the mirror on the way."""
+    def victims(
+        self, replica: Hashable, pages: int, holds: Callable[[Hashable, str, int], bool]
+    ) -> list[tuple[Page, int]]:
+        """The (at most) `pages` pages `replica` would evict next, least recently used first, each with its request
+        count; pages `holds(replica, namespace, hash)` denies are dropped from the mirror on the way."""
         order = self._order.get(replica)
-        out: list[int] = []
+        out: list[tuple[Page, int]] = []
         if not order:
             return out
         stale = []
@@ -82,7 +85,7 @@ class ReuseTracker:
             if len(out) == pages:
                 break
             if holds(replica, *page):
-                out.append(self._uses.get(page, 0))
+                out.append((page, self._uses.get(page, 0)))
             else:
                 stale.append(page)
         for page in stale:

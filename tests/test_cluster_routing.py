@@ -4,11 +4,13 @@ snapshots, and the feed between replicas, hub and routers across hub restarts (a
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 
 import pytest
 from helpers import FakeClock
 
+from radixcache.cluster.decide import Decider
 from radixcache.cluster.events_feed import HubLink
 from radixcache.cluster.hub import REPORT_DRAIN, REPORT_OK, REPORT_REGISTER, EventHub, Poll
 from radixcache.cluster.index import PrefixIndex
@@ -202,6 +204,35 @@ def test_the_index_tells_the_pages_only_the_store_holds_from_a_replicas_own_tier
     assert index.match_tiers("c", "", [1, 2, 3, 4]) == (0, 4, 2)  # pages 1-2 from its own disk, 3-4 from the store
     assert index.match_tiers("b", "", [1, 2, 3, 4]) == (0, 4, 4)  # b holds nothing of its own
     assert index.match_tiers("a", "", [1, 2]) == (0, 2, 2)  # reporting a page in the store is not holding it
+    # What a pool losing a page costs: where a copy is kept below the device for that replica.
+    assert [index.copy_below("c", "", h) for h in (1, 3, 9)] == ["DISK", "STORE", None]  # its own tier first
+    assert index.copy_below("b", "", 3) == "STORE" and index.copy_below("b", "x", 3) is None
+
+
+def test_a_pool_that_spills_into_the_fleets_store_still_takes_its_turn_with_unrelated_prompts():
+    """cluster_bench --store, present trace (router log, 2026-12-04): 19 of the 20 unrelated prompts went to one
+    replica. The other's pool was full of pages asked for ~6 times each, so the 4 pages a prompt would push out
+    counted 384 tokens, six times the load noise tolerated, though the store kept a copy of every one of them: a
+    page kept below the device costs its reload, scored as the tiers' and the store's hits are."""
+    w = LoadWeights()
+    policy = Policy()
+    prompt = 8 * PAGE
+    roomy = Candidate("a", 0, 0, free_tokens=2048)
+    spilled = Candidate("b", 0, 0, free_tokens=4 * PAGE, victim_uses=(6,) * 4, victim_media=("STORE",) * 4)
+    assert cost(spilled, prompt, 0, w, PAGE) == pytest.approx(prompt + PAGE * 24 * w.store)
+    picks = [policy.pick([roomy, spilled], prompt, PAGE).replica for _ in range(10)]
+    assert picks.count("b") == 5
+    nowhere = dataclasses.replace(spilled, victim_media=(None,) * 4)  # no copy anywhere: a recompute each
+    assert cost(nowhere, prompt, 0, w, PAGE) == prompt + PAGE * 24
+    assert {policy.pick([roomy, nowhere], prompt, PAGE).replica for _ in range(4)} == {"a"}
+    disk = dataclasses.replace(spilled, victim_media=("DISK", "DISK", None))  # the last two: no copy known
+    assert cost(disk, prompt, 0, w, PAGE) == pytest.approx(prompt + PAGE * (12 * w.tier + 12))
+    # The decider names each victim's copy from the events: b's pool of 2 pages is full, page 1 is in the store.
+    view = FleetView()
+    events = [("stored", "", [1, 2]), ("stored", "", [1], "STORE")]
+    view.apply(Poll("epoch", 1, False, [("b", events)], {"b": EngineLoad(0, 0, 0, 0, 2, 0)}))
+    built = Decider(view, Policy(), PAGE)._candidate("b", "", [7, 8], 2 * PAGE, 0)
+    assert (built.victim_uses, built.victim_media) == ((0, 0), ("STORE", None))
 
 
 def test_a_prefix_on_a_replicas_own_disk_beats_the_same_prefix_only_in_the_fleets_store():
@@ -278,9 +309,9 @@ def test_tier_pages_reach_the_hub_with_their_medium_and_never_count_as_evictable
     ]
     reuse = ReuseTracker()
     reuse.apply("a", [("stored", "", [1]), ("stored", "", [2, 3], "DISK")])
-    assert reuse.victim_uses("a", 10, lambda *_: True) == [0]  # the pool would evict page 1, never a disk page
+    assert victim_uses(reuse, "a", 10, lambda *_: True) == [0]  # the pool would evict page 1, never a disk page
     reuse.apply("a", [("removed", "", [1], "DISK")])  # a tier dropping its copy leaves the device's page listed
-    assert reuse.victim_uses("a", 10, lambda *_: True) == [0]
+    assert victim_uses(reuse, "a", 10, lambda *_: True) == [0]
 
 
 def test_reuse_tracker_mirrors_each_replicas_lru_order_and_counts_uses():
@@ -294,15 +325,15 @@ def test_reuse_tracker_mirrors_each_replicas_lru_order_and_counts_uses():
     reuse.routed("a", "", [3, 4])
     reuse.routed("a", "", [3, 4, 5])
     reuse.routed("a", "", [1])  # asked for again: moves to the back
-    assert reuse.victim_uses("a", 3, holds) == [0, 2, 2]  # pages 2, 3, 4 go first
+    assert victim_uses(reuse, "a", 3, holds) == [0, 2, 2]  # pages 2, 3, 4 go first
     held.discard(("a", "", 3))  # the index says it is gone (an event the mirror missed): dropped on the way
-    assert reuse.victim_uses("a", 10, holds) == [0, 2, 1, 1]
+    assert victim_uses(reuse, "a", 10, holds) == [0, 2, 1, 1]
     reuse.apply("a", [("removed", "", [2]), ("cleared", "x")])
-    assert reuse.victim_uses("a", 10, holds) == [2, 1, 1]
+    assert victim_uses(reuse, "a", 10, holds) == [2, 1, 1]
     reuse.routed("a", "", [5])  # the 4th routed prompt: every count halves
     assert (reuse.uses("", 4), reuse.uses("", 5), reuse.uses("", 1)) == (1, 1, 0)  # 2, 2, 1 halved
     reuse.apply("a", [("reset",)])
-    assert reuse.victim_uses("a", 10, holds) == [] and reuse.victim_uses("b", 1, holds) == []
+    assert victim_uses(reuse, "a", 10, holds) == [] and victim_uses(reuse, "b", 1, holds) == []
 
 
 def test_thresholds_are_validated():
@@ -312,6 +343,11 @@ def test_thresholds_are_validated():
         RoutingThresholds(min_match_pages=0)
     with pytest.raises(ValueError, match="no candidate"):
         choose([], 16, PAGE)
+
+
+def victim_uses(reuse: ReuseTracker, replica, pages, holds) -> list[int]:
+    """The request counts of the pages `replica` would evict next (ReuseTracker.victims)."""
+    return [uses for _, uses in reuse.victims(replica, pages, holds)]
 
 
 def load(running=0, waiting=0, queued=0, busy=0, total=100) -> EngineLoad:
