@@ -145,27 +145,31 @@ def main(argv: list[str]) -> int:
 
 
 def run(args: argparse.Namespace, options: ClusterOptions, store: LocalStore | None = None) -> int:
-    """Serves until SIGTERM/SIGINT. With `store` (started here), every other Ray node gets a store service too."""
+    """Serves until SIGTERM/SIGINT. With `store` (started here), every other Ray node gets a store service too, and
+    so does each node that joins while it serves (store_nodes.NodeServices)."""
     import ray
 
-    from radixcache.cluster.store_nodes import node_services, start_node_services, stop_node_services
+    from radixcache.cluster.store_nodes import NodeServices
 
     ray.init(address=args.ray_address, namespace=options.hub_namespace, include_dashboard=False)
-    services: list = []
+    services = None
     if store is not None:
+        services = NodeServices(store, ray.util.get_node_ip_address(), ray.nodes)
         try:
-            planned = node_services(ray.nodes(), ray.util.get_node_ip_address(), store)
-            services = start_node_services(store, planned)
+            started = services.update()
         except (ValueError, RuntimeError) as e:
             print(f"radixcache cluster: --kv-remote-start: {e}", file=sys.stderr)
+            services.close()
             ray.shutdown()
             return 2
-        if services:
-            print(f"store: a store service on each of {len(services)} more node(s)", flush=True)
+        if started:
+            print(f"store: a store service on each of {started} more node(s)", flush=True)
+        services.watch()  # and on each node that joins later
     try:
         return _serve(args, options)
     finally:
-        stop_node_services(services)
+        if services is not None:
+            services.close()
         ray.shutdown()
 
 

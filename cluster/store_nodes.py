@@ -4,18 +4,23 @@ The node running `radixcache cluster` runs the master and its own store service 
 Every other alive Ray node gets one more store service, run by a Ray actor pinned to that node (hard node
 affinity, no CPU reserved): it contributes the same segment to the same master, serves its memory on the node's
 own address, and is stopped with the cluster. So the store's memory is spread over the nodes the replicas run on,
-and a node that dies takes only its share of the store with it (those pages are misses, recomputed). Nodes that
-join the Ray cluster later get none (start the cluster again, or run a service there by hand: README).
+and a node that dies takes only its share of the store with it (those pages are misses, recomputed). `NodeServices`
+keeps that true while the cluster runs: every WATCH_PERIOD_S it reads the node table again, and a node that joined
+(an autoscaler's, or one that came back) gets its service.
 
-`node_services` is pure (the plan from Ray's node table); `start_node_services` / `stop_node_services` need Ray.
+`node_services` is pure (the plan from Ray's node table); `start_node_services` / `stop_node_services` need Ray;
+`NodeServices` takes both as arguments (tests pass their own).
 A master bound to loopback cannot serve other nodes: with more than one node, --kv-remote-bind must name an
 address on the cluster network (refused before anything starts otherwise).
 """
 
 from __future__ import annotations
 
+import logging
 import sys
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +35,9 @@ from radixcache.cluster.store_processes import (
 )
 
 SERVICE_START_S = 60.0  # a service's memory counted by the master within this, or the start fails
+WATCH_PERIOD_S = 10.0  # how often the node table is read again for nodes that joined
+
+log = logging.getLogger("radixcache.cluster")
 
 
 @dataclass(frozen=True)
@@ -108,3 +116,69 @@ def stop_node_services(handles: list) -> None:
         except Exception:  # noqa: BLE001 (a node or actor already gone: its service went with it)
             pass
         ray.kill(handle)
+
+
+class NodeServices:
+    """The store services of the Ray cluster's other nodes, for as long as the cluster runs (see the module
+    docstring). `nodes()` is ray.nodes(); `start(store, services)` and `stop(handles)` are start_node_services and
+    stop_node_services. `update()` starts a service on each alive node that has none (ValueError / RuntimeError as
+    node_services / start_node_services raise them: the first call's are the cluster's start failing); `watch()`
+    calls it every `period_s` on a thread, logging what fails (tried again the next period), until `close()`,
+    which stops every service. A node that died is forgotten (its service went with it), so it gets a new one if
+    it comes back."""
+
+    def __init__(
+        self,
+        store: LocalStore,
+        here: str,
+        nodes: Callable[[], list[dict[str, Any]]],
+        start: Callable[[LocalStore, list[NodeService]], list] = start_node_services,
+        stop: Callable[[list], None] = stop_node_services,
+        period_s: float = WATCH_PERIOD_S,
+    ) -> None:
+        self.store, self.here, self._nodes, self._start, self._stop = store, here, nodes, start, stop
+        self.period_s = period_s
+        self.handles: dict[str, Any] = {}  # node id -> the actor running its service
+        self._closed = threading.Event()
+        self._lock = threading.Lock()  # update() from the watcher and close() from the main thread
+        self._thread: threading.Thread | None = None
+
+    def update(self) -> int:
+        """Start what the node table now asks for; the number of services started."""
+        with self._lock:
+            if self._closed.is_set():
+                return 0
+            table = self._nodes()
+            alive = {n["NodeID"] for n in table if n.get("Alive")}
+            for gone in [node for node in self.handles if node not in alive]:
+                log.warning("store: node %s is gone, and its store service with it", gone)
+                del self.handles[gone]
+            planned = [s for s in node_services(table, self.here, self.store) if s.node_id not in self.handles]
+            if planned:
+                started = self._start(self.store, planned)
+                self.handles.update(zip((s.node_id for s in planned), started, strict=True))
+            return len(planned)
+
+    def watch(self) -> None:
+        def loop() -> None:
+            said = ""  # the last failure logged: said once, not every period
+            while not self._closed.wait(self.period_s):
+                try:
+                    if n := self.update():
+                        log.info("store: a store service on each of %d node(s) that joined", n)
+                    said = ""
+                except (ValueError, RuntimeError) as e:
+                    if str(e) != said:
+                        log.warning("store: a node joined, but it gets no store service: %s", e)
+                    said = str(e)
+
+        self._thread = threading.Thread(target=loop, name="store-node-services", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._closed.set()
+        if self._thread is not None:
+            self._thread.join()
+        with self._lock:
+            self._stop(list(self.handles.values()))
+            self.handles.clear()

@@ -5,6 +5,7 @@ the memory asked for, and are gone once stopped."""
 from __future__ import annotations
 
 import socket
+import time
 
 import pytest
 
@@ -155,6 +156,42 @@ def test_a_store_other_nodes_cannot_reach_is_refused_naming_the_flag(bind):
     with pytest.raises(ValueError, match="--kv-remote-bind"):
         node_services(ray_nodes(("head", "10.0.0.1", True), ("b", "10.0.0.2", True)), "10.0.0.1", store)
     assert node_services(ray_nodes(("head", "10.0.0.1", True)), "10.0.0.1", store) == []  # one node: fine
+
+
+def test_nodes_that_join_the_running_cluster_get_a_store_service_and_the_dead_are_forgotten():
+    from types import SimpleNamespace
+
+    from radixcache.cluster.store_nodes import NodeServices
+
+    store = SimpleNamespace(bind="10.0.0.1", rpc=50051, metadata="http://10.0.0.1:8080/metadata", segment_bytes=1)
+    table = ray_nodes(("head", "10.0.0.1", True), ("b", "10.0.0.2", True))
+    started, stopped = [], []
+
+    def start(_, services):
+        started.append([s.node_id for s in services])
+        return [f"actor-{s.node_id}" for s in services]
+
+    services = NodeServices(store, "10.0.0.1", lambda: table, start, stopped.extend, period_s=0.01)
+    assert services.update() == 1 and started == [["b"]]
+    assert services.update() == 0 and started == [["b"]]  # served already: nothing twice
+    table.append({"NodeID": "c", "NodeManagerAddress": "10.0.0.3", "Alive": True})  # an autoscaler's node
+    table[1]["Alive"] = False  # b died, its service with it
+    assert services.update() == 1 and started[-1] == ["c"] and set(services.handles) == {"c"}
+    table[1]["Alive"] = True  # b is back: a new service
+    assert services.update() == 1 and started[-1] == ["b"]
+    failing = NodeServices(store, "10.0.0.1", lambda: table, lambda *_: (_ for _ in ()).throw(RuntimeError("x")))
+    with pytest.raises(RuntimeError):
+        failing.update()
+    assert failing.handles == {}  # nothing counted as served: tried again next time
+    services.watch()  # the thread finds the next node by itself
+    table.append({"NodeID": "d", "NodeManagerAddress": "10.0.0.4", "Alive": True})
+    deadline = time.monotonic() + 10
+    while "d" not in services.handles:
+        assert time.monotonic() < deadline, started
+        time.sleep(0.01)
+    services.close()
+    assert sorted(stopped) == ["actor-b", "actor-c", "actor-d"] and services.handles == {}
+    assert services.update() == 0  # closed: it starts nothing more
 
 
 @pytest.mark.e2e
