@@ -1,10 +1,10 @@
 """EventHub: one Ray actor per cluster app that gathers every replica's cache events and load for the routers.
 
 Replicas publish batches of neutral events (see `radixcache.cluster.events_feed`) and report their load (every
-BUSY_REPORT_PERIOD_S while busy, REPORT_PERIOD_S idle: cluster.load); routers long-poll `poll(cursor, epoch)` and apply what they get to their own PrefixIndex and
-LoadView, so the routing decision itself never waits on a remote call. The hub keeps each live replica's full state
-too: a router that starts late, or falls more than `max_log` batches behind, gets a snapshot (reset=True) instead of
-the log.
+BUSY_REPORT_PERIOD_S while busy, REPORT_PERIOD_S idle: cluster.load); routers long-poll `poll(cursor, epoch)` and
+apply what they get to their own PrefixIndex and LoadView, so the routing decision itself never waits on a remote
+call. The hub keeps each live replica's full state too: a router that starts late, or falls more than `max_log`
+batches behind, gets a snapshot (reset=True) instead of the log.
 
 Restarts. Each incarnation of the hub draws a new `epoch`: when Ray restarts it (or it is created anew after it
 died) it starts empty, with another epoch. Replicas tag what they publish with the epoch they registered in; a batch

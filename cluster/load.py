@@ -32,7 +32,7 @@ REPORT_PERIOD_S = 0.5  # how often an idle replica reports its load (its livenes
 # ...and one with requests running or waiting. A 1,024-token prefill takes tens of milliseconds on a GPU (and on
 # bench/cluster_bench.py's tiny CPU replicas), so a report half a second old still counted prefills long finished,
 # and the router sent a conversation away from the replica holding it: the flush_restart trace missed 1-3 of its
-# 28 reusable requests in 7 of 12 runs at 0.5 s, none in 6 at 0.1 s (BENCHMARKS.md, "Cluster routing").
+# 32 reusable requests in 11 of 20 runs at 0.5 s, none in 12 at 0.1 s (BENCHMARKS.md, "Cluster routing").
 BUSY_REPORT_PERIOD_S = 0.1
 # A report received this long after a request was sent counts it (the request's way from the router's decision to
 # the engine's queue, and the report's way back, take milliseconds; with room for a busy event loop).

@@ -179,8 +179,11 @@ def test_nodes_that_join_the_running_cluster_get_a_store_service_and_the_dead_ar
     assert services.update() == 1 and started[-1] == ["c"] and set(services.handles) == {"c"}
     table[1]["Alive"] = True  # b is back: a new service
     assert services.update() == 1 and started[-1] == ["b"]
-    failing = NodeServices(store, "10.0.0.1", lambda: table, lambda *_: (_ for _ in ()).throw(RuntimeError("x")))
-    with pytest.raises(RuntimeError):
+    def cannot_start(*_):
+        raise RuntimeError("a store service on another node exited")
+
+    failing = NodeServices(store, "10.0.0.1", lambda: table, cannot_start)
+    with pytest.raises(RuntimeError, match="exited"):
         failing.update()
     assert failing.handles == {}  # nothing counted as served: tried again next time
     services.watch()  # the thread finds the next node by itself
