@@ -179,6 +179,7 @@ def test_nodes_that_join_the_running_cluster_get_a_store_service_and_the_dead_ar
     assert services.update() == 1 and started[-1] == ["c"] and set(services.handles) == {"c"}
     table[1]["Alive"] = True  # b is back: a new service
     assert services.update() == 1 and started[-1] == ["b"]
+
     def cannot_start(*_):
         raise RuntimeError("a store service on another node exited")
 
