@@ -103,9 +103,9 @@ class LocalStore:
 
     It runs what master_flags / store_service_argv / store_service_env say, the one statement of how this project
     runs them (the benchmarks, the e2e tests and `radixcache cluster --kv-remote-start` all start them here;
-    deploy/'s manifests are checked against the same functions). The master or the service alone can be killed (SIGKILL: a crash) and started again
-    on the same ports, as the fault tests do: a restarted master holds no objects and knows no segment, so the
-    service must be started again after it."""
+    deploy/'s manifests are checked against the same functions). The master or the service alone can be killed
+    (SIGKILL: a crash) and started again on the same ports, as the fault tests do: a restarted master holds no
+    objects and knows no segment, so the service must be started again after it."""
 
     def __init__(
         self,

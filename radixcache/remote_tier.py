@@ -13,8 +13,9 @@ keeps tenants apart, not the store's access control.
 Threads: `put` only queues (bounded; full: dropped, counted); one writer thread joins the store, then writes each
 page once per fleet (`exists` first: a page another worker wrote is not written again), what is queued together
 in one exists_many and one put_many (up to WRITE_BATCH_PAGES). `get` / `get_many` (a run of pages in one call) run
-on the caller's thread (the tier loader, never the engine's). `contains` is memory only: queued, or known to be in the store
-(written or read by this worker; a bounded LRU of names, the pages this tier reports in events and snapshots).
+on the caller's thread (the tier loader, never the engine's). `contains` is memory only: queued, or known to be in
+the store (written or read by this worker; a bounded LRU of names, the pages this tier reports in events and
+snapshots).
 `find` (an admission's lookup, on the engine thread) makes no call at all: while the store is reachable it answers
 "maybe" and the loader's `get` finds out, so the request waits for the round trip and the batch never does.
 

@@ -399,7 +399,7 @@ class TierLink:
 
     def _waits_for_room(self, job: LoadJob, room_coming: bool) -> bool:
         cache = self._cache
-        if job.cancelled or job.stale or cache is None or len(job.payloads) <= cache.available_pages():
+        if not job.wanted() or cache is None or len(job.payloads) <= cache.available_pages():
             return False
         if self.clock() - job.arrived >= LOAD_ROOM_WAIT_S:
             return False
